@@ -1,0 +1,139 @@
+// Causal self-attention, block by block, so that the masked upper triangle is
+// never computed: query block i (rows [i*Bk, i*Bk + Bk)) only meets keys
+// [0, (i+1)*Bk). Scores and probabilities live in a packed lower block
+// triangle per (batch, head); GEMMs go through KokkosKernels. Only the
+// diagonal blocks compute masked entries (a fraction Bk / (2T) of the work);
+// they are zeroed after the softmax.
+// Parameter gradients accumulate (+=); activation gradients are written (=).
+#pragma once
+#include <KokkosBlas3_gemm.hpp>
+#include <cmath>
+#include <vector>
+#include "core/views.h"
+
+namespace xx::kernels {
+
+// Packed lower block triangle of one (batch, head): block i holds rows(i) x cols(i).
+struct CausalBlocks {
+  int64_t seq, block, count;
+  std::vector<int64_t> offset;  // start of block i; offset[count] = size of one head
+  CausalBlocks(int64_t seq_, int64_t block_) : seq(seq_), block(block_), count((seq_ + block_ - 1) / block_) {
+    offset.assign(count + 1, 0);
+    for (int64_t i = 0; i < count; ++i) offset[i + 1] = offset[i] + rows(i) * cols(i);
+  }
+  int64_t rows(int64_t i) const { return std::min(block, seq - i * block); }
+  int64_t cols(int64_t i) const { return std::min((i + 1) * block, seq); }
+  int64_t per_head() const { return offset[count]; }
+};
+
+// p (rows, cols) holds scaled scores of queries first_row.. ; softmax over keys <= query.
+template <class T>
+void causal_softmax_rows(Mat<T> p, int64_t first_row) {
+  const int64_t cols = p.extent(1);
+  Kokkos::parallel_for(
+      "attention::softmax", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
+        const int64_t valid = first_row + r + 1;
+        T m = p(r, 0);
+        for (int64_t s = 1; s < valid; ++s) m = p(r, s) > m ? p(r, s) : m;
+        T sum = 0;
+        for (int64_t s = 0; s < valid; ++s) {
+          const T e = Kokkos::Experimental::exp(p(r, s) - m);
+          p(r, s) = e;
+          sum += e;
+        }
+        const T inv = T(1) / sum;
+        for (int64_t s = 0; s < valid; ++s) p(r, s) *= inv;
+        for (int64_t s = valid; s < cols; ++s) p(r, s) = T(0);
+      });
+}
+
+// dp (rows, cols) <- p * (dp - sum_s p * dp) * scale, in place.
+template <class T>
+void causal_softmax_rows_backward(Mat<T> dp, Mat<const T> p, T scale) {
+  const int64_t cols = p.extent(1);
+  Kokkos::parallel_for(
+      "attention::softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
+        T dot = 0;
+        for (int64_t s = 0; s < cols; ++s) dot += p(r, s) * dp(r, s);
+        for (int64_t s = 0; s < cols; ++s) dp(r, s) = p(r, s) * (dp(r, s) - dot) * scale;
+      });
+}
+
+// out (BH*T, D), att (BH * blocks.per_head()) from q, k, v (BH*T, D), head-major.
+template <class T>
+void attention_forward(Mat<T> out, Vec<T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
+                       const CausalBlocks& blocks, int64_t BH) {
+  const int64_t Tn = blocks.seq, D = q.extent(1);
+  const T scale = T(1) / T(std::sqrt(double(D)));
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t head = bh * Tn * D;
+    for (int64_t i = 0; i < blocks.count; ++i) {
+      const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
+      Mat<const T> qi(q.data() + head + r0 * D, rows, D);
+      Mat<const T> keys(k.data() + head, cols, D);
+      Mat<const T> values(v.data() + head, cols, D);
+      Mat<T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
+      Mat<T> oi(out.data() + head + r0 * D, rows, D);
+      KokkosBlas::gemm("N", "T", scale, qi, keys, T(0), p);
+      causal_softmax_rows(p, r0);
+      KokkosBlas::gemm("N", "N", T(1), Mat<const T>(p), values, T(0), oi);
+    }
+  }
+}
+
+// dq, dk, dv (BH*T, D) = gradients; scratch holds one block of dp (>= Bk * T).
+template <class T>
+void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout,
+                        Vec<const T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
+                        const CausalBlocks& blocks, int64_t BH) {
+  const int64_t Tn = blocks.seq, D = q.extent(1);
+  const T scale = T(1) / T(std::sqrt(double(D)));
+  Kokkos::deep_copy(dk, T(0));
+  Kokkos::deep_copy(dv, T(0));
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    const int64_t head = bh * Tn * D;
+    for (int64_t i = 0; i < blocks.count; ++i) {
+      const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
+      Mat<const T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
+      Mat<const T> doi(dout.data() + head + r0 * D, rows, D);
+      Mat<const T> qi(q.data() + head + r0 * D, rows, D);
+      Mat<const T> keys(k.data() + head, cols, D);
+      Mat<const T> values(v.data() + head, cols, D);
+      Mat<T> dp(scratch.data(), rows, cols);
+      Mat<T> dqi(dq.data() + head + r0 * D, rows, D);
+      Mat<T> dkeys(dk.data() + head, cols, D);
+      Mat<T> dvalues(dv.data() + head, cols, D);
+      KokkosBlas::gemm("N", "T", T(1), doi, values, T(0), dp);      // dp = dO V^T
+      KokkosBlas::gemm("T", "N", T(1), p, doi, T(1), dvalues);      // dV += P^T dO
+      causal_softmax_rows_backward(dp, p, scale);                   // dS = P (dP - rowsum) * scale
+      KokkosBlas::gemm("N", "N", T(1), Mat<const T>(dp), keys, T(0), dqi);  // dQ = dS K
+      KokkosBlas::gemm("T", "N", T(1), Mat<const T>(dp), qi, T(1), dkeys);  // dK += dS^T Q
+    }
+  }
+}
+
+// out (B*T, H*D) from heads (B*H*T, D)
+template <class T>
+void merge_heads_forward(Mat<T> out, Mat<const T> heads, int64_t B, int64_t Tn, int64_t H) {
+  const int64_t D = heads.extent(1);
+  Kokkos::parallel_for(
+      "attention::merge_heads", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * Tn, H * D}),
+      KOKKOS_LAMBDA(int64_t row, int64_t col) {
+        const int64_t b = row / Tn, t = row % Tn, h = col / D, d = col % D;
+        out(row, col) = heads((b * H + h) * Tn + t, d);
+      });
+}
+
+// dheads (B*H*T, D) from dout (B*T, H*D)
+template <class T>
+void merge_heads_backward(Mat<T> dheads, Mat<const T> dout, int64_t B, int64_t Tn, int64_t H) {
+  const int64_t D = dheads.extent(1);
+  Kokkos::parallel_for(
+      "attention::merge_heads_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * Tn, H * D}),
+      KOKKOS_LAMBDA(int64_t row, int64_t col) {
+        const int64_t b = row / Tn, t = row % Tn, h = col / D, d = col % D;
+        dheads((b * H + h) * Tn + t, d) = dout(row, col);
+      });
+}
+
+}  // namespace xx::kernels

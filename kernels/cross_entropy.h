@@ -1,0 +1,41 @@
+// Softmax cross-entropy over the vocabulary, fused with its backward.
+// Activation gradients are written (=).
+#pragma once
+#include "core/views.h"
+
+namespace xx::kernels {
+
+// losses (N) = logsumexp(logits(i, :)) - logits(i, target(i))
+template <class T>
+void cross_entropy_forward(Vec<T> losses, Mat<const T> logits, Tokens targets) {
+  const int64_t V = logits.extent(1);
+  Kokkos::parallel_for(
+      "cross_entropy_forward", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        T m = logits(i, 0);
+        for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
+        T sum = 0;
+        for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
+        losses(i) = m + Kokkos::Experimental::log(sum) - logits(i, targets(i));
+      });
+}
+
+// dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss. dlogits may alias logits.
+template <class T>
+void cross_entropy_backward(Mat<T> dlogits, Mat<const T> logits, Tokens targets, T dloss) {
+  const int64_t V = logits.extent(1);
+  Kokkos::parallel_for(
+      "cross_entropy_backward", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        T m = logits(i, 0);
+        for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
+        T sum = 0;
+        for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
+        const T inv = T(1) / sum;
+        const int32_t target = targets(i);
+        for (int64_t j = 0; j < V; ++j) {
+          const T p = Kokkos::Experimental::exp(logits(i, j) - m) * inv;
+          dlogits(i, j) = (p - (j == target ? T(1) : T(0))) * dloss;
+        }
+      });
+}
+
+}  // namespace xx::kernels

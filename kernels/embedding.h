@@ -1,0 +1,28 @@
+// Token embedding lookup. The backward is a scatter-add made deterministic
+// without atomics: each thread owns one channel and walks the tokens in order.
+// Parameter gradients accumulate (+=); activation gradients are written (=).
+#pragma once
+#include "core/views.h"
+
+namespace xx::kernels {
+
+// out (N, C) = wte[tokens];   wte (V, C)
+template <class T>
+void embedding_forward(Mat<T> out, Tokens tokens, Mat<const T> wte) {
+  const int64_t C = out.extent(1);
+  Kokkos::parallel_for(
+      "embedding_forward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(out.extent(0)), C}),
+      KOKKOS_LAMBDA(int64_t i, int64_t c) { out(i, c) = wte(tokens(i), c); });
+}
+
+// dwte (V, C) += sum over i with tokens(i) = v of dout(i, :)
+template <class T>
+void embedding_backward(Mat<T> dwte, Mat<const T> dout, Tokens tokens) {
+  const int64_t N = dout.extent(0);
+  Kokkos::parallel_for(
+      "embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, dout.extent(1)), KOKKOS_LAMBDA(int64_t c) {
+        for (int64_t i = 0; i < N; ++i) dwte(tokens(i), c) += dout(i, c);
+      });
+}
+
+}  // namespace xx::kernels

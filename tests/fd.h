@@ -1,0 +1,66 @@
+// Finite-difference helpers for the kernel tests: every backward is checked
+// against central differences of a scalar loss L = sum(out * R), in double.
+#pragma once
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+#include "core/views.h"
+
+namespace xx::test {
+
+inline Buffer<double> random_buffer(int64_t n, uint64_t seed, double scale = 1.0) {
+  Buffer<double> b("test::random", n);
+  auto h = Kokkos::create_mirror_view(b);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(0.0, scale);
+  for (int64_t i = 0; i < n; ++i) h(i) = dist(gen);
+  Kokkos::deep_copy(b, h);
+  return b;
+}
+
+inline double get(const Buffer<double>& b, int64_t i) {
+  double v;
+  Kokkos::deep_copy(v, Kokkos::subview(b, i));
+  return v;
+}
+inline void set(const Buffer<double>& b, int64_t i, double v) { Kokkos::deep_copy(Kokkos::subview(b, i), v); }
+
+inline double dot(const Buffer<double>& a, const Buffer<double>& b) {
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  double s = 0;
+  for (size_t i = 0; i < ha.extent(0); ++i) s += ha(i) * hb(i);
+  return s;
+}
+
+// Compares the analytic gradient of `loss` with respect to x against central
+// differences at up to `samples` entries (all of them when x is small).
+inline void check_gradient(const char* what, const Buffer<double>& x, const Buffer<double>& analytic,
+                           const std::function<double()>& loss, int samples = 64, double h = 1e-5,
+                           double rtol = 1e-6, double atol = 1e-9) {
+  const int64_t n = x.extent(0);
+  const int64_t stride = std::max<int64_t>(1, n / samples);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i += stride) {
+    const double x0 = get(x, i);
+    set(x, i, x0 + h);
+    const double lp = loss();
+    set(x, i, x0 - h);
+    const double lm = loss();
+    set(x, i, x0);
+    const double fd = (lp - lm) / (2 * h), an = get(analytic, i);
+    const double err = std::abs(fd - an) / (std::abs(fd) + std::abs(an) + atol / rtol);
+    worst = std::max(worst, err);
+    INFO(what << "[" << i << "]: finite difference " << fd << ", analytic " << an);
+    REQUIRE(std::abs(fd - an) <= rtol * (std::abs(fd) + std::abs(an)) + atol);
+  }
+  CAPTURE(what, worst);
+}
+
+inline Mat<double> M(const Buffer<double>& b, int64_t rows, int64_t cols) { return mat(b, rows, cols); }
+inline Vec<double> V(const Buffer<double>& b) { return Vec<double>(b.data(), b.extent(0)); }
+
+}  // namespace xx::test
