@@ -1,0 +1,58 @@
+#include "comm/grad_sync.h"
+#include <algorithm>
+#include "kernels/elementwise.h"
+
+namespace xx {
+
+GradientSync::GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb) : comm_(comm), grads_(grads) {
+  MPI_Comm_size(comm, &world_);
+  const int64_t total = grads.extent(0);
+  const int64_t size = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+  for (int64_t end = total; end > 0; end -= size) buckets_.push_back({std::max<int64_t>(0, end - size), end});
+}
+
+void GradientSync::begin() {
+  stats_ = CommStats{};
+  for (auto& b : buckets_) b.started = false, b.request = MPI_REQUEST_NULL;
+}
+
+void GradientSync::start(Bucket& b) {
+  b.started = true;
+  if (world_ == 1) return;
+  ExecSpace().fence();  // the gradients must be written before MPI reads them
+  const double t0 = MPI_Wtime();
+  MPI_Iallreduce(MPI_IN_PLACE, grads_.data() + b.begin, int(b.end - b.begin), MPI_FLOAT, MPI_SUM, comm_, &b.request);
+  stats_.seconds += MPI_Wtime() - t0;
+  stats_.rounds += 1;
+  stats_.bytes_sent += (b.end - b.begin) * int64_t(sizeof(float));
+}
+
+void GradientSync::ready(int64_t offset) {
+  for (auto& b : buckets_)
+    if (!b.started && b.begin >= offset) start(b);
+  if (world_ == 1) return;
+  // Nudge the collectives in flight: Open MPI progresses them only inside MPI calls.
+  const double t0 = MPI_Wtime();
+  std::vector<MPI_Request> pending;
+  for (auto& b : buckets_)
+    if (b.request != MPI_REQUEST_NULL) pending.push_back(b.request);
+  int flag = 0;
+  if (!pending.empty()) MPI_Testall(int(pending.size()), pending.data(), &flag, MPI_STATUSES_IGNORE);
+  // Testall frees completed requests only when all completed; keep our copies in step.
+  if (flag)
+    for (auto& b : buckets_) b.request = MPI_REQUEST_NULL;
+  stats_.seconds += MPI_Wtime() - t0;
+}
+
+void GradientSync::finish() {
+  for (auto& b : buckets_)
+    if (!b.started) start(b);
+  if (world_ == 1) return;
+  const double t0 = MPI_Wtime();
+  for (auto& b : buckets_)
+    if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+  stats_.seconds += MPI_Wtime() - t0;
+  kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(world_));
+}
+
+}  // namespace xx

@@ -1,0 +1,50 @@
+// Data-parallel gradient averaging over MPI, bucketed and overlapped with the
+// backward pass. Buckets are cut from the end of the flat gradient buffer,
+// because the backward finishes the LM head first and the embedding last.
+//
+// Protocol, per step:
+//   1. begin(): nothing in flight.
+//   2. ready(offset) from the backward: every gradient in [offset, end) is
+//      final; each bucket lying inside that range starts an MPI_Iallreduce,
+//      and the ones in flight are poked with MPI_Testall so they progress.
+//   3. finish(): start what is left, wait for all, divide by the world size.
+// Every rank gets the same bits: each bucket is reduced by one collective.
+#pragma once
+#include <mpi.h>
+#include <cstdint>
+#include <vector>
+#include "core/views.h"
+
+namespace xx {
+
+struct CommStats {
+  int64_t rounds = 0;      // collectives started this step
+  int64_t bytes_sent = 0;  // bytes handed to MPI this step (payload)
+  double seconds = 0;      // wall time inside MPI calls this step
+};
+
+class GradientSync {
+ public:
+  GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb);
+
+  void begin();
+  void ready(int64_t offset);
+  void finish();
+  const CommStats& stats() const { return stats_; }
+  int buckets() const { return int(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    int64_t begin, end;
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool started = false;
+  };
+  void start(Bucket& b);
+  MPI_Comm comm_;
+  int world_ = 1;
+  Buffer<float> grads_;
+  std::vector<Bucket> buckets_;  // buckets_[0] ends at the end of the buffer
+  CommStats stats_;
+};
+
+}  // namespace xx

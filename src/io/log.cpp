@@ -1,0 +1,33 @@
+#include "io/log.h"
+#include <cstdio>
+#include <filesystem>
+#include <fmt/format.h>
+
+namespace xx {
+
+RunLog::RunLog(const std::string& run_dir, int rank, bool append) : dir_(run_dir), rank_(rank) {
+  const auto rank_dir = std::filesystem::path(run_dir) / fmt::format("rank{}", rank);
+  std::filesystem::create_directories(rank_dir);
+  const auto mode = append ? std::ios::app : std::ios::trunc;
+  log_.open(rank_dir / "log.txt", std::ios::out | mode);
+  if (!log_) throw std::runtime_error("cannot open " + (rank_dir / "log.txt").string());
+  if (rank == 0) {
+    metrics_.open(std::filesystem::path(run_dir) / "metrics.jsonl", std::ios::out | mode);
+    if (!metrics_) throw std::runtime_error("cannot open " + run_dir + "/metrics.jsonl");
+  }
+}
+
+void RunLog::rank(const std::string& line) { log_ << line << '\n' << std::flush; }
+
+void RunLog::console(const std::string& line) {
+  if (rank_ != 0) return;
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+  rank(line);
+}
+
+void RunLog::metrics(const nlohmann::json& record) {
+  if (rank_ == 0) metrics_ << record.dump() << '\n' << std::flush;
+}
+
+}  // namespace xx

@@ -1,0 +1,26 @@
+// Where a run reports: rank 0's console, every rank's RUN_DIR/rank<r>/log.txt,
+// and rank 0's RUN_DIR/metrics.jsonl (one JSON object per logged step).
+#pragma once
+#include <fstream>
+#include <string>
+#include <nlohmann/json.hpp>
+
+namespace xx {
+
+class RunLog {
+ public:
+  // A fresh run starts new files; a resumed run appends to them.
+  RunLog(const std::string& run_dir, int rank, bool append);
+
+  void rank(const std::string& line);     // this rank's log only
+  void console(const std::string& line);  // rank 0: stdout and its log
+  void metrics(const nlohmann::json& record);
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  int rank_;
+  std::ofstream log_, metrics_;
+};
+
+}  // namespace xx

@@ -1,0 +1,321 @@
+#include "train/trainer.h"
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include "core/error.h"
+#include "core/peak.h"
+#include "kernels/elementwise.h"
+
+namespace xx {
+namespace fs = std::filesystem;
+
+namespace {
+
+double allreduce_sum(double x, MPI_Comm comm) {
+  double out = 0;
+  MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return out;
+}
+
+template <class T>
+std::vector<T> to_host(const Buffer<T>& b) {
+  std::vector<T> out(b.extent(0));
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data(), out.size()), b);
+  return out;
+}
+
+template <class T>
+void from_host(Buffer<T>& b, const std::vector<T>& v) {
+  Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
+}
+
+void copy_tokens(Kokkos::View<int32_t*, MemSpace>& dst, const std::vector<int32_t>& src) {
+  Kokkos::deep_copy(dst, Kokkos::View<const int32_t*, Kokkos::HostSpace, Unmanaged>(src.data(), src.size()));
+}
+
+// Rank 0 reads a file-based thing; every rank learns the outcome. An
+// InputError on rank 0 becomes the same InputError on every rank.
+template <class F>
+void on_rank0_or_throw(MPI_Comm comm, int rank, F&& f) {
+  std::string error;
+  if (rank == 0) try {
+      f();
+    } catch (const InputError& e) {
+      error = e.what();
+    }
+  int n = int(error.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
+  error.resize(n);
+  MPI_Bcast(error.data(), n, MPI_CHAR, 0, comm);
+  if (!error.empty()) throw InputError(error);
+}
+
+}  // namespace
+
+Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& options)
+    : comm_(comm), program_(program), options_(options) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &world_);
+  if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
+  cfg_ = program.phases.front().config;
+  // One model and one data stream per job: phases may change the optimizer,
+  // schedule, intervals and output, not what is trained on.
+  for (const auto& p : program.phases) {
+    const auto& m = p.config.model;
+    const auto& d = p.config.data;
+    if (m.dim != cfg_.model.dim || m.layers != cfg_.model.layers || m.heads != cfg_.model.heads ||
+        m.ffn != cfg_.model.ffn || m.vocab != cfg_.model.vocab || m.seq != cfg_.model.seq)
+      input_error("{}: the model differs from the first run's (expected one model per deck)", p.where);
+    if (d.path != cfg_.data.path || d.format != cfg_.data.format || d.batch != cfg_.data.batch ||
+        d.valid_fraction != cfg_.data.valid_fraction)
+      input_error("{}: the data differs from the first run's (expected one data set per deck)", p.where);
+  }
+
+  // Rank 0 validates the data first, so a bad file stops every rank alike.
+  auto load_data = [&] {
+    corpus_ = Corpus::load(cfg_.data.path, cfg_.data.format);
+    if (corpus_.vocab() > cfg_.model.vocab)
+      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})",
+                  cfg_.data.path, corpus_.vocab(), cfg_.model.vocab, corpus_.vocab());
+    split_ = split_windows(corpus_, cfg_.model.seq, cfg_.data.valid_fraction);
+  };
+  on_rank0_or_throw(comm_, rank_, load_data);
+  if (rank_ != 0) load_data();
+
+  std::string resume_path;
+  on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
+  int n = int(resume_path.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, comm_);
+  resume_path.resize(n);
+  MPI_Bcast(resume_path.data(), n, MPI_CHAR, 0, comm_);
+
+  model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch);
+  model_->init(cfg_.seed);
+  optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
+  sync_ = std::make_unique<GradientSync>(comm_, model_->grads(), cfg_.sync.bucket_mb);
+  inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
+  targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
+  if (!resume_path.empty()) restore(resume_path);
+
+  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty());
+  if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
+  loader_ = std::make_unique<BatchLoader>(corpus_, DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed),
+                                          0, cfg_.data.batch, cfg_.model.seq, cfg_.data.workers, cfg_.data.queue,
+                                          step_);
+  flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
+  peak_gflops_ = cfg_.peak_gflops;
+  if (peak_gflops_ <= 0) {
+    if (rank_ == 0) peak_gflops_ = measure_sgemm_gflops(cfg_.model, cfg_.data.batch, 0.3);
+    MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, comm_);
+  }
+  log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,
+                         split_.train_windows, split_.valid_windows,
+                         DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed).per_rank_per_epoch()));
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::resolve_resume(const std::string& resume) const {
+  if (resume.empty()) return "";
+  if (resume == "auto") return latest_checkpoint((fs::path(cfg_.output.dir) / "ckpt").string());
+  if (!fs::exists(resume)) input_error("{}: no such checkpoint (given to -resume)", resume);
+  return resume;
+}
+
+void Trainer::restore(const std::string& path) {
+  CheckpointData data;
+  on_rank0_or_throw(comm_, rank_, [&] {
+    data = read_checkpoint(path, model_->layout());
+    if (data.state.world_size != world_)
+      input_error("{}: written by {} ranks, resumed on {} (expected the same world size)", path,
+                  data.state.world_size, world_);
+  });
+  const int64_t total = model_->layout().total();
+  if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
+  MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
+  MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
+  MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
+  MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
+  from_host(model_->params(), data.params);
+  from_host(optimizer_->m(), data.adam_m);
+  from_host(optimizer_->v(), data.adam_v);
+  optimizer_->set_steps_taken(data.state.step);
+  step_ = last_saved_ = data.state.step;
+}
+
+std::string Trainer::backends() const {
+  int len = 0;
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  MPI_Get_library_version(mpi, &len);
+  std::string mpi_name(mpi, len);
+  mpi_name = mpi_name.substr(0, mpi_name.find_first_of(",\n"));
+  std::string out;
+  out += fmt::format("  {:<18} {}\n", "kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
+  out += fmt::format("  {:<18} {}\n", "gemm", "KokkosBlas::gemm -> BLAS (host)");
+  out += fmt::format("  {:<18} {}\n", "control", mpi_name);
+  out += fmt::format("  {:<18} MPI_Iallreduce, {} buckets of {} MB, overlapped with backward\n", "gradient sync",
+                     sync_->buckets(), cfg_.sync.bucket_mb);
+#ifdef XX_HAVE_NCCL
+  out += fmt::format("  {:<18} {}\n", "nccl", "compiled in (used for device buffers)");
+#else
+  out += fmt::format("  {:<18} {}\n", "nccl", "not built");
+#endif
+  out += fmt::format("  {:<18} {}\n", "checkpoints", "HDF5 (rank 0, fletcher32)");
+  out += fmt::format("  {:<18} {} threads, queue {}\n", "data loader", cfg_.data.workers, cfg_.data.queue);
+  out += fmt::format("  {:<18} {:.1f} GFLOP/s per core{}\n", "peak (MFU)", peak_gflops_,
+                     cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)");
+  out += fmt::format("  {:<18} {} ({} matmul), {:.3g} FLOP/token", "parameters", model_->layout().total(),
+                     model_->layout().matmul_params(), flops_per_token_);
+  return out;
+}
+
+void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
+  if (cfg_.grad_check.missing == "off") return;
+  std::vector<std::string> missing;
+  auto& grads = model_->grads();
+  for (const auto& t : model_->layout().tensors()) {
+    if (t.offset < begin || t.offset >= end) continue;
+    if (kernels::sum_squares<float>(Vec<const float>(grads.data() + t.offset, t.size)) == 0.0)
+      missing.push_back(t.name);
+  }
+  if (missing.empty()) return;
+  const std::string msg = fmt::format("rank {}: step {}: no gradient reached {} tensor(s): {}", rank_, step_ + 1,
+                                      missing.size(), fmt::join(missing, ", "));
+  log_->rank(msg);
+  if (cfg_.grad_check.missing == "error") throw std::runtime_error(msg + " (grad_check missing error)");
+  fmt::print(stderr, "warning: {}\n", msg);
+}
+
+// ---------------------------------------------------------------------------
+// TRAINING STEP BEGIN
+double Trainer::train_step() {
+  const Batch batch = loader_->next();
+  copy_tokens(inputs_, batch.inputs);
+  copy_tokens(targets_, batch.targets);
+  model_->zero_grads();
+  const double local_loss = model_->forward(inputs_, targets_);
+  sync_->begin();
+  int64_t final_from = model_->layout().total();
+  model_->backward(inputs_, targets_, [&](int64_t offset) {
+    check_missing_gradients(offset, final_from);  // before the sum hides one rank's miss
+    final_from = offset;
+    sync_->ready(offset);
+  });
+  sync_->finish();
+  const double loss = allreduce_sum(local_loss, comm_) / world_;
+  // Gradients are identical on every rank now, so is the norm and the update.
+  const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
+                                                                               model_->grads().extent(0))));
+  const double lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_ + 1);
+  optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+  ExecSpace().fence();
+  ++step_;
+  last_norm_ = norm;
+  last_lr_ = lr;
+  return loss;
+}
+// TRAINING STEP END
+// ---------------------------------------------------------------------------
+
+double Trainer::evaluate() {
+  // K batches per rank; batch j of rank r takes validation windows
+  // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
+  const int64_t B = cfg_.data.batch;
+  double sum = 0;
+  for (int j = 0; j < cfg_.eval.batches; ++j) {
+    std::vector<int64_t> windows(B);
+    for (int64_t b = 0; b < B; ++b) windows[b] = ((int64_t(j) * world_ + rank_) * B + b) % split_.valid_windows;
+    const Batch batch = make_batch(corpus_, windows, split_.train_windows, cfg_.model.seq, j);
+    copy_tokens(inputs_, batch.inputs);
+    copy_tokens(targets_, batch.targets);
+    sum += model_->forward(inputs_, targets_);
+  }
+  return allreduce_sum(sum, comm_) / double(world_ * cfg_.eval.batches);
+}
+
+void Trainer::save_checkpoint(double loss) {
+  if (last_saved_ == step_) return;
+  last_saved_ = step_;
+  // Every rank holds the same parameters and moments: rank 0 writes its own.
+  if (rank_ != 0) return;
+  CheckpointData data;
+  data.params = to_host(model_->params());
+  data.adam_m = to_host(optimizer_->m());
+  data.adam_v = to_host(optimizer_->v());
+  data.state.step = step_;
+  data.state.sampler_batches = loader_->position();
+  data.state.epoch = cfg_.data.batch * loader_->position() / std::max<int64_t>(1, split_.train_windows);
+  data.state.seed = cfg_.seed;
+  data.state.world_size = world_;
+  data.state.last_loss = loss;
+  data.deck = program_.deck_text;
+  const std::string path = write_checkpoint((fs::path(cfg_.output.dir) / "ckpt").string(), model_->layout(), data);
+  log_->console(fmt::format("checkpoint {}", path));
+}
+
+// ---------------------------------------------------------------------------
+// main training loop
+void Trainer::run() {
+  const int64_t tokens_per_step = int64_t(cfg_.data.batch) * cfg_.model.seq * world_;
+  double train_seconds = 0, interval_seconds = 0;
+  int64_t steps_here = 0, interval_steps = 0, phase_end = 0;
+  double loss = 0;
+  for (const auto& phase : program_.phases) {
+    phase_end += phase.steps;
+    if (step_ >= phase_end) continue;  // done before the checkpoint we resumed from
+    cfg_.optimizer = phase.config.optimizer;
+    cfg_.schedule = phase.config.schedule;
+    cfg_.eval = phase.config.eval;
+    cfg_.checkpoint = phase.config.checkpoint;
+    cfg_.output.log_every = phase.config.output.log_every;
+    cfg_.grad_check = phase.config.grad_check;
+    while (step_ < phase_end) {
+      const double t0 = MPI_Wtime();
+      loss = train_step();
+      const double dt = MPI_Wtime() - t0;
+      train_seconds += dt, interval_seconds += dt;
+      ++steps_here, ++interval_steps;
+      losses_.push_back(loss);
+      if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("step {}: loss is {}", step_, loss));
+
+      const bool log_now = step_ % cfg_.output.log_every == 0 || step_ == phase_end;
+      const bool eval_now = (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0) || step_ == phase_end;
+      nlohmann::json record;
+      if (log_now) {
+        const double ms = 1e3 * interval_seconds / interval_steps;
+        const double tok_s = tokens_per_step * interval_steps / interval_seconds;
+        const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
+        const auto& c = sync_->stats();
+        record = {{"step", step_}, {"loss", loss}, {"lr", last_lr_}, {"grad_norm", last_norm_},
+                  {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu}, {"comm_rounds", c.rounds},
+                  {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+        log_->console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
+                                  "| MFU {:.1f}%",
+                                  step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu));
+        log_->rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", step_,
+                               loader_->position(), c.bytes_sent, c.rounds, c.seconds));
+        interval_seconds = 0, interval_steps = 0;
+      }
+      if (eval_now) {
+        const double val = evaluate();
+        record["step"] = step_;
+        record["val_loss"] = val;
+        record["val_ppl"] = std::exp(val);
+        log_->console(fmt::format("step {:>6}/{} | val_loss {:.4f} | val_ppl {:.2f}", step_, phase_end, val,
+                                  std::exp(val)));
+      }
+      if (!record.empty()) log_->metrics(record);
+      if ((cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
+          (cfg_.checkpoint.at_end && step_ == phase_end))
+        save_checkpoint(loss);
+    }
+  }
+  const double tok_s = steps_here ? tokens_per_step * steps_here / train_seconds : 0;
+  const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
+  log_->console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={:.4f} "
+                            "peak_gflops_per_core={:.1f} final_loss={:.6f}",
+                            steps_here, world_, tok_s, steps_here ? 1e3 * train_seconds / steps_here : 0.0, mfu,
+                            peak_gflops_, loss));
+}
+
+}  // namespace xx

@@ -1,0 +1,65 @@
+// The training loop: one Trainer per rank runs every `run` phase of a deck.
+#pragma once
+#include <mpi.h>
+#include <memory>
+#include <string>
+#include <vector>
+#include "ckpt/checkpoint.h"
+#include "comm/grad_sync.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "deck/deck.h"
+#include "io/log.h"
+#include "model/transformer.h"
+#include "train/optimizer.h"
+
+namespace xx {
+
+struct RunOptions {
+  std::string resume;  // "" (fresh), "auto" (newest complete checkpoint, if any) or a path
+  bool quiet = false;  // no console output (tests)
+};
+
+class Trainer {
+ public:
+  // Loads the data, builds the model and optimizer, restores a checkpoint when
+  // asked. Collective over comm. Throws InputError for bad data or checkpoints.
+  Trainer(MPI_Comm comm, const Program& program, const RunOptions& options);
+  ~Trainer();
+
+  void run();  // every phase of the deck, from wherever the checkpoint left off
+
+  // Read-outs for tests and tools.
+  Transformer<float>& model() { return *model_; }
+  int64_t step() const { return step_; }
+  const std::vector<double>& losses() const { return losses_; }  // global mean loss of each step taken here
+  std::string backends() const;
+
+ private:
+  double train_step();
+  double evaluate();
+  void check_missing_gradients(int64_t begin, int64_t end);
+  void save_checkpoint(double loss);
+  void restore(const std::string& path);
+  std::string resolve_resume(const std::string& resume) const;
+
+  MPI_Comm comm_;
+  int rank_ = 0, world_ = 1;
+  const Program& program_;
+  RunOptions options_;
+  Config cfg_;  // the configuration of the phase being run
+  Corpus corpus_;
+  WindowSplit split_;
+  std::unique_ptr<RunLog> log_;
+  std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<AdamW<float>> optimizer_;
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<BatchLoader> loader_;
+  Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
+  int64_t step_ = 0, last_saved_ = -1;
+  double peak_gflops_ = 0, flops_per_token_ = 0;
+  double last_norm_ = 0, last_lr_ = 0;  // of the last step, for the log
+  std::vector<double> losses_;
+};
+
+}  // namespace xx

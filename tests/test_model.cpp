@@ -1,0 +1,100 @@
+// The whole model's gradient against central finite differences, in double,
+// on a tiny configuration; and the properties the trainer relies on.
+#include "fd.h"
+#include "model/transformer.h"
+
+using namespace xx;
+using namespace xx::test;
+
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.vocab = 13;
+  m.dim = 8;
+  m.layers = 2;
+  m.heads = 2;
+  m.ffn = 12;
+  m.seq = 6;
+  m.init_std = 0.3;  // large enough that every path carries a visible gradient
+  return m;
+}
+
+Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
+  Kokkos::View<int32_t*, MemSpace> t("tokens", n);
+  auto h = Kokkos::create_mirror_view(t);
+  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + seed * 3 + (i * i) % 5) % vocab);
+  Kokkos::deep_copy(t, h);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("whole-model gradient matches finite differences", "[model]") {
+  const auto cfg = tiny_model();
+  const int B = 2;
+  Transformer<double> model(cfg, B);
+  model.init(42);
+  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
+  const double loss0 = model.forward(tin, ttgt);
+  REQUIRE(std::isfinite(loss0));
+  model.zero_grads();
+  std::vector<int64_t> ready;
+  model.backward(tin, ttgt, [&](int64_t offset) { ready.push_back(offset); });
+
+  // ready() reports ever earlier offsets, ending with the whole buffer.
+  REQUIRE(ready.size() == size_t(cfg.layers + 2));
+  for (size_t i = 1; i < ready.size(); ++i) REQUIRE(ready[i] < ready[i - 1]);
+  REQUIRE(ready.back() == 0);
+
+  Buffer<double> analytic("analytic", model.layout().total());
+  Kokkos::deep_copy(analytic, model.grads());
+  auto loss = [&] { return model.forward(tin, ttgt); };
+  for (const auto& t : model.layout().tensors()) {
+    // Check a handful of entries of every tensor.
+    auto p = Kokkos::subview(model.params(), Kokkos::make_pair(t.offset, t.offset + t.size));
+    auto g = Kokkos::subview(analytic, Kokkos::make_pair(t.offset, t.offset + t.size));
+    Buffer<double> pb("p", t.size), gb("g", t.size);
+    Kokkos::deep_copy(gb, g);
+    // Perturb the real parameters through a window that aliases them.
+    Buffer<double> window(p.data(), t.size);
+    check_gradient(t.name.c_str(), window, gb, loss, 6, 1e-5, 1e-5, 1e-10);
+  }
+}
+
+TEST_CASE("initialisation is deterministic and seed dependent", "[model]") {
+  const auto cfg = tiny_model();
+  Transformer<float> a(cfg, 1), b(cfg, 1), c(cfg, 1);
+  a.init(7);
+  b.init(7);
+  c.init(8);
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.params());
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.params());
+  auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c.params());
+  REQUIRE(std::equal(ha.data(), ha.data() + ha.extent(0), hb.data()));
+  REQUIRE_FALSE(std::equal(ha.data(), ha.data() + ha.extent(0), hc.data()));
+  // Norm weights start at one, and are not decayed.
+  const auto& norm = a.layout().at("layers.1.ffn_norm");
+  REQUIRE(ha(norm.offset) == 1.0f);
+  REQUIRE_FALSE(norm.decay);
+  REQUIRE(a.layout().at("layers.1.attn.wq").decay);
+}
+
+TEST_CASE("parameter layout names every tensor with its real shape", "[model]") {
+  ModelConfig m;
+  m.vocab = 256, m.dim = 128, m.layers = 4, m.heads = 4, m.ffn = 384, m.seq = 128;
+  ParamLayout layout(m);
+  REQUIRE(layout.tensors().size() == size_t(2 + 9 * 4 + 1));
+  REQUIRE(layout.at("layers.3.attn.wq").shape == std::vector<int64_t>{128, 128});
+  REQUIRE(layout.at("layers.0.ffn.w2").shape == std::vector<int64_t>{128, 384});
+  REQUIRE(layout.at("head").shape == std::vector<int64_t>{256, 128});
+  // The fused weights rely on adjacency.
+  REQUIRE(layout.at("layers.2.attn.wk").offset == layout.at("layers.2.attn.wq").offset + 128 * 128);
+  REQUIRE(layout.at("layers.2.ffn.w3").offset == layout.at("layers.2.ffn.w1").offset + 384 * 128);
+  int64_t sum = 0;
+  for (const auto& t : layout.tensors()) sum += t.size;
+  REQUIRE(sum == layout.total());
+  // 12 C^2 + 3 C F per block... here: 4 C^2 attention + 3 C F feed-forward, plus the head.
+  REQUIRE(layout.matmul_params() == 4 * (4 * 128 * 128 + 3 * 128 * 384) + 256 * 128);
+}
