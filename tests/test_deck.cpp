@@ -1,1 +1,310 @@
+// Deck reader and command registry: the language (comments, continuation,
+// variables, include), every error class with its FILE:LINE prefix, run
+// phases, and the broadcast encoding.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <stdlib.h>  // mkdtemp
+#include "core/error.h"
+#include "deck/deck.h"
+
+#ifndef XX_SOURCE_DIR
+#define XX_SOURCE_DIR "/work/main"
+#endif
+
+namespace fs = std::filesystem;
+using namespace xx;
+
+namespace {
+
+// A fresh directory per test, removed at the end.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    std::string name = (fs::temp_directory_path() / "xx_deck_XXXXXX").string();
+    REQUIRE(mkdtemp(name.data()) != nullptr);
+    dir = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const fs::path p = dir / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+};
+
+// The smallest deck that builds; tests append to it.
+const std::string kBase =
+    "model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n"
+    "data bytes corpus.txt\n";
+
+// Reads and builds `text`, returning the InputError message ("" if none).
+std::string error_of(const TempDir& t, const std::string& text, bool check_files = false,
+                     const std::map<std::string, std::string>& vars = {}) {
+  try {
+    build_program(read_deck(t.write("test.deck", text), vars), check_files);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Program build(const TempDir& t, const std::string& text, const std::map<std::string, std::string>& vars = {}) {
+  return build_program(read_deck(t.write("test.deck", text), vars), false);
+}
+
+}  // namespace
+
+TEST_CASE("deck: comments, blank lines and continuation", "[deck]") {
+  TempDir t;
+  const auto lines = read_deck(t.write("test.deck",
+                                       "# header comment\n"
+                                       "\n"
+                                       "seed 7   # trailing comment\n"
+                                       "model dense vocab 256 &\n"
+                                       "   dim 16   # comment before the next part\n"
+                                       "run 5\n"
+                                       "eval every 2 &   # comment after the &\n"
+                                       "  batches 3\n"),
+                               {});
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0].text == "seed 7");
+  CHECK(lines[0].line == 3);
+  CHECK(lines[1].words == std::vector<std::string>{"model", "dense", "vocab", "256", "dim", "16"});
+  CHECK(lines[1].line == 4);  // where the command started
+  CHECK(lines[2].line == 6);
+  CHECK(lines[3].text == "eval every 2 batches 3");
+  CHECK(lines[3].line == 7);
+  CHECK(lines[3].file == (t.dir / "test.deck").string());
+}
+
+TEST_CASE("deck: variables, substitution and -var overrides", "[deck]") {
+  TempDir t;
+  const std::string deck =
+      "variable steps 100\n"
+      "variable dir runs/a b\n"  // the value is the rest of the words
+      "variable tag ${steps}x\n"
+      "run ${steps}\n"
+      "output dir ${dir}/${tag}\n";
+  auto lines = read_deck(t.write("test.deck", deck), {});
+  REQUIRE(lines.size() == 2);  // variable lines are consumed
+  CHECK(lines[0].text == "run 100");
+  CHECK(lines[1].words == std::vector<std::string>{"output", "dir", "runs/a", "b/100x"});
+
+  lines = read_deck(t.write("test.deck", deck), {{"steps", "20"}});
+  CHECK(lines[0].text == "run 20");
+  CHECK(lines[1].text == "output dir runs/a b/20x");
+
+  SECTION("a '#' inside ${...} is not a comment") {
+    lines = read_deck(t.write("test.deck", "variable a 5\nrun ${a} # note\n"), {});
+    CHECK(lines[0].text == "run 5");
+  }
+}
+
+TEST_CASE("deck: undefined variable names it, with did-you-mean", "[deck]") {
+  TempDir t;
+  try {
+    read_deck(t.write("test.deck", "variable steps 10\n\nrun ${stpes}\n"), {});
+    FAIL("no error");
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::StartsWith((t.dir / "test.deck").string() + ":3: undefined variable 'stpes'"));
+    CHECK_THAT(msg, Catch::Contains("did you mean 'steps'?"));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("deck: include is relative to the including deck", "[deck]") {
+  TempDir t;
+  t.write("parts/model.deck", "variable dim 32\nmodel dense vocab 256 dim ${dim} layers 1 heads 2 ffn 32 seq 8\n");
+  const auto lines = read_deck(t.write("test.deck", "seed 1\ninclude parts/model.deck\nrun 3 # ${dim}\n"), {});
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[1].words[0] == "model");
+  CHECK(lines[1].words[5] == "32");
+  CHECK(lines[1].file == (t.dir / "parts/model.deck").string());
+  CHECK(lines[1].line == 2);
+  CHECK(lines[2].file == (t.dir / "test.deck").string());
+}
+
+TEST_CASE("deck: include errors", "[deck]") {
+  TempDir t;
+  SECTION("cycle") {
+    t.write("a.deck", "seed 1\ninclude b.deck\n");
+    t.write("b.deck", "\ninclude a.deck\n");
+    try {
+      read_deck((t.dir / "a.deck").string(), {});
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith((t.dir / "b.deck").string() + ":2: include cycle"));
+    }
+  }
+  SECTION("missing file names the including file and line") {
+    try {
+      read_deck(t.write("test.deck", "seed 1\n\ninclude nope.deck\n"), {});
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith((t.dir / "test.deck").string() + ":3: cannot open included deck"));
+      CHECK_THAT(e.what(), Catch::Contains("nope.deck"));
+    }
+  }
+  SECTION("missing top deck") {
+    const std::string path = (t.dir / "absent.deck").string();
+    try {
+      read_deck(path, {});
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()) == path + ": cannot open deck (expected a readable file)");
+    }
+  }
+}
+
+TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  auto check = [&](const std::string& text, int line, const std::string& what) {
+    const std::string msg = error_of(t, text);
+    INFO(msg);
+    CHECK_THAT(msg, Catch::StartsWith(file + ":" + std::to_string(line) + ": " + what));
+    CHECK(msg.find('\n') == std::string::npos);
+    return msg;
+  };
+
+  auto msg = check(kBase + "seed 1\n\noptimiser adamw\nrun 1\n", 5, "unknown command 'optimiser' (expected one of: seed,");
+  CHECK_THAT(msg, Catch::EndsWith("(did you mean 'optimizer'?)"));
+  msg = check(kBase + "frobnicate 3\nrun 1\n", 3, "unknown command 'frobnicate'");
+  CHECK_THAT(msg, !Catch::Contains("did you mean"));
+
+  msg = check(kBase + "schedule cosine lr_min 0.1\nrun 1\n", 3,
+              "unknown keyword 'lr_min' for 'schedule cosine' (expected one of: warmup, min_lr, total) (did you mean 'min_lr'?)");
+  check(kBase + "schedule linear\nrun 1\n", 3, "unknown kind 'linear' for 'schedule' (expected one of: cosine)");
+  check("model dense vocab 256 dim\n", 1, "keyword 'dim' needs a value (expected an integer)");
+  check("model dense vocab 256 dim abc layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value 'abc' for 'dim' (expected an integer)");
+  check("model dense vocab 256 dim 12x layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value '12x' for 'dim'");
+  check("model dense vocab 256 dim 1.5 layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value '1.5' for 'dim'");
+  check("seed 1\nmodel dense vocab 256 dim 16 layers 1 heads 0 ffn 32 seq 8\n", 2,
+        "value 0 for 'heads' is out of range (expected >= 1)");
+  check("\nmodel dense vocab 256 dim 100 layers 1 heads 3 ffn 32 seq 8\n", 2,
+        "'dim' 100 is not divisible by 'heads' 3 (expected dim % heads == 0)");
+  check("model dense vocab 256 dim 12 layers 1 heads 4 ffn 32 seq 8\n", 1, "head_dim = dim / heads = 3 is odd");
+  check("model dense vocab 256 dim 16 dim 16 layers 1 heads 2 ffn 32 seq 8\n", 1, "keyword 'dim' given twice");
+  check("model dense vocab 256 dim 16 layers 1 heads 2 ffn 32\n", 1, "'model dense' is missing keyword 'seq'");
+  check(kBase + "data bytes x valid 0.6\nrun 1\n", 3, "value 0.6 for 'valid' is out of range (expected in (0, 0.5])");
+  check(kBase + "data bytes x workers 65\nrun 1\n", 3, "value 65 for 'workers' is out of range (expected in [0, 64])");
+  check(kBase + "optimizer adamw beta1 1\nrun 1\n", 3, "value 1 for 'beta1' is out of range (expected in [0, 1))");
+  check(kBase + "optimizer adamw lr 1e-3 clip x\nrun 1\n", 3, "bad value 'x' for 'clip' (expected a number)");
+  check(kBase + "grad_check missing warning\nrun 1\n", 3,
+        "bad value 'warning' for 'missing' (expected one of: warn, error, off) (did you mean 'warn'?)");
+  check(kBase + "checkpoint at_end maybe\nrun 1\n", 3, "bad value 'maybe' for 'at_end' (expected yes or no)");
+  check(kBase + "seed -1\nrun 1\n", 3, "bad value '-1' for 'seed'");
+  check(kBase + "run 0\n", 3, "value 0 for 'steps' is out of range (expected >= 1)");
+  check(kBase + "run\n", 3, "'run' needs a value for 'steps'");
+  check(kBase + "run 1 2\n", 3, "unexpected word '2' after 'run'");
+  check(kBase + "seed 1\n", 3, "no run command: nothing to do");
+  check("data bytes x\nrun 1\n", 2, "'run' before any 'model' command");
+  check("model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n\nrun 1\n", 3, "'run' before any 'data' command");
+}
+
+TEST_CASE("deck: reals parse strictly and accept exponents", "[deck]") {
+  TempDir t;
+  const auto p = build(t, kBase + "optimizer adamw lr 1e-3 eps 1E-10\nrun 1\n");
+  CHECK(p.phases[0].config.optimizer.lr == 1e-3);
+  CHECK(p.phases[0].config.optimizer.eps == 1e-10);
+  CHECK_THAT(error_of(t, kBase + "optimizer adamw lr 1e-3x\nrun 1\n"), Catch::Contains("bad value '1e-3x' for 'lr'"));
+  CHECK_THAT(error_of(t, kBase + "optimizer adamw lr nan\nrun 1\n"), Catch::Contains("bad value 'nan' for 'lr'"));
+}
+
+TEST_CASE("deck: run phases snapshot the configuration", "[deck]") {
+  TempDir t;
+  const auto p = build(t, kBase +
+                              "optimizer adamw lr 1e-3 weight_decay 0.05\n"
+                              "run 100\n"
+                              "optimizer adamw lr 1e-4\n"
+                              "run 50\n");
+  REQUIRE(p.phases.size() == 2);
+  CHECK(p.phases[0].steps == 100);
+  CHECK(p.phases[1].steps == 50);
+  CHECK(p.phases[0].config.optimizer.lr == 1e-3);
+  CHECK(p.phases[1].config.optimizer.lr == 1e-4);
+  CHECK(p.phases[1].config.optimizer.weight_decay == 0.05);  // keywords not given keep their value
+  CHECK(p.phases[0].config.schedule.total == 150);           // total 0: the sum of every run
+  CHECK(p.phases[1].config.schedule.total == 150);
+  CHECK(p.phases[1].where == (t.dir / "test.deck").string() + ":6");
+  CHECK(p.deck_text.find("optimizer adamw lr 1e-4\nrun 50\n") != std::string::npos);
+
+  const auto q = build(t, kBase + "schedule cosine total 500\nrun 100\n");
+  CHECK(q.phases[0].config.schedule.total == 500);
+}
+
+TEST_CASE("deck: the model may not change after the first run", "[deck]") {
+  TempDir t;
+  const std::string model = "model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n";
+  CHECK(error_of(t, kBase + "run 1\n" + model + "run 1\n") == "");  // the same model is fine
+  CHECK(error_of(t, kBase + model + "run 1\n") == "");
+  CHECK_THAT(error_of(t, kBase + "run 1\n\nmodel dense vocab 256 dim 16 layers 2 heads 2 ffn 32 seq 8\nrun 1\n"),
+             Catch::StartsWith((t.dir / "test.deck").string() + ":5: model cannot change after the first run"));
+}
+
+TEST_CASE("deck: data files are checked only with check_files", "[deck]") {
+  TempDir t;
+  const std::string deck = "model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n"
+                           "data bytes " + (t.dir / "corpus.txt").string() + "\nrun 1\n";
+  CHECK(error_of(t, deck, false) == "");
+  const std::string msg = error_of(t, deck, true);
+  CHECK_THAT(msg, Catch::StartsWith((t.dir / "test.deck").string() + ":2: cannot read data file"));
+  CHECK_THAT(msg, Catch::Contains("corpus.txt"));
+  t.write("corpus.txt", "hello world\n");
+  CHECK(error_of(t, deck, true) == "");
+}
+
+TEST_CASE("deck: serialize round-trips", "[deck]") {
+  std::vector<DeckLine> lines = {
+      {"a.deck", 3, "seed 1", {"seed", "1"}},
+      {"dir with space/b:c.deck", 12, "output dir x:y 12:3", {"output", "dir", "x:y", "12:3"}},
+      {"", 0, "", {}},
+  };
+  const auto back = deserialize(serialize(lines));
+  REQUIRE(back.size() == lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CHECK(back[i].file == lines[i].file);
+    CHECK(back[i].line == lines[i].line);
+    CHECK(back[i].text == lines[i].text);
+    CHECK(back[i].words == lines[i].words);
+  }
+  CHECK(deserialize(serialize({})).empty());
+  CHECK_THROWS_AS(deserialize(serialize(lines).substr(0, 20)), InputError);
+}
+
+TEST_CASE("deck: command_names and describe", "[deck]") {
+  const auto names = command_names();
+  for (const char* n : {"seed", "model", "data", "optimizer", "schedule", "run", "variable", "include"})
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  Config c;
+  c.model.dim = 96;
+  c.data.path = "x.txt";
+  const std::string table = describe(c);
+  CHECK_THAT(table, Catch::Contains("model.dim"));
+  CHECK_THAT(table, Catch::Contains("96\n"));
+  CHECK_THAT(table, Catch::Contains("data.path"));
+  CHECK_THAT(table, Catch::Contains("grad_check.missing"));
+  CHECK_THAT(table, Catch::Contains("checkpoint.at_end"));
+  CHECK_THAT(table, Catch::StartsWith("seed "));
+}
+
+TEST_CASE("deck: input/tiny.deck parses", "[deck]") {
+  const auto p = build_program(read_deck(XX_SOURCE_DIR "/input/tiny.deck", {}), false);
+  REQUIRE(p.phases.size() == 1);
+  const Config& c = p.phases[0].config;
+  CHECK(p.phases[0].steps == 300);
+  CHECK(c.model.dim == 128);
+  CHECK(c.data.path == "data/fortunes.txt");
+  CHECK(c.output.dir == "runs/tiny");
+  CHECK(c.schedule.total == 300);
+
+  const auto q = build_program(read_deck(XX_SOURCE_DIR "/input/tiny.deck", {{"steps", "20"}, {"run_dir", "/tmp/x"}}), false);
+  CHECK(q.phases[0].steps == 20);
+  CHECK(q.phases[0].config.output.dir == "/tmp/x");
+}

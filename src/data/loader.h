@@ -5,6 +5,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -35,6 +36,7 @@ class BatchLoader {
 
  private:
   void work();
+  std::vector<int64_t> windows_of(int64_t index);  // sampler windows of batch `index`; caller holds mu_
   const Corpus& corpus_;
   DistributedSampler sampler_;  // guarded by mu_
   int64_t first_window_, batch_, seq_;
@@ -44,6 +46,7 @@ class BatchLoader {
   std::map<int64_t, Batch> done_;
   int64_t next_claim_, next_take_;
   bool stop_ = false;
+  std::exception_ptr error_;  // first failure in a worker, rethrown by next()
   std::vector<std::thread> threads_;
 };
 

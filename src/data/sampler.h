@@ -17,6 +17,7 @@ class DistributedSampler {
   DistributedSampler(int64_t windows, int world, int rank, uint64_t seed);
 
   int64_t per_rank_per_epoch() const { return per_rank_; }
+  int64_t windows() const { return windows_; }  // N: windows in [0, N)
   // Window index of this rank's k-th sample (k counts across epochs).
   int64_t window(int64_t k);
   // Epoch of sample k.

@@ -1,1 +1,414 @@
-// placeholder: being written
+// The command registry. Each deck command is a table entry: an optional kind
+// word (model dense, schedule cosine), positional values, and `key value`
+// keywords, each bound to a field of a running Config. Adding a command, a
+// kind or a keyword is one table row; build_program applies the lines in
+// order and snapshots the Config at every `run N`.
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <variant>
+#include <fmt/ranges.h>
+#include "core/error.h"
+#include "deck/deck.h"
+
+namespace xx {
+namespace {
+
+// did_you_mean, plus the two slips edit distance misses in keywords:
+// reordered parts ('lr_min' for 'min_lr') and a longer or shorter word
+// ('warning' for 'warn').
+std::string suggest(const std::string& word, const std::vector<std::string>& candidates) {
+  if (std::string hint = did_you_mean(word, candidates); !hint.empty()) return hint;
+  auto parts = [](const std::string& s) {
+    std::vector<std::string> out;
+    for (size_t start = 0, end; start <= s.size(); start = end + 1) {
+      end = std::min(s.find('_', start), s.size());
+      out.push_back(s.substr(start, end - start));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  for (const auto& c : candidates) {
+    const bool reordered = c.find('_') != std::string::npos && parts(c) == parts(word);
+    const auto& shorter = c.size() < word.size() ? c : word;
+    const auto& longer = c.size() < word.size() ? word : c;
+    const bool prefix = shorter.size() >= 3 && longer.compare(0, shorter.size(), shorter) == 0;
+    if (reordered || prefix) return " (did you mean '" + c + "'?)";
+  }
+  return "";
+}
+
+// ----------------------------------------------------------------------------
+// options: one value a command sets
+
+using Target = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, bool*>;
+
+struct Range {
+  std::optional<double> lo, hi;
+  bool lo_open = false, hi_open = false;
+};
+Range at_least(double lo) { return {lo, {}, false, false}; }
+Range above(double lo) { return {lo, {}, true, false}; }
+Range within(double lo, double hi, bool lo_open = false, bool hi_open = false) { return {lo, hi, lo_open, hi_open}; }
+
+struct Option {
+  std::string name;
+  Target target;
+  Range range;                       // numbers only
+  std::vector<std::string> choices;  // words only; empty: any word
+  std::string expected;              // "an integer", "a number", "one of: a, b", ...
+};
+
+Option integer(std::string name, std::variant<int*, int64_t*, uint64_t*> target, Range range = {}) {
+  Option o{std::move(name), {}, range, {}, "an integer"};
+  std::visit([&](auto* p) { o.target = p; }, target);
+  return o;
+}
+Option real(std::string name, double* target, Range range = {}) { return {std::move(name), target, range, {}, "a number"}; }
+Option path(std::string name, std::string* target) { return {std::move(name), target, {}, {}, "a path"}; }
+Option yes_no(std::string name, bool* target) { return {std::move(name), target, {}, {"yes", "no"}, "yes or no"}; }
+Option choice(std::string name, std::string* target, std::vector<std::string> choices) {
+  Option o{std::move(name), target, {}, std::move(choices), ""};
+  o.expected = "one of: " + fmt::format("{}", fmt::join(o.choices, ", "));
+  return o;
+}
+
+std::string range_text(const Range& r) {
+  if (r.lo && r.hi) return fmt::format("in {}{}, {}{}", r.lo_open ? '(' : '[', *r.lo, *r.hi, r.hi_open ? ')' : ']');
+  if (r.lo) return fmt::format("{} {}", r.lo_open ? ">" : ">=", *r.lo);
+  if (r.hi) return fmt::format("{} {}", r.hi_open ? "<" : "<=", *r.hi);
+  return "";
+}
+
+bool in_range(const Range& r, double v) {
+  if (r.lo && (r.lo_open ? v <= *r.lo : v < *r.lo)) return false;
+  if (r.hi && (r.hi_open ? v >= *r.hi : v > *r.hi)) return false;
+  return true;
+}
+
+// The whole word must parse: "12x" and, for integers, "1.5" are bad.
+template <class T>
+std::optional<T> parse_number(const std::string& word) {
+  T value{};
+  const char* end = word.data() + word.size();
+  auto [ptr, ec] = std::from_chars(word.data(), end, value);
+  if (ec != std::errc() || ptr != end) return std::nullopt;
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+void set_value(const Option& o, const std::string& word, const std::string& where) {
+  auto bad = [&]() { input_error("{}: bad value '{}' for '{}' (expected {})", where, word, o.name, o.expected); };
+  auto check_range = [&](double v, Range r) {
+    if (!in_range(r, v)) input_error("{}: value {} for '{}' is out of range (expected {})", where, word, o.name, range_text(r));
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, bool>) {
+          if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), word) == o.choices.end())
+            input_error("{}: bad value '{}' for '{}' (expected {}){}", where, word, o.name, o.expected,
+                        suggest(word, o.choices));
+          if constexpr (std::is_same_v<T, bool>) *p = word == "yes";
+          else *p = word;
+        } else {
+          auto v = parse_number<T>(word);
+          if (!v) bad();
+          check_range(double(*v), o.range);
+          // An int field also has the int's own limits.
+          if constexpr (std::is_same_v<T, int>) check_range(double(*v), within(INT_MIN, INT_MAX));
+          *p = *v;
+        }
+      },
+      o.target);
+}
+
+std::string value_text(const Option& o) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) return *p ? "yes" : "no";
+        else if constexpr (std::is_same_v<T, std::string>) return p->empty() ? "(none)" : *p;
+        else return fmt::format("{}", *p);
+      },
+      o.target);
+}
+
+// ----------------------------------------------------------------------------
+// commands
+
+// One kind of a command, e.g. 'model dense'. Commands without a kind word
+// have one variant with an empty kind.
+struct Variant {
+  std::string kind;
+  std::vector<Option> positional;  // values right after the kind word
+  std::vector<Option> keywords;    // `key value` pairs, any order
+  std::vector<std::string> required;
+  std::function<void(const std::string& where)> check;  // cross-field checks
+};
+
+struct Command {
+  std::string name;
+  std::string* kind_target = nullptr;  // where the kind word goes, if anywhere
+  std::string kind_label = "kind";     // its row name in describe
+  std::vector<Variant> variants;
+  std::string usage;
+  bool has_kind() const { return !variants.front().kind.empty(); }
+};
+
+// The registry, bound to `c`; `steps` receives `run N`.
+std::vector<Command> registry(Config& c, int64_t& steps) {
+  auto data_variant = [&](std::string kind) {
+    return Variant{std::move(kind),
+                   {path("path", &c.data.path)},
+                   {real("valid", &c.data.valid_fraction, within(0, 0.5, true, false)),
+                    integer("batch", &c.data.batch, at_least(1)), integer("workers", &c.data.workers, within(0, 64)),
+                    integer("queue", &c.data.queue, at_least(1))},
+                   {},
+                   {}};
+  };
+  auto check_model = [&c](const std::string& where) {
+    const ModelConfig& m = c.model;
+    if (m.dim % m.heads != 0)
+      input_error("{}: 'dim' {} is not divisible by 'heads' {} (expected dim % heads == 0)", where, m.dim, m.heads);
+    if (m.head_dim() % 2 != 0)
+      input_error("{}: head_dim = dim / heads = {} is odd (expected an even head_dim, for rotary embeddings)", where,
+                  m.head_dim());
+  };
+  return {
+      {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S"},
+      {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X"},
+      {"model",
+       &c.model.kind,
+       "kind",
+       {{"dense",
+         {},
+         {integer("vocab", &c.model.vocab, at_least(2)), integer("dim", &c.model.dim, at_least(1)),
+          integer("layers", &c.model.layers, at_least(1)), integer("heads", &c.model.heads, at_least(1)),
+          integer("ffn", &c.model.ffn, at_least(1)), integer("seq", &c.model.seq, at_least(2)),
+          real("rope_theta", &c.model.rope_theta, above(0)), real("norm_eps", &c.model.norm_eps, above(0)),
+          real("init_std", &c.model.init_std, above(0))},
+         {"vocab", "dim", "layers", "heads", "ffn", "seq"},
+         check_model}},
+       "model dense vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]"},
+      {"data",
+       &c.data.format,
+       "format",
+       {data_variant("bytes"), data_variant("shard")},
+       "data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q]"},
+      {"optimizer",
+       nullptr,
+       "kind",
+       {{"adamw",
+         {},
+         {real("lr", &c.optimizer.lr, above(0)), real("beta1", &c.optimizer.beta1, within(0, 1, false, true)),
+          real("beta2", &c.optimizer.beta2, within(0, 1, false, true)), real("eps", &c.optimizer.eps, above(0)),
+          real("weight_decay", &c.optimizer.weight_decay, at_least(0)), real("clip", &c.optimizer.clip, at_least(0))},
+         {},
+         {}}},
+       "optimizer adamw [lr X] [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X]"},
+      {"schedule",
+       &c.schedule.kind,
+       "kind",
+       {{"cosine",
+         {},
+         {integer("warmup", &c.schedule.warmup, at_least(0)), real("min_lr", &c.schedule.min_lr, at_least(0)),
+          integer("total", &c.schedule.total, at_least(0))},
+         {},
+         {}}},
+       "schedule cosine [warmup W] [min_lr X] [total S]"},
+      {"sync",
+       &c.sync.kind,
+       "kind",
+       {{"dense", {}, {real("bucket_mb", &c.sync.bucket_mb, above(0))}, {}, {}}},
+       "sync dense [bucket_mb X]"},
+      {"output",
+       nullptr,
+       "",
+       {{"", {}, {path("dir", &c.output.dir), integer("log_every", &c.output.log_every, at_least(1))}, {"dir"}, {}}},
+       "output dir PATH [log_every N]"},
+      {"eval",
+       nullptr,
+       "",
+       {{"", {}, {integer("every", &c.eval.every, at_least(0)), integer("batches", &c.eval.batches, at_least(1))}, {}, {}}},
+       "eval [every N] [batches K]"},
+      {"checkpoint",
+       nullptr,
+       "",
+       {{"", {}, {integer("every", &c.checkpoint.every, at_least(0)), yes_no("at_end", &c.checkpoint.at_end)}, {}, {}}},
+       "checkpoint [every N] [at_end yes|no]"},
+      {"grad_check",
+       nullptr,
+       "",
+       {{"", {}, {choice("missing", &c.grad_check.missing, {"warn", "error", "off"})}, {"missing"}, {}}},
+       "grad_check missing warn|error|off"},
+      {"run", nullptr, "", {{"", {integer("steps", &steps, at_least(1))}, {}, {}, {}}}, "run N"},
+  };
+}
+
+// Commands read_deck consumes; listed for help and did-you-mean.
+const std::vector<std::string> kReaderCommands = {"variable", "include"};
+
+template <class T>
+const T* find_named(const std::vector<T>& items, const std::string& name, std::string T::*field) {
+  for (const auto& item : items)
+    if (item.*field == name) return &item;
+  return nullptr;
+}
+
+std::string names_of(const std::vector<Option>& options) {
+  std::vector<std::string> names;
+  for (const auto& o : options) names.push_back(o.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Parses one line into the Config the registry is bound to.
+void apply(const Command& cmd, const DeckLine& line, const std::string& where) {
+  const auto& w = line.words;
+  size_t i = 1;
+  const Variant* variant = &cmd.variants.front();
+  std::string label = cmd.name;
+  if (cmd.has_kind()) {
+    std::vector<std::string> kinds;
+    for (const auto& v : cmd.variants) kinds.push_back(v.kind);
+    const std::string kinds_text = fmt::format("{}", fmt::join(kinds, ", "));
+    if (w.size() < 2) input_error("{}: '{}' needs a kind (expected one of: {})", where, cmd.name, kinds_text);
+    variant = find_named(cmd.variants, w[1], &Variant::kind);
+    if (!variant)
+      input_error("{}: unknown kind '{}' for '{}' (expected one of: {}){}", where, w[1], cmd.name, kinds_text,
+                  suggest(w[1], kinds));
+    if (cmd.kind_target) *cmd.kind_target = w[1];
+    label += " " + w[1];
+    i = 2;
+  }
+  for (const auto& o : variant->positional) {
+    if (i >= w.size()) {
+      if (o.name == cmd.name) input_error("{}: '{}' needs a value (expected {})", where, label, o.expected);
+      input_error("{}: '{}' needs a value for '{}' (expected {})", where, label, o.name, o.expected);
+    }
+    set_value(o, w[i++], where);
+  }
+  std::vector<std::string> seen;
+  for (; i < w.size(); i += 2) {
+    if (variant->keywords.empty())
+      input_error("{}: unexpected word '{}' after '{}' (expected end of line: {})", where, w[i], label, cmd.usage);
+    const Option* o = find_named(variant->keywords, w[i], &Option::name);
+    if (!o) {
+      std::vector<std::string> names;
+      for (const auto& k : variant->keywords) names.push_back(k.name);
+      input_error("{}: unknown keyword '{}' for '{}' (expected one of: {}){}", where, w[i], label,
+                  names_of(variant->keywords), suggest(w[i], names));
+    }
+    if (std::find(seen.begin(), seen.end(), o->name) != seen.end())
+      input_error("{}: keyword '{}' given twice for '{}' (expected each keyword at most once)", where, o->name, label);
+    seen.push_back(o->name);
+    if (i + 1 >= w.size()) input_error("{}: keyword '{}' needs a value (expected {})", where, o->name, o->expected);
+    set_value(*o, w[i + 1], where);
+  }
+  for (const auto& r : variant->required)
+    if (std::find(seen.begin(), seen.end(), r) == seen.end())
+      input_error("{}: '{}' is missing keyword '{}' (expected {})", where, label, r, cmd.usage);
+  if (variant->check) variant->check(where);
+}
+
+// Every value a command holds, "name value" pairs; used by describe and to
+// tell whether a repeated model line changes the model.
+std::vector<std::pair<std::string, std::string>> rows(const Command& cmd) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const Variant* variant = &cmd.variants.front();
+  if (cmd.has_kind()) {
+    const std::string kind = cmd.kind_target ? *cmd.kind_target : variant->kind;
+    if (const Variant* v = find_named(cmd.variants, kind, &Variant::kind)) variant = v;
+    out.emplace_back(cmd.name + "." + cmd.kind_label, kind);
+  }
+  for (const auto* list : {&variant->positional, &variant->keywords})
+    for (const auto& o : *list) out.emplace_back(o.name == cmd.name ? o.name : cmd.name + "." + o.name, value_text(o));
+  return out;
+}
+
+bool readable_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec) && std::ifstream(path).good();
+}
+
+}  // namespace
+
+std::vector<std::string> command_names() {
+  Config c;
+  int64_t steps = 0;
+  std::vector<std::string> names;
+  for (const auto& cmd : registry(c, steps)) names.push_back(cmd.name);
+  names.insert(names.end(), kReaderCommands.begin(), kReaderCommands.end());
+  return names;
+}
+
+Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
+  Program program;
+  program.lines = lines;
+  Config config;
+  int64_t steps = 0, total_steps = 0;
+  const std::vector<Command> commands = registry(config, steps);
+  const std::vector<std::string> names = command_names();
+  bool have_model = false, have_data = false;
+
+  for (const auto& line : lines) {
+    if (line.words.empty()) continue;
+    const std::string where = fmt::format("{}:{}", line.file, line.line);
+    const std::string& name = line.words[0];
+    const Command* cmd = find_named(commands, name, &Command::name);
+    if (!cmd)
+      input_error("{}: unknown command '{}' (expected one of: {}){}", where, name, fmt::join(names, ", "),
+                  suggest(name, names));
+    program.deck_text += line.text + "\n";
+
+    const auto before = rows(*cmd);
+    apply(*cmd, line, where);
+    if (name == "model") {
+      if (!program.phases.empty() && rows(*cmd) != before)
+        input_error("{}: model cannot change after the first run (expected the same model line, or none)", where);
+      have_model = true;
+    } else if (name == "data") {
+      if (check_files && !readable_file(config.data.path))
+        input_error("{}: cannot read data file '{}' (expected a readable file; relative paths start at the working directory)",
+                    where, config.data.path);
+      have_data = true;
+    } else if (name == "run") {
+      if (!have_model) input_error("{}: 'run' before any 'model' command (expected a model line above the run)", where);
+      if (!have_data) input_error("{}: 'run' before any 'data' command (expected a data line above the run)", where);
+      program.phases.push_back(Phase{config, steps, where});
+      total_steps += steps;
+    }
+  }
+  if (program.phases.empty()) {
+    const std::string where = lines.empty() ? "deck:0" : fmt::format("{}:{}", lines.back().file, lines.back().line);
+    input_error("{}: no run command: nothing to do (expected at least one 'run N' line)", where);
+  }
+  // total 0 means "the whole deck": the cosine reaches min_lr at the last step.
+  for (auto& phase : program.phases)
+    if (phase.config.schedule.total == 0) phase.config.schedule.total = total_steps;
+  return program;
+}
+
+std::string describe(const Config& config) {
+  Config c = config;  // the registry binds to a mutable Config; it is only read here
+  int64_t steps = 0;
+  std::vector<std::pair<std::string, std::string>> table;
+  for (const auto& cmd : registry(c, steps)) {
+    if (cmd.name == "run") continue;
+    auto r = rows(cmd);
+    table.insert(table.end(), r.begin(), r.end());
+  }
+  size_t width = 0;
+  for (const auto& [name, value] : table) width = std::max(width, name.size());
+  std::string out;
+  for (const auto& [name, value] : table) out += fmt::format("{:<{}}  {}\n", name, width, value);
+  return out;
+}
+
+}  // namespace xx

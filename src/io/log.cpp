@@ -5,7 +5,8 @@
 
 namespace xx {
 
-RunLog::RunLog(const std::string& run_dir, int rank, bool append) : dir_(run_dir), rank_(rank) {
+RunLog::RunLog(const std::string& run_dir, int rank, bool append, bool quiet)
+    : dir_(run_dir), rank_(rank), quiet_(quiet) {
   const auto rank_dir = std::filesystem::path(run_dir) / fmt::format("rank{}", rank);
   std::filesystem::create_directories(rank_dir);
   const auto mode = append ? std::ios::app : std::ios::trunc;
@@ -21,7 +22,7 @@ void RunLog::rank(const std::string& line) { log_ << line << '\n' << std::flush;
 
 void RunLog::console(const std::string& line) {
   if (rank_ != 0) return;
-  std::fputs((line + "\n").c_str(), stdout);
+  if (!quiet_) std::fputs((line + "\n").c_str(), stdout);
   std::fflush(stdout);
   rank(line);
 }

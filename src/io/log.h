@@ -10,7 +10,7 @@ namespace xx {
 class RunLog {
  public:
   // A fresh run starts new files; a resumed run appends to them.
-  RunLog(const std::string& run_dir, int rank, bool append);
+  RunLog(const std::string& run_dir, int rank, bool append, bool quiet = false);
 
   void rank(const std::string& line);     // this rank's log only
   void console(const std::string& line);  // rank 0: stdout and its log
@@ -20,6 +20,7 @@ class RunLog {
  private:
   std::string dir_;
   int rank_;
+  bool quiet_;
   std::ofstream log_, metrics_;
 };
 

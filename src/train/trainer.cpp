@@ -97,7 +97,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
   if (!resume_path.empty()) restore(resume_path);
 
-  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty());
+  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet);
   if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
   loader_ = std::make_unique<BatchLoader>(corpus_, DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed),
                                           0, cfg_.data.batch, cfg_.model.seq, cfg_.data.workers, cfg_.data.queue,

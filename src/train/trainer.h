@@ -28,6 +28,7 @@ class Trainer {
   ~Trainer();
 
   void run();  // every phase of the deck, from wherever the checkpoint left off
+  double train_step();  // one optimizer step; returns the global mean loss
 
   // Read-outs for tests and tools.
   Transformer<float>& model() { return *model_; }
@@ -36,7 +37,6 @@ class Trainer {
   std::string backends() const;
 
  private:
-  double train_step();
   double evaluate();
   void check_missing_gradients(int64_t begin, int64_t end);
   void save_checkpoint(double loss);

@@ -1,0 +1,85 @@
+// Shared set-up for the multi-rank tests: a scratch directory agreed by all
+// ranks, a small deterministic corpus, and decks built from text.
+#pragma once
+#include <mpi.h>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+#include "deck/deck.h"
+
+namespace xx::test {
+
+inline int mpi_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int mpi_size() {
+  int s;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// A fresh directory, named by rank 0 and shared with every rank.
+inline std::string shared_scratch(const std::string& tag) {
+  std::string path;
+  if (mpi_rank() == 0) {
+    auto p = std::filesystem::temp_directory_path() /
+             ("xx_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(mpi_size()));
+    std::filesystem::remove_all(p);
+    std::filesystem::create_directories(p);
+    path = p.string();
+  }
+  int n = int(path.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  path.resize(n);
+  MPI_Bcast(path.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
+}
+
+// Pseudo-English text from a fixed word list, written by rank 0.
+inline std::string make_corpus(const std::string& dir, int64_t bytes = 40000) {
+  const std::string path = dir + "/corpus.txt";
+  if (mpi_rank() == 0) {
+    const std::vector<std::string> words = {"the", "rank", "sends", "a", "gradient", "to", "every", "other",
+                                            "node", "and", "waits", "for", "its", "turn", "while", "loss",
+                                            "falls", "slowly", "over", "many", "steps", "."};
+    std::ofstream out(path);
+    uint64_t x = 12345;
+    int64_t written = 0;
+    while (written < bytes) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      const auto& w = words[(x >> 33) % words.size()];
+      out << w << ' ';
+      written += int64_t(w.size()) + 1;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+// A deck from text, written to dir/name and parsed like the real thing.
+inline Program make_program(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name + ".deck";
+  if (mpi_rank() == 0) std::ofstream(path) << text;
+  MPI_Barrier(MPI_COMM_WORLD);
+  return build_program(read_deck(path, {}), true);
+}
+
+// A small model that trains in well under a second per step.
+inline std::string small_deck(const std::string& corpus, const std::string& out_dir, int steps,
+                              const std::string& extra = "") {
+  return "seed 99\n"
+         "model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 32\n"
+         "data bytes " + corpus + " valid 0.1 batch 4 workers 2\n"
+         "optimizer adamw lr 3e-3 weight_decay 0.1 clip 1.0\n"
+         "schedule cosine warmup 2 min_lr 3e-4 total 12\n"
+         "peak_gflops 50\n"
+         "output dir " + out_dir + " log_every 1\n"
+         "eval every 3 batches 2\n"
+         "checkpoint every 0\n" + extra +
+         "run " + std::to_string(steps) + "\n";
+}
+
+}  // namespace xx::test
