@@ -2,6 +2,7 @@
 // on a tiny configuration; and the properties the trainer relies on.
 #include "fd.h"
 #include "model/transformer.h"
+#include "train/trainer.h"
 
 using namespace xx;
 using namespace xx::test;
@@ -97,4 +98,25 @@ TEST_CASE("parameter layout names every tensor with its real shape", "[model]") 
   REQUIRE(sum == layout.total());
   // 12 C^2 + 3 C F per block... here: 4 C^2 attention + 3 C F feed-forward, plus the head.
   REQUIRE(layout.matmul_params() == 4 * (4 * 128 * 128 + 3 * 128 * 384) + 256 * 128);
+}
+
+TEST_CASE("the missing-gradient check names tensors that got no gradient", "[model]") {
+  auto cfg = tiny_model();
+  const int B = 1;
+  Transformer<float> model(cfg, B);
+  model.init(3);
+  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
+  model.zero_grads();
+  const auto& layout = model.layout();
+  REQUIRE(tensors_without_gradient(layout, model.grads(), 0, layout.total()).size() == layout.tensors().size());
+  model.forward(tin, ttgt);
+  model.backward(tin, ttgt);
+  REQUIRE(tensors_without_gradient(layout, model.grads(), 0, layout.total()).empty());
+  // Wipe one tensor's gradient, as a forgotten backward would leave it.
+  Kokkos::deep_copy(model.grad("layers.1.ffn.w3"), 0.0f);
+  const auto missing = tensors_without_gradient(layout, model.grads(), 0, layout.total());
+  REQUIRE(missing == std::vector<std::string>{"layers.1.ffn.w3"});
+  // Only tensors that start inside the range are checked.
+  REQUIRE(tensors_without_gradient(layout, model.grads(), layout.layer_begin(cfg.layers), layout.total()).empty());
 }

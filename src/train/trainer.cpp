@@ -169,15 +169,20 @@ std::string Trainer::backends() const {
   return out;
 }
 
-void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
-  if (cfg_.grad_check.missing == "off") return;
+std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, const Buffer<float>& grads,
+                                                  int64_t begin, int64_t end) {
   std::vector<std::string> missing;
-  auto& grads = model_->grads();
-  for (const auto& t : model_->layout().tensors()) {
+  for (const auto& t : layout.tensors()) {
     if (t.offset < begin || t.offset >= end) continue;
     if (kernels::sum_squares<float>(Vec<const float>(grads.data() + t.offset, t.size)) == 0.0)
       missing.push_back(t.name);
   }
+  return missing;
+}
+
+void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
+  if (cfg_.grad_check.missing == "off") return;
+  const auto missing = tensors_without_gradient(model_->layout(), model_->grads(), begin, end);
   if (missing.empty()) return;
   const std::string msg = fmt::format("rank {}: step {}: no gradient reached {} tensor(s): {}", rank_, step_ + 1,
                                       missing.size(), fmt::join(missing, ", "));

@@ -20,6 +20,11 @@ struct RunOptions {
   bool quiet = false;  // no console output (tests)
 };
 
+// Names of the tensors starting in [begin, end) whose gradient is all zero:
+// no gradient reached them in this backward.
+std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, const Buffer<float>& grads,
+                                                  int64_t begin, int64_t end);
+
 class Trainer {
  public:
   // Loads the data, builds the model and optimizer, restores a checkpoint when
