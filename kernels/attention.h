@@ -59,21 +59,22 @@ void causal_softmax_rows_backward(Mat<T> dp, Mat<const T> p, T scale) {
       });
 }
 
-// out (BH*T, D), att (BH * blocks.per_head()) from q, k, v (BH*T, D), head-major.
+// out (BH*T, Dv), att (BH * blocks.per_head()) from q, k (BH*T, D) and v
+// (BH*T, Dv), head-major. Scores are scaled by 1/sqrt(D).
 template <class T>
 void attention_forward(Mat<T> out, Vec<T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
                        const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.extent(1);
+  const int64_t Tn = blocks.seq, D = q.extent(1), Dv = v.extent(1);
   const T scale = T(1) / T(std::sqrt(double(D)));
   for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t head = bh * Tn * D;
+    const int64_t head = bh * Tn * D, vhead = bh * Tn * Dv;
     for (int64_t i = 0; i < blocks.count; ++i) {
       const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
       Mat<const T> qi(q.data() + head + r0 * D, rows, D);
       Mat<const T> keys(k.data() + head, cols, D);
-      Mat<const T> values(v.data() + head, cols, D);
+      Mat<const T> values(v.data() + vhead, cols, Dv);
       Mat<T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
-      Mat<T> oi(out.data() + head + r0 * D, rows, D);
+      Mat<T> oi(out.data() + vhead + r0 * Dv, rows, Dv);
       KokkosBlas::gemm("N", "T", scale, qi, keys, T(0), p);
       causal_softmax_rows(p, r0);
       KokkosBlas::gemm("N", "N", T(1), Mat<const T>(p), values, T(0), oi);
@@ -81,28 +82,28 @@ void attention_forward(Mat<T> out, Vec<T> att, Mat<const T> q, Mat<const T> k, M
   }
 }
 
-// dq, dk, dv (BH*T, D) = gradients; scratch holds one block of dp (>= Bk * T).
+// dq, dk (BH*T, D), dv (BH*T, Dv) = gradients; scratch holds one block of dp (>= Bk * T).
 template <class T>
 void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout,
                         Vec<const T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
                         const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.extent(1);
+  const int64_t Tn = blocks.seq, D = q.extent(1), Dv = v.extent(1);
   const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));
   for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t head = bh * Tn * D;
+    const int64_t head = bh * Tn * D, vhead = bh * Tn * Dv;
     for (int64_t i = 0; i < blocks.count; ++i) {
       const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
       Mat<const T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
-      Mat<const T> doi(dout.data() + head + r0 * D, rows, D);
+      Mat<const T> doi(dout.data() + vhead + r0 * Dv, rows, Dv);
       Mat<const T> qi(q.data() + head + r0 * D, rows, D);
       Mat<const T> keys(k.data() + head, cols, D);
-      Mat<const T> values(v.data() + head, cols, D);
+      Mat<const T> values(v.data() + vhead, cols, Dv);
       Mat<T> dp(scratch.data(), rows, cols);
       Mat<T> dqi(dq.data() + head + r0 * D, rows, D);
       Mat<T> dkeys(dk.data() + head, cols, D);
-      Mat<T> dvalues(dv.data() + head, cols, D);
+      Mat<T> dvalues(dv.data() + vhead, cols, Dv);
       KokkosBlas::gemm("N", "T", T(1), doi, values, T(0), dp);      // dp = dO V^T
       KokkosBlas::gemm("T", "N", T(1), p, doi, T(1), dvalues);      // dV += P^T dO
       causal_softmax_rows_backward(dp, p, scale);                   // dS = P (dP - rowsum) * scale

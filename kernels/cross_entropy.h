@@ -1,4 +1,6 @@
 // Softmax cross-entropy over the vocabulary, fused with its backward.
+// A negative target marks a position without a label (the tail of a window
+// for multi-token prediction): its loss and gradient are zero.
 // Activation gradients are written (=).
 #pragma once
 #include "core/views.h"
@@ -15,7 +17,7 @@ void cross_entropy_forward(Vec<T> losses, Mat<const T> logits, Tokens targets) {
         for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
         T sum = 0;
         for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
-        losses(i) = m + Kokkos::Experimental::log(sum) - logits(i, targets(i));
+        losses(i) = targets(i) < 0 ? T(0) : m + Kokkos::Experimental::log(sum) - logits(i, targets(i));
       });
 }
 
@@ -29,8 +31,8 @@ void cross_entropy_backward(Mat<T> dlogits, Mat<const T> logits, Tokens targets,
         for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
         T sum = 0;
         for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
-        const T inv = T(1) / sum;
         const int32_t target = targets(i);
+        const T inv = target < 0 ? T(0) : T(1) / sum;
         for (int64_t j = 0; j < V; ++j) {
           const T p = Kokkos::Experimental::exp(logits(i, j) - m) * inv;
           dlogits(i, j) = (p - (j == target ? T(1) : T(0))) * dloss;

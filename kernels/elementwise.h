@@ -48,4 +48,25 @@ int64_t count_nonfinite(Vec<const T> x) {
   return n;
 }
 
+// out (N, A+B) = [a | b]
+template <class T>
+void concat_columns_forward(Mat<T> out, Mat<const T> a, Mat<const T> b) {
+  const int64_t A = a.extent(1), W = out.extent(1);
+  Kokkos::parallel_for(
+      "concat_columns", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(out.extent(0)), W}),
+      KOKKOS_LAMBDA(int64_t i, int64_t j) { out(i, j) = j < A ? a(i, j) : b(i, j - A); });
+}
+
+// da (N, A), db (N, B) from dout (N, A+B)
+template <class T>
+void concat_columns_backward(Mat<T> da, Mat<T> db, Mat<const T> dout) {
+  const int64_t A = da.extent(1), W = dout.extent(1);
+  Kokkos::parallel_for(
+      "concat_columns_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(dout.extent(0)), W}),
+      KOKKOS_LAMBDA(int64_t i, int64_t j) {
+        if (j < A) da(i, j) = dout(i, j);
+        else db(i, j - A) = dout(i, j);
+      });
+}
+
 }  // namespace xx::kernels

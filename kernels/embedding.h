@@ -25,4 +25,14 @@ void embedding_backward(Mat<T> dwte, Mat<const T> dout, Tokens tokens) {
       });
 }
 
+// out (B*T): the sequence shifted left by `shift` within each row of
+// `tokens` (B*T), `fill` where it runs past the end.
+inline void shift_tokens(Kokkos::View<int32_t*, MemSpace> out, Tokens tokens, int64_t Tn, int64_t shift, int32_t fill) {
+  Kokkos::parallel_for(
+      "shift_tokens", Kokkos::RangePolicy<ExecSpace>(0, out.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        const int64_t t = i % Tn;
+        out(i) = t + shift < Tn ? tokens(i + shift) : fill;
+      });
+}
+
 }  // namespace xx::kernels

@@ -15,10 +15,11 @@ void linear_forward(Mat<T> out, Mat<const T> inp, Mat<const T> weight, T beta = 
 }
 
 // dinp (N, in) = dout . weight;   dweight (out, in) += dout^T . inp
+// dinp_beta = 1 adds into dinp instead (an input that feeds several layers).
 template <class T>
 void linear_backward(Mat<T> dinp, Mat<T> dweight, Mat<const T> dout, Mat<const T> inp,
-                     Mat<const T> weight) {
-  KokkosBlas::gemm("N", "N", T(1), dout, weight, T(0), dinp);
+                     Mat<const T> weight, T dinp_beta = T(0)) {
+  KokkosBlas::gemm("N", "N", T(1), dout, weight, dinp_beta, dinp);
   KokkosBlas::gemm("T", "N", T(1), dout, inp, T(1), dweight);
 }
 

@@ -7,19 +7,59 @@
 
 namespace xx {
 
-// model dense vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]
+// attention mha | mla kv_lora_rank R q_lora_rank Q qk_nope_dim N rope_dim P v_dim V
+struct AttentionConfig {
+  std::string kind = "mha";  // mha: per-head q, k, v of width C/H; mla: multi-head latent attention
+  int kv_lora_rank = 0;      // R, width of the compressed key/value latent
+  int q_lora_rank = 0;       // Q, 0: queries projected directly from the hidden state
+  int qk_nope_dim = 0;       // per-head query/key width without rotary embedding
+  int rope_dim = 0;          // per-head rotary width; the rope key is shared by all heads
+  int v_dim = 0;             // per-head value width
+  bool mla() const { return kind == "mla"; }
+};
+
+// moe off | on dense_layers K shared S routed E topk k ffn F [gate softmax|sigmoid]
+//              [balance aux|bias] [balance_coef X] [route_scale X]
+struct MoeConfig {
+  std::string mode = "off";        // off | on
+  int dense_layers = 1;            // the first K blocks keep a dense FFN
+  int shared = 0;                  // always-on experts
+  int routed = 0;                  // E routed experts
+  int topk = 0;                    // experts per token
+  int ffn = 0;                     // width of every expert's SwiGLU
+  std::string gate = "softmax";    // softmax (V2) or sigmoid with normalisation (V3)
+  std::string balance = "aux";     // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
+  double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
+  double route_scale = 1.0;        // scales the combine weights
+  bool enabled() const { return mode == "on"; }
+  bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
+};
+
+// mtp depth D weight W
+struct MtpConfig {
+  int depth = 0;        // extra modules predicting tokens t+2 .. t+1+D; 0: off
+  double weight = 0.3;  // lambda: the MTP loss is lambda/D * sum of their cross-entropies
+};
+
+// model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]
+// (deepseek is dense plus whatever `attention`, `moe` and `mtp` say)
 struct ModelConfig {
   std::string kind = "dense";
   int vocab = 256;          // V
   int dim = 128;            // C
   int layers = 4;           // L
-  int heads = 4;            // H, head_dim = C / H
-  int ffn = 384;            // F, SwiGLU hidden width
+  int heads = 4;            // H; MHA head_dim = C / H
+  int ffn = 384;            // F, SwiGLU hidden width of the dense FFN
   int seq = 128;            // T, training context
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
+  AttentionConfig attention;
+  MoeConfig moe;
+  MtpConfig mtp;
   int head_dim() const { return dim / heads; }
+  int qk_dim() const { return attention.mla() ? attention.qk_nope_dim + attention.rope_dim : head_dim(); }
+  int v_dim() const { return attention.mla() ? attention.v_dim : head_dim(); }
 };
 
 // data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q]

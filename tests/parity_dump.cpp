@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(din, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(in.data(), in.size()));
     Kokkos::deep_copy(dtgt, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(tgt.data(), tgt.size()));
     Tokens ti(din.data(), din.extent(0)), tt(dtgt.data(), dtgt.extent(0));
-    const double loss = model.forward(ti, tt);
+    const double loss = model.forward(ti, tt).total;
     model.zero_grads();
     model.backward(ti, tt);
 

@@ -31,15 +31,38 @@ Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
 
 }  // namespace
 
+// The architectures the FD check covers: dense MHA, and DeepSeek's pieces.
+ModelConfig architecture(const std::string& name) {
+  auto m = tiny_model();
+  if (name == "dense") return m;
+  m.kind = "deepseek";
+  m.attention = {"mla", /*kv_lora_rank*/ 6, /*q_lora_rank*/ 0, /*nope*/ 4, /*rope*/ 2, /*v*/ 3};
+  if (name == "mla") return m;
+  if (name == "mla-qlora") return m.attention.q_lora_rank = 5, m;
+  m.moe.mode = "on";
+  m.moe.dense_layers = 1, m.moe.shared = 1, m.moe.routed = 4, m.moe.topk = 2, m.moe.ffn = 6;
+  m.moe.balance_coef = 0.01;  // large enough to show in the gradient
+  if (name == "moe-softmax-aux") return m;
+  m.moe.gate = "sigmoid", m.moe.balance = "bias", m.moe.route_scale = 1.5;
+  if (name == "moe-sigmoid-bias") return m;
+  m.mtp.depth = 2, m.mtp.weight = 0.5;
+  return m;  // "deepseek-mtp": MLA + MoE + MTP
+}
+
 TEST_CASE("whole-model gradient matches finite differences", "[model]") {
-  const auto cfg = tiny_model();
+  const std::string arch =
+      GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp");
+  CAPTURE(arch);
+  const auto cfg = architecture(arch);
   const int B = 2;
   Transformer<double> model(cfg, B);
   model.init(42);
   auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
   Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
-  const double loss0 = model.forward(tin, ttgt);
-  REQUIRE(std::isfinite(loss0));
+  const auto loss0 = model.forward(tin, ttgt);
+  REQUIRE(std::isfinite(loss0.total));
+  if (cfg.mtp.depth > 0) REQUIRE(loss0.mtp > 0);
+  if (cfg.moe.enabled() && cfg.moe.balance == "aux") REQUIRE(loss0.aux > 0);
   model.zero_grads();
   std::vector<int64_t> ready;
   model.backward(tin, ttgt, [&](int64_t offset) { ready.push_back(offset); });
@@ -51,15 +74,14 @@ TEST_CASE("whole-model gradient matches finite differences", "[model]") {
 
   Buffer<double> analytic("analytic", model.layout().total());
   Kokkos::deep_copy(analytic, model.grads());
-  auto loss = [&] { return model.forward(tin, ttgt); };
+  auto loss = [&] { return model.forward(tin, ttgt).total; };
   for (const auto& t : model.layout().tensors()) {
     // Check a handful of entries of every tensor.
-    auto p = Kokkos::subview(model.params(), Kokkos::make_pair(t.offset, t.offset + t.size));
     auto g = Kokkos::subview(analytic, Kokkos::make_pair(t.offset, t.offset + t.size));
-    Buffer<double> pb("p", t.size), gb("g", t.size);
+    Buffer<double> gb("g", t.size);
     Kokkos::deep_copy(gb, g);
     // Perturb the real parameters through a window that aliases them.
-    Buffer<double> window(p.data(), t.size);
+    Buffer<double> window(model.params().data() + t.offset, t.size);
     check_gradient(t.name.c_str(), window, gb, loss, 6, 1e-5, 1e-5, 1e-10);
   }
 }
@@ -97,7 +119,8 @@ TEST_CASE("parameter layout names every tensor with its real shape", "[model]") 
   for (const auto& t : layout.tensors()) sum += t.size;
   REQUIRE(sum == layout.total());
   // 12 C^2 + 3 C F per block... here: 4 C^2 attention + 3 C F feed-forward, plus the head.
-  REQUIRE(layout.matmul_params() == 4 * (4 * 128 * 128 + 3 * 128 * 384) + 256 * 128);
+  REQUIRE(layout.matmul_per_token() == 4 * (4 * 128 * 128 + 3 * 128 * 384) + 256 * 128);
+  REQUIRE(layout.active_per_token() == layout.total() - 256 * 128);
 }
 
 TEST_CASE("the missing-gradient check names tensors that got no gradient", "[model]") {

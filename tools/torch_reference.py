@@ -44,7 +44,7 @@ def rope(x, theta):
     angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)
     rot = torch.polar(torch.ones_like(angles), angles)
     xc = torch.view_as_complex(x.reshape(B, H, T, D // 2, 2).contiguous())
-    return torch.view_as_real(xc * rot).reshape(B, H, T, D)
+    return torch.view_as_real(xc * rot.to(xc.dtype)).reshape(B, H, T, D)
 
 
 def loss_fn(p, cfg, inputs, targets):

@@ -146,6 +146,16 @@ std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, 
       for (const auto& t : layout.tensors()) write_tensor(m, t, data.adam_m.data());
       H5 v(H5Gcreate2(opt, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       for (const auto& t : layout.tensors()) write_tensor(v, t, data.adam_v.data());
+      if (!data.buffers.empty()) {
+        H5 buffers(H5Gcreate2(file, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+        for (const auto& [name, values] : data.buffers) {
+          TensorInfo t;
+          t.name = name;
+          t.shape = {int64_t(values.size())};
+          t.size = int64_t(values.size());
+          write_tensor(buffers, t, values.data());
+        }
+      }
       H5 train(H5Gcreate2(file, "train", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       const auto& s = data.state;
       write_attr(train, "step", H5T_NATIVE_INT64, s.step);
@@ -165,7 +175,8 @@ std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, 
   return path;
 }
 
-CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout) {
+CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
+                               const std::map<std::string, int64_t>& buffers) {
   quiet_hdf5();
   if (!fs::exists(path)) input_error("{}: no such checkpoint (expected an .h5 file written by xuanxue)", path);
   if (H5Fis_hdf5(path.c_str()) <= 0) input_error("{}: not an HDF5 file (expected a xuanxue checkpoint)", path);
@@ -193,6 +204,18 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     for (const auto& t : layout.tensors()) read_tensor(m, "/optimizer/m", t, data.adam_m.data(), path);
     H5 v(H5Gopen2(file, "optimizer/v", H5P_DEFAULT), H5Gclose);
     for (const auto& t : layout.tensors()) read_tensor(v, "/optimizer/v", t, data.adam_v.data(), path);
+    for (const auto& [name, size] : buffers) {
+      if (H5Lexists(file, "buffers", H5P_DEFAULT) <= 0)
+        input_error("{}: group '/buffers' is missing (expected the model's state buffers, e.g. '{}')", path, name);
+      H5 group(H5Gopen2(file, "buffers", H5P_DEFAULT), H5Gclose);
+      TensorInfo t;
+      t.name = name;
+      t.shape = {size};
+      t.size = size;
+      auto& values = data.buffers[name];
+      values.resize(size);
+      read_tensor(group, "/buffers", t, values.data(), path);
+    }
     H5 train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
     auto& s = data.state;
     s.step = read_attr<int64_t>(train, "step", H5T_NATIVE_INT64, path);

@@ -5,6 +5,7 @@
 // fletcher32 checksum, verified on read.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 #include "model/params.h"
@@ -26,6 +27,7 @@ struct TrainState {
 // Host copies of the tensors, laid out like the flat parameter buffer.
 struct CheckpointData {
   std::vector<float> params, adam_m, adam_v;
+  std::map<std::string, std::vector<float>> buffers;  // model state outside the parameters (MoE gate biases)
   TrainState state;
   std::string deck;  // resolved deck text
 };
@@ -33,9 +35,11 @@ struct CheckpointData {
 // Writes DIR/step_<N>.h5 atomically and points DIR/latest at it; returns the path.
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data);
 
-// Reads a checkpoint written for `layout`; any corruption, missing tensor or
-// shape mismatch throws InputError naming the file and the tensor.
-CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout);
+// Reads a checkpoint written for `layout`, with the named state buffers of
+// the given sizes; any corruption, missing tensor or shape mismatch throws
+// InputError naming the file and the tensor.
+CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
+                               const std::map<std::string, int64_t>& buffers = {});
 
 // The newest complete checkpoint in DIR ("" when there is none).
 std::string latest_checkpoint(const std::string& dir);

@@ -162,6 +162,20 @@ struct Command {
   bool has_kind() const { return !variants.front().kind.empty(); }
 };
 
+// Checks across the model, attention, moe and mtp lines, once all are known.
+void check_model(const ModelConfig& m, const std::string& where) {
+  if (!m.attention.mla()) {
+    if (m.dim % m.heads != 0)
+      input_error("{}: 'dim' {} is not divisible by 'heads' {} (expected dim % heads == 0)", where, m.dim, m.heads);
+    if (m.head_dim() % 2 != 0)
+      input_error("{}: head_dim = dim / heads = {} is odd (expected an even head_dim, for rotary embeddings)", where,
+                  m.head_dim());
+  }
+  if (m.moe.enabled() && m.moe.dense_layers > m.layers)
+    input_error("{}: moe 'dense_layers' {} exceeds 'layers' {} (expected dense_layers <= layers)", where,
+                m.moe.dense_layers, m.layers);
+}
+
 // The registry, bound to `c`; `steps` receives `run N`.
 std::vector<Command> registry(Config& c, int64_t& steps) {
   auto data_variant = [&](std::string kind) {
@@ -173,30 +187,74 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                    {},
                    {}};
   };
-  auto check_model = [&c](const std::string& where) {
-    const ModelConfig& m = c.model;
-    if (m.dim % m.heads != 0)
-      input_error("{}: 'dim' {} is not divisible by 'heads' {} (expected dim % heads == 0)", where, m.dim, m.heads);
-    if (m.head_dim() % 2 != 0)
-      input_error("{}: head_dim = dim / heads = {} is odd (expected an even head_dim, for rotary embeddings)", where,
-                  m.head_dim());
+  // `model dense` checks its head shape at its own line; deepseek waits for
+  // the attention line, and every model is checked again at each run.
+  auto model_variant = [&](std::string kind) {
+    const bool dense = kind == "dense";
+    return Variant{std::move(kind),
+                   {},
+                   {integer("vocab", &c.model.vocab, at_least(2)), integer("dim", &c.model.dim, at_least(1)),
+                    integer("layers", &c.model.layers, at_least(1)), integer("heads", &c.model.heads, at_least(1)),
+                    integer("ffn", &c.model.ffn, at_least(1)), integer("seq", &c.model.seq, at_least(2)),
+                    real("rope_theta", &c.model.rope_theta, above(0)), real("norm_eps", &c.model.norm_eps, above(0)),
+                    real("init_std", &c.model.init_std, above(0))},
+                   {"vocab", "dim", "layers", "heads", "ffn", "seq"},
+                   [&c, dense](const std::string& where) {
+                     if (dense) check_model(c.model, where);
+                   }};
   };
+  auto& a = c.model.attention;
+  auto& moe = c.model.moe;
   return {
       {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S"},
       {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X"},
       {"model",
        &c.model.kind,
        "kind",
-       {{"dense",
+       {model_variant("dense"), model_variant("deepseek")},
+       "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]"},
+      {"attention",
+       &a.kind,
+       "kind",
+       {{"mha", {}, {}, {}, {}},
+        {"mla",
          {},
-         {integer("vocab", &c.model.vocab, at_least(2)), integer("dim", &c.model.dim, at_least(1)),
-          integer("layers", &c.model.layers, at_least(1)), integer("heads", &c.model.heads, at_least(1)),
-          integer("ffn", &c.model.ffn, at_least(1)), integer("seq", &c.model.seq, at_least(2)),
-          real("rope_theta", &c.model.rope_theta, above(0)), real("norm_eps", &c.model.norm_eps, above(0)),
-          real("init_std", &c.model.init_std, above(0))},
-         {"vocab", "dim", "layers", "heads", "ffn", "seq"},
-         check_model}},
-       "model dense vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]"},
+         {integer("kv_lora_rank", &a.kv_lora_rank, at_least(1)), integer("q_lora_rank", &a.q_lora_rank, at_least(0)),
+          integer("qk_nope_dim", &a.qk_nope_dim, at_least(0)), integer("rope_dim", &a.rope_dim, at_least(2)),
+          integer("v_dim", &a.v_dim, at_least(1))},
+         {"kv_lora_rank", "qk_nope_dim", "rope_dim", "v_dim"},
+         [&a](const std::string& where) {
+           if (a.rope_dim % 2 != 0)
+             input_error("{}: 'rope_dim' {} is odd (expected an even rope_dim, for rotary embeddings)", where, a.rope_dim);
+         }}},
+       "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V"},
+      {"moe",
+       &moe.mode,
+       "mode",
+       {{"off", {}, {}, {}, {}},
+        {"on",
+         {},
+         {integer("dense_layers", &moe.dense_layers, at_least(0)), integer("shared", &moe.shared, at_least(0)),
+          integer("routed", &moe.routed, at_least(1)), integer("topk", &moe.topk, at_least(1)),
+          integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate, {"softmax", "sigmoid"}),
+          choice("balance", &moe.balance, {"aux", "bias"}), real("balance_coef", &moe.balance_coef, at_least(0)),
+          real("route_scale", &moe.route_scale, above(0))},
+         {"routed", "topk", "ffn"},
+         [&moe](const std::string& where) {
+           if (moe.topk > moe.routed)
+             input_error("{}: 'topk' {} exceeds 'routed' {} (expected topk <= routed)", where, moe.topk, moe.routed);
+         }}},
+       "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
+       "[balance_coef X] [route_scale X]"},
+      {"mtp",
+       nullptr,
+       "",
+       {{"",
+         {},
+         {integer("depth", &c.model.mtp.depth, at_least(0)), real("weight", &c.model.mtp.weight, at_least(0))},
+         {"depth"},
+         {}}},
+       "mtp depth D [weight W]"},
       {"data",
        &c.data.format,
        "format",
@@ -369,10 +427,11 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
 
     const auto before = rows(*cmd);
     apply(*cmd, line, where);
-    if (name == "model") {
+    if (name == "model" || name == "attention" || name == "moe" || name == "mtp") {
       if (!program.phases.empty() && rows(*cmd) != before)
-        input_error("{}: model cannot change after the first run (expected the same model line, or none)", where);
-      have_model = true;
+        input_error("{}: model cannot change after the first run (expected the same '{}' line, or none)", where,
+                    name);
+      have_model |= name == "model";
     } else if (name == "data") {
       if (check_files && !readable_file(config.data.path))
         input_error("{}: cannot read data file '{}' (expected a readable file; relative paths start at the working directory)",
@@ -381,6 +440,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
     } else if (name == "run") {
       if (!have_model) input_error("{}: 'run' before any 'model' command (expected a model line above the run)", where);
       if (!have_data) input_error("{}: 'run' before any 'data' command (expected a data line above the run)", where);
+      check_model(config.model, where);
       program.phases.push_back(Phase{config, steps, where});
       total_steps += steps;
     }

@@ -5,33 +5,86 @@
 namespace xx {
 
 ParamLayout::ParamLayout(const ModelConfig& m) {
-  const int64_t C = m.dim, V = m.vocab, F = m.ffn;
-  const double std = m.init_std;
-  // Output projections of each residual branch are scaled down with depth (GPT-2).
-  const double out_std = m.init_std / std::sqrt(2.0 * m.layers);
-  add("embed", {V, C}, -1, false, std, false);
+  const int64_t C = m.dim, V = m.vocab;
+  add("embed", {V, C}, -1, false, m.init_std, false);
   for (int l = 0; l < m.layers; ++l) {
     layer_begin_.push_back(total_);
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "attn_norm", {C}, l, true, 0, false);
-    // wq, wk, wv are adjacent: together they are the (3C, C) fused QKV weight.
-    add(p + "attn.wq", {C, C}, l, false, std, true);
-    add(p + "attn.wk", {C, C}, l, false, std, true);
-    add(p + "attn.wv", {C, C}, l, false, std, true);
-    add(p + "attn.wo", {C, C}, l, false, out_std, true);
-    add(p + "ffn_norm", {C}, l, true, 0, false);
-    // w1 (gate) and w3 (up) are adjacent: together the (2F, C) fused weight.
-    add(p + "ffn.w1", {F, C}, l, false, std, true);
-    add(p + "ffn.w3", {F, C}, l, false, std, true);
-    add(p + "ffn.w2", {C, F}, l, false, out_std, true);
+    add_block("layers." + std::to_string(l) + ".", m, l, m.moe.is_moe_layer(l));
   }
   layer_begin_.push_back(total_);
   add("norm", {C}, -1, true, 0, false);
-  add("head", {V, C}, -1, false, std, true);
+  add("head", {V, C}, -1, false, m.init_std, true);
+  matmul_active_ += m.mtp.depth * V * C;  // the shared head also serves every MTP depth
+  for (int d = 0; d < m.mtp.depth; ++d) {
+    const std::string p = "mtp." + std::to_string(d) + ".";
+    add(p + "hnorm", {C}, m.layers + d, true, 0, false);
+    add(p + "enorm", {C}, m.layers + d, true, 0, false);
+    add(p + "proj", {C, 2 * C}, m.layers + d, false, m.init_std, true);
+    // MTP blocks are full blocks, MoE when the model is.
+    add_block(p, m, m.layers + d, m.moe.enabled());
+    add(p + "norm", {C}, m.layers + d, true, 0, false);
+  }
+}
+
+void ParamLayout::add_block(const std::string& p, const ModelConfig& m, int layer, bool moe) {
+  const int64_t C = m.dim, H = m.heads;
+  const auto& a = m.attention;
+  const double std = m.init_std;
+  // Output projections of each residual branch are scaled down with depth (GPT-2).
+  const double out_std = m.init_std / std::sqrt(2.0 * m.layers);
+  add(p + "attn_norm", {C}, layer, true, 0, false);
+  if (!a.mla()) {
+    // wq, wk, wv are adjacent: together they are the (3C, C) fused QKV weight.
+    add(p + "attn.wq", {C, C}, layer, false, std, true);
+    add(p + "attn.wk", {C, C}, layer, false, std, true);
+    add(p + "attn.wv", {C, C}, layer, false, std, true);
+    add(p + "attn.wo", {C, C}, layer, false, out_std, true);
+  } else {
+    const int64_t qk = a.qk_nope_dim + a.rope_dim;
+    if (a.q_lora_rank == 0) {
+      add(p + "attn.wq", {H * qk, C}, layer, false, std, true);
+    } else {
+      add(p + "attn.wq_a", {a.q_lora_rank, C}, layer, false, std, true);
+      add(p + "attn.q_norm", {a.q_lora_rank}, layer, true, 0, false);
+      add(p + "attn.wq_b", {H * qk, a.q_lora_rank}, layer, false, std, true);
+    }
+    // rows [0, R) make the latent, rows [R, R + rope) the shared rope key
+    add(p + "attn.wkv_a", {a.kv_lora_rank + a.rope_dim, C}, layer, false, std, true);
+    add(p + "attn.kv_norm", {a.kv_lora_rank}, layer, true, 0, false);
+    add(p + "attn.wkv_b", {H * (a.qk_nope_dim + a.v_dim), a.kv_lora_rank}, layer, false, std, true);
+    add(p + "attn.wo", {C, H * a.v_dim}, layer, false, out_std, true);
+  }
+  add(p + "ffn_norm", {C}, layer, true, 0, false);
+  if (!moe) {
+    const int64_t F = m.ffn;
+    // w1 (gate) and w3 (up) are adjacent: together the (2F, C) fused weight.
+    add(p + "ffn.w1", {F, C}, layer, false, std, true);
+    add(p + "ffn.w3", {F, C}, layer, false, std, true);
+    add(p + "ffn.w2", {C, F}, layer, false, out_std, true);
+    return;
+  }
+  const auto& e = m.moe;
+  const int64_t Fm = e.ffn;
+  add(p + "ffn.gate", {e.routed, C}, layer, false, std, true);
+  if (e.shared > 0) {
+    add(p + "ffn.shared.w1", {e.shared * Fm, C}, layer, false, std, true);
+    add(p + "ffn.shared.w3", {e.shared * Fm, C}, layer, false, std, true);
+    add(p + "ffn.shared.w2", {C, e.shared * Fm}, layer, false, out_std, true);
+  }
+  for (int x = 0; x < e.routed; ++x) {
+    const std::string q = p + "ffn.experts." + std::to_string(x) + ".";
+    add(q + "w1", {Fm, C}, layer, false, std, true, x);
+    add(q + "w3", {Fm, C}, layer, false, std, true, x);
+    add(q + "w2", {C, Fm}, layer, false, out_std, true, x);
+  }
+  // Only topk of the routed experts are active for a token.
+  const int64_t expert = 3 * Fm * C;
+  active_ -= (e.routed - e.topk) * expert;
+  matmul_active_ -= (e.routed - e.topk) * expert;
 }
 
 void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int layer, bool is_norm,
-                      double init_std, bool matmul) {
+                      double init_std, bool matmul, int expert) {
   TensorInfo t;
   t.name = name;
   t.shape = std::move(shape);
@@ -39,11 +92,14 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   for (auto d : t.shape) t.size *= d;
   t.offset = total_;
   t.layer = layer;
+  t.expert = expert;
   t.is_norm = is_norm;
   t.decay = !is_norm;
+  t.matmul = matmul;
   t.init_std = init_std;
   total_ += t.size;
-  if (matmul) matmul_params_ += t.size;
+  if (name != "embed") active_ += t.size;
+  if (matmul) matmul_active_ += t.size;
   tensors_.push_back(std::move(t));
 }
 
@@ -53,8 +109,15 @@ const TensorInfo& ParamLayout::at(const std::string& name) const {
   throw std::out_of_range("no parameter tensor named " + name);
 }
 
+bool ParamLayout::has(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return true;
+  return false;
+}
+
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
-  return 6.0 * double(layout.matmul_params()) + 12.0 * m.layers * m.seq * double(m.dim);
+  const double d_attn = 0.5 * m.heads * double(m.qk_dim() + m.v_dim());
+  return 6.0 * double(layout.matmul_per_token()) + 12.0 * (m.layers + m.mtp.depth) * m.seq * d_attn;
 }
 
 }  // namespace xx

@@ -1,8 +1,8 @@
 // Parameter layout: every tensor of the model is a named window into one flat
 // buffer, so one collective moves all gradients and a checkpoint writes them
-// in one pass. Tensors are laid out in forward order (embedding, layers 0..L-1,
-// final norm, head); the backward finishes them from the end of the buffer
-// towards the start, which is what lets the gradient all-reduce start early.
+// in one pass. Tensors are laid out in forward order (embedding, blocks
+// 0..L-1, final norm, head, MTP modules); the backward finishes them from the
+// end of the buffer towards the start, which lets the all-reduce start early.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,7 +18,9 @@ struct TensorInfo {
   int64_t size = 0;
   bool decay = true;           // weight decay applies (not to norm weights)
   bool is_norm = false;        // initialised to one
-  int layer = -1;              // transformer block index, -1 outside the blocks
+  bool matmul = false;         // takes part in a matrix product (FLOP count)
+  int layer = -1;              // block index (MTP blocks count on after the last layer), -1 outside
+  int expert = -1;             // routed expert index; such a tensor gets no gradient when no token picks it
   double init_std = 0;         // normal(0, init_std) when not a norm
 };
 
@@ -29,21 +31,28 @@ class ParamLayout {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   int64_t total() const { return total_; }
   const TensorInfo& at(const std::string& name) const;  // throws std::out_of_range
-  // Offset where layer l's tensors begin; layer_begin(L) is where the final norm begins.
+  bool has(const std::string& name) const;
+  // Offset where block l's tensors begin; layer_begin(L) is where the final norm begins.
   int64_t layer_begin(int layer) const { return layer_begin_[layer]; }
-  // Parameters that take part in matrix products (for the FLOP count).
-  int64_t matmul_params() const { return matmul_params_; }
+  // Parameters a token uses: all but the embedding table (a lookup) and the
+  // routed experts it does not pick.
+  int64_t active_per_token() const { return active_; }
+  // Multiply-accumulates per token in matrix products, forward (the head
+  // counts once per output it feeds: main and each MTP depth).
+  int64_t matmul_per_token() const { return matmul_active_; }
 
  private:
   void add(const std::string& name, std::vector<int64_t> shape, int layer, bool is_norm, double init_std,
-           bool matmul);
+           bool matmul, int expert = -1);
+  void add_block(const std::string& prefix, const ModelConfig& m, int layer, bool moe);
   std::vector<TensorInfo> tensors_;
   std::vector<int64_t> layer_begin_;
-  int64_t total_ = 0, matmul_params_ = 0;
+  int64_t total_ = 0, active_ = 0, matmul_active_ = 0;
 };
 
-// Training FLOPs per token (docs/ARCHITECTURE.md, ../shared/MEASURING.md):
-// 6 * N_matmul + 12 * L * T * d_attn.
+// Training FLOPs per token (../shared/MEASURING.md): 6 * N_matmul + 12 * L * T
+// * d_attn, where for MLA d_attn averages the QK width H*(nope+rope) and the
+// AV width H*v_dim, and MTP blocks count as layers.
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout);
 
 }  // namespace xx

@@ -5,82 +5,93 @@
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
 #include "kernels/rmsnorm.h"
-#include "kernels/rope.h"
-#include "kernels/swiglu.h"
 
 namespace xx {
 namespace k = kernels;
 
-// Query/key block of the causal attention: big enough for BLAS to run near its
-// peak, small enough that the diagonal blocks waste little.
-constexpr int64_t kAttentionBlock = 64;
+// ---------------------------------------------------------------------------
+// Block
 
 template <class T>
-static Buffer<T> alloc(const std::string& what, int64_t n) {
-  return Buffer<T>("Transformer::" + what, n);
+Block<T>::Block(const ModelConfig& m, const ParamStore<T>& store, const std::string& p, bool moe, int64_t batch,
+                Workspace<T>& ws)
+    : N_(batch * m.seq), C_(m.dim), eps_(m.norm_eps), ws_(ws), attn_norm_(store(p + "attn_norm")),
+      ffn_norm_(store(p + "ffn_norm")), attn_(m, store, p, batch, ws), ffn_(m, store, p, moe, batch, ws) {
+  xn_ = activation<T>("xn", N_, C_);
+  rstd1_ = activation<T>("rstd1", N_);
+  xmid_ = activation<T>("xmid", N_, C_);
+  xn2_ = activation<T>("xn2", N_, C_);
+  rstd2_ = activation<T>("rstd2", N_);
 }
 
 template <class T>
+void Block<T>::forward(Mat<T> x_out, Mat<const T> x_in) {
+  k::rmsnorm_forward<T>(mat(xn_, N_, C_), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));  // residual: the branch adds into x
+  attn_.forward(mat(xmid_, N_, C_), mat(xn_, N_, C_));
+  k::rmsnorm_forward<T>(mat(xn2_, N_, C_), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  Kokkos::deep_copy(Buffer<T>(x_out.data(), N_ * C_), xmid_);
+  ffn_.forward(x_out, mat(xn2_, N_, C_));
+}
+
+template <class T>
+void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
+  auto dnorm = ws_.mat("block_dnorm", N_, C_), dbranch = ws_.mat("block_dbranch", N_, C_);
+  Vec<T> dx_flat(dx.data(), N_ * C_);
+  Vec<const T> dbranch_flat(dbranch.data(), N_ * C_);
+  ffn_.backward(dnorm, dx, mat(xn2_, N_, C_));
+  k::rmsnorm_backward<T>(dbranch, ffn_norm_.dvec(C_), dnorm, mat(xmid_, N_, C_), ffn_norm_.vec(C_),
+                         Vec<const T>(rstd2_.data(), N_));
+  k::add_inplace<T>(dx_flat, dbranch_flat);
+  attn_.backward(dnorm, dx, mat(xn_, N_, C_));
+  k::rmsnorm_backward<T>(dbranch, attn_norm_.dvec(C_), dnorm, x_in, attn_norm_.vec(C_), Vec<const T>(rstd1_.data(), N_));
+  k::add_inplace<T>(dx_flat, dbranch_flat);
+}
+
+// ---------------------------------------------------------------------------
+// Transformer
+
+template <class T>
 Transformer<T>::Transformer(const ModelConfig& config, int batch)
-    : cfg_(config), layout_(config), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq),
-      blocks_(config.seq, kAttentionBlock) {
-  const int64_t C = cfg_.dim, F = cfg_.ffn, V = cfg_.vocab, D = cfg_.head_dim(), H = cfg_.heads;
-  params_ = alloc<T>("params", layout_.total());
-  grads_ = alloc<T>("grads", layout_.total());
-  rope_cos_ = alloc<T>("rope_cos", T_ * D / 2);
-  rope_sin_ = alloc<T>("rope_sin", T_ * D / 2);
-  k::rope_tables<T>(mat(rope_cos_, T_, D / 2), mat(rope_sin_, T_, D / 2), cfg_.rope_theta);
-  for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(alloc<T>("resid" + std::to_string(l), N_ * C));
-  for (int l = 0; l < cfg_.layers; ++l) {
-    LayerActivations a;
-    a.xn = alloc<T>("xn", N_ * C);
-    a.rstd1 = alloc<T>("rstd1", N_);
-    a.q = alloc<T>("q", N_ * C);
-    a.k = alloc<T>("k", N_ * C);
-    a.v = alloc<T>("v", N_ * C);
-    a.att = alloc<T>("att", B_ * H * blocks_.per_head());
-    a.o = alloc<T>("o", N_ * C);
-    a.xmid = alloc<T>("xmid", N_ * C);
-    a.xn2 = alloc<T>("xn2", N_ * C);
-    a.rstd2 = alloc<T>("rstd2", N_);
-    a.h = alloc<T>("h", N_ * 2 * F);
-    a.a = alloc<T>("a", N_ * F);
-    acts_.push_back(a);
+    : cfg_(config), layout_(config), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
+  const int64_t C = cfg_.dim, V = cfg_.vocab;
+  params_ = Buffer<T>("Transformer::params", layout_.total());
+  grads_ = Buffer<T>("Transformer::grads", layout_.total());
+  const ParamStore<T> store{&layout_, params_.data(), grads_.data()};
+  embed_ = store("embed");
+  norm_ = store("norm");
+  head_ = store("head");
+  for (int l = 0; l < cfg_.layers; ++l)
+    blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
+                                                 cfg_.moe.is_moe_layer(l), batch, ws_));
+  for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(activation<T>("resid", N_, C));
+  xf_ = activation<T>("xf", N_, C);
+  rstdf_ = activation<T>("rstdf", N_);
+  logits_ = activation<T>("logits", N_, V);
+  losses_ = activation<T>("losses", N_);
+  for (int d = 0; d < cfg_.mtp.depth; ++d) {
+    const std::string p = "mtp." + std::to_string(d) + ".";
+    MtpModule mod;
+    mod.hnorm = store(p + "hnorm");
+    mod.enorm = store(p + "enorm");
+    mod.proj = store(p + "proj");
+    mod.norm = store(p + "norm");
+    mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.enabled(), batch, ws_);
+    for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h, &mod.hf}) *b = activation<T>("mtp", N_, C);
+    for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
+    mod.cat = activation<T>("mtp_cat", N_, 2 * C);
+    mod.logits = activation<T>("mtp_logits", N_, V);
+    mod.in = Kokkos::View<int32_t*, MemSpace>("mtp_in", N_);
+    mod.target = Kokkos::View<int32_t*, MemSpace>("mtp_target", N_);
+    mod.labelled = B_ * std::max<int64_t>(0, T_ - d - 1);
+    mtp_.push_back(std::move(mod));
   }
-  qkv_ = alloc<T>("qkv", N_ * 3 * C);
-  heads_out_ = alloc<T>("heads_out", N_ * C);
-  xf_ = alloc<T>("xf", N_ * C);
-  rstdf_ = alloc<T>("rstdf", N_);
-  logits_ = alloc<T>("logits", N_ * V);
-  losses_ = alloc<T>("losses", N_);
-  dresid_ = alloc<T>("dresid", N_ * C);
-  dtmp_ = alloc<T>("dtmp", N_ * C);
-  dnorm_ = alloc<T>("dnorm", N_ * C);
-  dheads_ = alloc<T>("dheads", N_ * C);
-  dq_ = alloc<T>("dq", N_ * C);
-  dk_ = alloc<T>("dk", N_ * C);
-  dv_ = alloc<T>("dv", N_ * C);
-  dqkv_ = alloc<T>("dqkv", N_ * 3 * C);
-  dh_ = alloc<T>("dh", N_ * 2 * F);
-  da_ = alloc<T>("da", N_ * F);
-  datt_ = alloc<T>("datt", kAttentionBlock * T_);
 }
 
 template <class T>
 Vec<T> Transformer<T>::window(Buffer<T>& b, const std::string& name) {
   const auto& t = layout_.at(name);
   return Vec<T>(b.data() + t.offset, t.size);
-}
-
-// (rows, cols) view starting at tensor `name`; rows may span adjacent tensors
-// (wq|wk|wv is the fused QKV weight, w1|w3 the fused gate/up weight).
-template <class T>
-Mat<const T> Transformer<T>::weight(const std::string& name, int64_t rows, int64_t cols) const {
-  return Mat<const T>(params_.data() + layout_.at(name).offset, rows, cols);
-}
-template <class T>
-Mat<T> Transformer<T>::dweight(const std::string& name, int64_t rows, int64_t cols) {
-  return Mat<T>(grads_.data() + layout_.at(name).offset, rows, cols);
 }
 
 template <class T>
@@ -101,88 +112,110 @@ void Transformer<T>::zero_grads() {
 }
 
 template <class T>
-double Transformer<T>::forward(Tokens inputs, Tokens targets) {
-  const int64_t C = cfg_.dim, F = cfg_.ffn, V = cfg_.vocab, H = cfg_.heads, D = cfg_.head_dim();
-  const int64_t BHT = B_ * H * T_;
-  k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, weight("embed", V, C));
-  for (int l = 0; l < cfg_.layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    auto& a = acts_[l];
-    // attention branch
-    k::rmsnorm_forward<T>(mat(a.xn, N_, C), Vec<T>(a.rstd1.data(), N_), mat(resid_[l], N_, C),
-                          param(p + "attn_norm"), cfg_.norm_eps);
-    k::linear_forward<T>(mat(qkv_, N_, 3 * C), mat(a.xn, N_, C), weight(p + "attn.wq", 3 * C, C));
-    k::split_heads_rope_forward<T>(mat(a.q, BHT, D), mat(a.k, BHT, D), mat(a.v, BHT, D), mat(qkv_, N_, 3 * C),
-                                   mat(rope_cos_, T_, D / 2), mat(rope_sin_, T_, D / 2), B_, T_, H);
-    k::attention_forward<T>(mat(heads_out_, BHT, D), Vec<T>(a.att.data(), a.att.extent(0)), mat(a.q, BHT, D),
-                            mat(a.k, BHT, D), mat(a.v, BHT, D), blocks_, B_ * H);
-    k::merge_heads_forward<T>(mat(a.o, N_, C), mat(heads_out_, BHT, D), B_, T_, H);
-    Kokkos::deep_copy(a.xmid, resid_[l]);  // residual: the GEMM adds into a copy of x
-    k::linear_forward<T>(mat(a.xmid, N_, C), mat(a.o, N_, C), weight(p + "attn.wo", C, C), T(1));
-    // feed-forward branch
-    k::rmsnorm_forward<T>(mat(a.xn2, N_, C), Vec<T>(a.rstd2.data(), N_), mat(a.xmid, N_, C),
-                          param(p + "ffn_norm"), cfg_.norm_eps);
-    k::linear_forward<T>(mat(a.h, N_, 2 * F), mat(a.xn2, N_, C), weight(p + "ffn.w1", 2 * F, C));
-    k::swiglu_forward<T>(mat(a.a, N_, F), mat(a.h, N_, 2 * F));
-    Kokkos::deep_copy(resid_[l + 1], a.xmid);
-    k::linear_forward<T>(mat(resid_[l + 1], N_, C), mat(a.a, N_, F), weight(p + "ffn.w2", C, F), T(1));
-  }
-  k::rmsnorm_forward<T>(mat(xf_, N_, C), Vec<T>(rstdf_.data(), N_), mat(resid_[cfg_.layers], N_, C), param("norm"),
-                        cfg_.norm_eps);
-  k::linear_forward<T>(mat(logits_, N_, V), mat(xf_, N_, C), weight("head", V, C));
+std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers() {
+  std::vector<std::pair<std::string, FeedForward<T>*>> out;
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    if (blocks_[l]->ffn().is_moe()) out.emplace_back("layers." + std::to_string(l) + ".", &blocks_[l]->ffn());
+  for (size_t d = 0; d < mtp_.size(); ++d)
+    if (mtp_[d].block->ffn().is_moe()) out.emplace_back("mtp." + std::to_string(d) + ".", &mtp_[d].block->ffn());
+  return out;
+}
+
+template <class T>
+bool Transformer<T>::idle_expert(const TensorInfo& t) const {
+  if (t.expert < 0) return false;
+  const auto& block = t.layer < cfg_.layers ? *blocks_[t.layer] : *mtp_[t.layer - cfg_.layers].block;
+  return const_cast<Block<T>&>(block).ffn().expert_counts()[t.expert] == 0;
+}
+
+template <class T>
+LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
+  LossParts loss;
+  k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
+  for (int l = 0; l < L; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  k::rmsnorm_forward<T>(mat(xf_, N_, C), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
+  k::linear_forward<T>(mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
   k::cross_entropy_forward<T>(Vec<T>(losses_.data(), N_), mat(logits_, N_, V), targets);
-  return k::sum<T>(Vec<const T>(losses_.data(), N_)) / double(N_);
+  loss.main = k::sum<T>(Vec<const T>(losses_.data(), N_)) / double(N_);
+
+  // Multi-token prediction: depth d sees the hidden state of depth d-1 and the
+  // embedding of token t+d+1, and predicts token t+d+2.
+  Buffer<T> h_prev = resid_[L];
+  for (size_t d = 0; d < mtp_.size(); ++d) {
+    auto& m = mtp_[d];
+    k::shift_tokens(m.in, targets, T_, int64_t(d), 0);
+    k::shift_tokens(m.target, targets, T_, int64_t(d) + 1, -1);
+    Tokens in(m.in.data(), N_), target(m.target.data(), N_);
+    k::rmsnorm_forward<T>(mat(m.hn, N_, C), Vec<T>(m.rstd_h.data(), N_), mat(h_prev, N_, C), m.hnorm.vec(C),
+                          cfg_.norm_eps);
+    k::embedding_forward<T>(mat(m.e, N_, C), in, embed_.mat(V, C));
+    k::rmsnorm_forward<T>(mat(m.en, N_, C), Vec<T>(m.rstd_e.data(), N_), mat(m.e, N_, C), m.enorm.vec(C), cfg_.norm_eps);
+    k::concat_columns_forward<T>(mat(m.cat, N_, 2 * C), mat(m.hn, N_, C), mat(m.en, N_, C));
+    k::linear_forward<T>(mat(m.x0, N_, C), mat(m.cat, N_, 2 * C), m.proj.mat(C, 2 * C));
+    m.block->forward(mat(m.h, N_, C), mat(m.x0, N_, C));
+    k::rmsnorm_forward<T>(mat(m.hf, N_, C), Vec<T>(m.rstd_f.data(), N_), mat(m.h, N_, C), m.norm.vec(C), cfg_.norm_eps);
+    k::linear_forward<T>(mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
+    k::cross_entropy_forward<T>(Vec<T>(m.losses.data(), N_), mat(m.logits, N_, V), target);
+    if (m.labelled > 0) loss.mtp += k::sum<T>(Vec<const T>(m.losses.data(), N_)) / double(m.labelled);
+    h_prev = m.h;
+  }
+  if (!mtp_.empty()) loss.mtp /= double(mtp_.size());
+  for (auto& [name, f] : moe_layers()) loss.aux += f->aux_loss();
+  loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
+  return loss;
 }
 
 template <class T>
 void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
-  const int64_t C = cfg_.dim, F = cfg_.ffn, V = cfg_.vocab, H = cfg_.heads, D = cfg_.head_dim();
-  const int64_t BHT = B_ * H * T_;
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   auto notify = [&](int64_t offset) {
     if (ready) ready(offset);
   };
-  // head and final norm; dlogits overwrite the logits in place
+  // main head and final norm; dlogits overwrite the logits in place
+  auto dnorm = ws_.mat("dnorm", N_, C);
+  auto dresid = ws_.mat("dresid", N_, C);
   k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets, T(1.0 / double(N_)));
-  k::linear_backward<T>(mat(dnorm_, N_, C), dweight("head", V, C), mat(logits_, N_, V), mat(xf_, N_, C),
-                        weight("head", V, C));
-  k::rmsnorm_backward<T>(mat(dresid_, N_, C), grad("norm"), mat(dnorm_, N_, C), mat(resid_[cfg_.layers], N_, C),
-                         param("norm"), Vec<const T>(rstdf_.data(), N_));
-  notify(layout_.layer_begin(cfg_.layers));
-  Vec<T> dresid(dresid_.data(), N_ * C);
-  Vec<const T> dtmp(dtmp_.data(), N_ * C);
-  for (int l = cfg_.layers - 1; l >= 0; --l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    auto& a = acts_[l];
-    // feed-forward branch: resid[l+1] = xmid + W2 . swiglu(W13 . xn2)
-    k::linear_backward<T>(mat(da_, N_, F), dweight(p + "ffn.w2", C, F), mat(dresid_, N_, C), mat(a.a, N_, F),
-                          weight(p + "ffn.w2", C, F));
-    k::swiglu_backward<T>(mat(dh_, N_, 2 * F), mat(da_, N_, F), mat(a.h, N_, 2 * F));
-    k::linear_backward<T>(mat(dnorm_, N_, C), dweight(p + "ffn.w1", 2 * F, C), mat(dh_, N_, 2 * F),
-                          mat(a.xn2, N_, C), weight(p + "ffn.w1", 2 * F, C));
-    k::rmsnorm_backward<T>(mat(dtmp_, N_, C), grad(p + "ffn_norm"), mat(dnorm_, N_, C), mat(a.xmid, N_, C),
-                           param(p + "ffn_norm"), Vec<const T>(a.rstd2.data(), N_));
-    k::add_inplace<T>(dresid, dtmp);
-    // attention branch: xmid = x + Wo . attention(...)
-    k::linear_backward<T>(mat(dnorm_, N_, C), dweight(p + "attn.wo", C, C), mat(dresid_, N_, C), mat(a.o, N_, C),
-                          weight(p + "attn.wo", C, C));
-    k::merge_heads_backward<T>(mat(dheads_, BHT, D), mat(dnorm_, N_, C), B_, T_, H);
-    k::attention_backward<T>(mat(dq_, BHT, D), mat(dk_, BHT, D), mat(dv_, BHT, D),
-                             Vec<T>(datt_.data(), datt_.extent(0)), mat(dheads_, BHT, D),
-                             Vec<const T>(a.att.data(), a.att.extent(0)), mat(a.q, BHT, D), mat(a.k, BHT, D),
-                             mat(a.v, BHT, D), blocks_, B_ * H);
-    k::split_heads_rope_backward<T>(mat(dqkv_, N_, 3 * C), mat(dq_, BHT, D), mat(dk_, BHT, D), mat(dv_, BHT, D),
-                                    mat(rope_cos_, T_, D / 2), mat(rope_sin_, T_, D / 2), B_, T_, H);
-    k::linear_backward<T>(mat(dnorm_, N_, C), dweight(p + "attn.wq", 3 * C, C), mat(dqkv_, N_, 3 * C),
-                          mat(a.xn, N_, C), weight(p + "attn.wq", 3 * C, C));
-    k::rmsnorm_backward<T>(mat(dtmp_, N_, C), grad(p + "attn_norm"), mat(dnorm_, N_, C), mat(resid_[l], N_, C),
-                           param(p + "attn_norm"), Vec<const T>(a.rstd1.data(), N_));
-    k::add_inplace<T>(dresid, dtmp);
+  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
+  k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(resid_[L], N_, C), norm_.vec(C),
+                         Vec<const T>(rstdf_.data(), N_));
+
+  // MTP modules, deepest first; each hands a gradient to the hidden state it read.
+  auto dh = ws_.mat("mtp_dh", N_, C), dh_prev = ws_.mat("mtp_dh_prev", N_, C);
+  for (int d = int(mtp_.size()) - 1; d >= 0; --d) {
+    auto& m = mtp_[d];
+    const Buffer<T>& h_prev = d == 0 ? resid_[L] : mtp_[d - 1].h;
+    const T dloss = m.labelled > 0 ? T(cfg_.mtp.weight / double(mtp_.size()) / double(m.labelled)) : T(0);
+    k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
+    k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
+    auto dbranch = ws_.mat("mtp_dbranch", N_, C);
+    k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
+                           Vec<const T>(m.rstd_f.data(), N_));
+    if (d + 1 < int(mtp_.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
+    m.block->backward(dbranch, mat(m.x0, N_, C));  // dbranch is now d/dx0
+    auto dcat = ws_.mat("mtp_dcat", N_, 2 * C), dhn = ws_.mat("mtp_dhn", N_, C), den = ws_.mat("mtp_den", N_, C);
+    k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, mat(m.cat, N_, 2 * C), m.proj.mat(C, 2 * C));
+    k::concat_columns_backward<T>(dhn, den, dcat);
+    auto de = ws_.mat("mtp_de", N_, C);
+    k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
+    k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
+    k::rmsnorm_backward<T>(dh_prev, m.hnorm.dvec(C), dhn, mat(h_prev, N_, C), m.hnorm.vec(C),
+                           Vec<const T>(m.rstd_h.data(), N_));
+    if (d == 0) k::add_inplace<T>(Vec<T>(dresid.data(), N_ * C), Vec<const T>(dh_prev.data(), N_ * C));
+    else Kokkos::deep_copy(Buffer<T>(dh.data(), N_ * C), Buffer<T>(dh_prev.data(), N_ * C));
+  }
+  notify(layout_.layer_begin(L));
+
+  for (int l = L - 1; l >= 0; --l) {
+    blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
     notify(layout_.layer_begin(l));
   }
-  k::embedding_backward<T>(dweight("embed", V, C), mat(dresid_, N_, C), inputs);
+  k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
   notify(0);
 }
 
+template class Block<float>;
+template class Block<double>;
 template class Transformer<float>;
 template class Transformer<double>;
 

@@ -1,18 +1,46 @@
-// The dense DeepSeek-style decoder: token embedding; L blocks of
-//   x += Wo . attention(rope(Wqkv . rmsnorm(x)))
-//   x += W2 . swiglu(W13 . rmsnorm(x))
-// then a final RMSNorm and the LM head (not tied to the embedding).
+// The DeepSeek-style decoder: token embedding; L blocks of
+//   x += attention(rmsnorm(x))      (MHA with RoPE, or MLA)
+//   x += ffn(rmsnorm(x))            (dense SwiGLU, or DeepSeekMoE)
+// a final RMSNorm and the LM head (not tied to the embedding); optionally D
+// multi-token-prediction modules sharing the embedding and the head.
 // Parameters and gradients each live in one flat buffer (model/params.h).
 // Templated on the scalar type: float for training, double for gradient checks.
 #pragma once
 #include <functional>
+#include <memory>
 #include <vector>
 #include "config.h"
 #include "core/views.h"
-#include "kernels/attention.h"
+#include "model/attention.h"
+#include "model/ffn.h"
 #include "model/params.h"
 
 namespace xx {
+
+// The parts of the loss; total = main + mtp_weight * mtp + aux.
+struct LossParts {
+  double total = 0, main = 0, mtp = 0, aux = 0;
+};
+
+// x_out = x_in + attention(norm(x_in)); then x_out += ffn(norm(x_out)).
+template <class T>
+class Block {
+ public:
+  Block(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, bool moe, int64_t batch,
+        Workspace<T>& ws);
+  void forward(Mat<T> x_out, Mat<const T> x_in);
+  void backward(Mat<T> dx, Mat<const T> x_in);  // dx: d/dx_out on entry, d/dx_in on exit
+  FeedForward<T>& ffn() { return ffn_; }
+
+ private:
+  int64_t N_, C_;
+  double eps_;
+  Workspace<T>& ws_;
+  Param<T> attn_norm_, ffn_norm_;
+  Attention<T> attn_;
+  FeedForward<T> ffn_;
+  Buffer<T> xn_, rstd1_, xmid_, xn2_, rstd2_;
+};
 
 template <class T>
 class Transformer {
@@ -32,32 +60,41 @@ class Transformer {
   void init(uint64_t seed);
   void zero_grads();
 
-  // Mean cross-entropy over the B*T tokens; keeps what backward needs.
-  double forward(Tokens inputs, Tokens targets);
+  // Loss of a batch (mean over tokens); keeps what backward needs.
+  LossParts forward(Tokens inputs, Tokens targets);
 
-  // grads += d(mean loss)/d(params) for the last forward. `ready(offset)` is
+  // grads += d(total loss)/d(params) for the last forward. `ready(offset)` is
   // called whenever every gradient from `offset` to the end of the buffer is
   // final, so the caller can start reducing those buckets.
   void backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready = {});
 
+  // MoE: the feed-forward layers with routed experts and their name prefixes
+  // ("layers.3.", "mtp.0."), main blocks first.
+  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers();
+  // True when tensor t belongs to a routed expert that got no token in the
+  // last forward: it legitimately has no gradient.
+  bool idle_expert(const TensorInfo& t) const;
+
  private:
-  struct LayerActivations {
-    Buffer<T> xn, rstd1, q, k, v, att, o, xmid, xn2, rstd2, h, a;
-  };
   Vec<T> window(Buffer<T>& b, const std::string& name);
-  Mat<const T> weight(const std::string& name, int64_t rows, int64_t cols) const;
-  Mat<T> dweight(const std::string& name, int64_t rows, int64_t cols);
+  struct MtpModule {
+    Param<T> hnorm, enorm, proj, norm;
+    std::unique_ptr<Block<T>> block;
+    Buffer<T> hn, rstd_h, e, en, rstd_e, cat, x0, h, hf, rstd_f, logits, losses;
+    Kokkos::View<int32_t*, MemSpace> in, target;  // tokens t+d+1 and labels t+d+2 (-1 past the end)
+    int64_t labelled = 0;
+  };
 
   ModelConfig cfg_;
   ParamLayout layout_;
-  int64_t B_, T_, N_;  // N = B*T tokens
-  kernels::CausalBlocks blocks_;
+  int64_t B_, T_, N_;
   Buffer<T> params_, grads_;
-  Buffer<T> rope_cos_, rope_sin_;            // (T, D/2)
-  std::vector<Buffer<T>> resid_;             // L+1 residual streams, each (N, C)
-  std::vector<LayerActivations> acts_;
-  Buffer<T> qkv_, heads_out_, xf_, rstdf_, logits_, losses_;
-  Buffer<T> dresid_, dtmp_, dnorm_, dheads_, dq_, dk_, dv_, dqkv_, dh_, da_, datt_;
+  Workspace<T> ws_;
+  Param<T> embed_, norm_, head_;
+  std::vector<std::unique_ptr<Block<T>>> blocks_;
+  std::vector<MtpModule> mtp_;
+  std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)
+  Buffer<T> xf_, rstdf_, logits_, losses_;
 };
 
 }  // namespace xx

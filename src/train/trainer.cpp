@@ -125,7 +125,7 @@ std::string Trainer::resolve_resume(const std::string& resume) const {
 void Trainer::restore(const std::string& path) {
   CheckpointData data;
   on_rank0_or_throw(comm_, rank_, [&] {
-    data = read_checkpoint(path, model_->layout());
+    data = read_checkpoint(path, model_->layout(), model_buffers());
     if (data.state.world_size != world_)
       input_error("{}: written by {} ranks, resumed on {} (expected the same world size)", path,
                   data.state.world_size, world_);
@@ -136,11 +136,23 @@ void Trainer::restore(const std::string& path) {
   MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
+  for (auto& [prefix, ffn] : model_->moe_layers()) {
+    auto& bias = data.buffers[prefix + "ffn.gate_bias"];
+    bias.resize(ffn->bias().extent(0));
+    MPI_Bcast(bias.data(), int(bias.size()), MPI_FLOAT, 0, comm_);
+    from_host(ffn->bias(), bias);
+  }
   from_host(model_->params(), data.params);
   from_host(optimizer_->m(), data.adam_m);
   from_host(optimizer_->v(), data.adam_v);
   optimizer_->set_steps_taken(data.state.step);
   step_ = last_saved_ = data.state.step;
+}
+
+std::map<std::string, int64_t> Trainer::model_buffers() {
+  std::map<std::string, int64_t> out;
+  for (auto& [prefix, ffn] : model_->moe_layers()) out[prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
+  return out;
 }
 
 std::string Trainer::backends() const {
@@ -164,16 +176,18 @@ std::string Trainer::backends() const {
   out += fmt::format("  {:<18} {} threads, queue {}\n", "data loader", cfg_.data.workers, cfg_.data.queue);
   out += fmt::format("  {:<18} {:.1f} GFLOP/s per core{}\n", "peak (MFU)", peak_gflops_,
                      cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)");
-  out += fmt::format("  {:<18} {} ({} matmul), {:.3g} FLOP/token", "parameters", model_->layout().total(),
-                     model_->layout().matmul_params(), flops_per_token_);
+  out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters", model_->layout().total(),
+                     model_->layout().matmul_per_token(), flops_per_token_);
   return out;
 }
 
 std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, const Buffer<float>& grads,
-                                                  int64_t begin, int64_t end) {
+                                                  int64_t begin, int64_t end,
+                                                  const std::function<bool(const TensorInfo&)>& excused) {
   std::vector<std::string> missing;
   for (const auto& t : layout.tensors()) {
     if (t.offset < begin || t.offset >= end) continue;
+    if (excused && excused(t)) continue;
     if (kernels::sum_squares<float>(Vec<const float>(grads.data() + t.offset, t.size)) == 0.0)
       missing.push_back(t.name);
   }
@@ -182,7 +196,8 @@ std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, con
 
 void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
   if (cfg_.grad_check.missing == "off") return;
-  const auto missing = tensors_without_gradient(model_->layout(), model_->grads(), begin, end);
+  const auto missing = tensors_without_gradient(model_->layout(), model_->grads(), begin, end,
+                                                [&](const TensorInfo& t) { return model_->idle_expert(t); });
   if (missing.empty()) return;
   const std::string msg = fmt::format("rank {}: step {}: no gradient reached {} tensor(s): {}", rank_, step_ + 1,
                                       missing.size(), fmt::join(missing, ", "));
@@ -198,7 +213,7 @@ double Trainer::train_step() {
   copy_tokens(inputs_, batch.inputs);
   copy_tokens(targets_, batch.targets);
   model_->zero_grads();
-  const double local_loss = model_->forward(inputs_, targets_);
+  const LossParts local = model_->forward(inputs_, targets_);
   sync_->begin();
   int64_t final_from = model_->layout().total();
   model_->backward(inputs_, targets_, [&](int64_t offset) {
@@ -207,17 +222,38 @@ double Trainer::train_step() {
     sync_->ready(offset);
   });
   sync_->finish();
-  const double loss = allreduce_sum(local_loss, comm_) / world_;
+  double parts[4] = {local.total, local.main, local.mtp, local.aux}, sums[4];
+  MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
+  last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
   // Gradients are identical on every rank now, so is the norm and the update.
   const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
                                                                                model_->grads().extent(0))));
   const double lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_ + 1);
   optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+  balance_experts();
   ExecSpace().fence();
   ++step_;
   last_norm_ = norm;
   last_lr_ = lr;
-  return loss;
+  return last_loss_.total;
+}
+
+// MoE: the global expert load (one all-reduce), and for balance bias the
+// V3 update of each layer's selection bias from its own global load.
+void Trainer::balance_experts() {
+  auto layers = model_->moe_layers();
+  if (layers.empty()) return;
+  const int64_t E = cfg_.model.moe.routed;
+  std::vector<double> local(layers.size() * E), global(local.size());
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (int64_t e = 0; e < E; ++e) local[l * E + e] = layers[l].second->expert_counts()[e];
+  MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, comm_);
+  expert_load_.assign(E, 0.0);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    std::vector<double> load(global.begin() + l * E, global.begin() + (l + 1) * E);
+    for (int64_t e = 0; e < E; ++e) expert_load_[e] += load[e];
+    if (cfg_.model.moe.balance == "bias") layers[l].second->update_bias(load, cfg_.model.moe.balance_coef);
+  }
 }
 // TRAINING STEP END
 // ---------------------------------------------------------------------------
@@ -233,7 +269,7 @@ double Trainer::evaluate() {
     const Batch batch = make_batch(corpus_, windows, split_.train_windows, cfg_.model.seq, j);
     copy_tokens(inputs_, batch.inputs);
     copy_tokens(targets_, batch.targets);
-    sum += model_->forward(inputs_, targets_);
+    sum += model_->forward(inputs_, targets_).main;
   }
   return allreduce_sum(sum, comm_) / double(world_ * cfg_.eval.batches);
 }
@@ -247,6 +283,7 @@ void Trainer::save_checkpoint(double loss) {
   data.params = to_host(model_->params());
   data.adam_m = to_host(optimizer_->m());
   data.adam_v = to_host(optimizer_->v());
+  for (auto& [prefix, ffn] : model_->moe_layers()) data.buffers[prefix + "ffn.gate_bias"] = to_host(ffn->bias());
   data.state.step = step_;
   data.state.sampler_batches = loader_->position();
   data.state.epoch = cfg_.data.batch * loader_->position() / std::max<int64_t>(1, split_.train_windows);
@@ -291,12 +328,26 @@ void Trainer::run() {
         const double tok_s = tokens_per_step * interval_steps / interval_seconds;
         const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
         const auto& c = sync_->stats();
-        record = {{"step", step_}, {"loss", loss}, {"lr", last_lr_}, {"grad_norm", last_norm_},
-                  {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu}, {"comm_rounds", c.rounds},
-                  {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+        record = {{"step", step_}, {"loss", loss}, {"loss_main", last_loss_.main}, {"lr", last_lr_},
+                  {"grad_norm", last_norm_}, {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu},
+                  {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+        if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
+        std::string extra;
+        if (!expert_load_.empty()) {
+          // expert load across routed experts (all MoE layers, all ranks): min and max
+          // as a fraction of the mean, and the coefficient of variation
+          double mean = 0, var = 0, lo = 1e300, hi = 0;
+          for (double l : expert_load_) mean += l / expert_load_.size(), lo = std::min(lo, l), hi = std::max(hi, l);
+          for (double l : expert_load_) var += (l - mean) * (l - mean) / expert_load_.size();
+          record["loss_aux"] = last_loss_.aux;
+          record["expert_load_min"] = lo / mean;
+          record["expert_load_max"] = hi / mean;
+          record["expert_load_cv"] = std::sqrt(var) / mean;
+          extra = fmt::format(" | load cv {:.2f}", std::sqrt(var) / mean);
+        }
         log_->console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
-                                  "| MFU {:.1f}%",
-                                  step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu));
+                                  "| MFU {:.1f}%{}",
+                                  step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu, extra));
         log_->rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", step_,
                                loader_->position(), c.bytes_sent, c.rounds, c.seconds));
         interval_seconds = 0, interval_steps = 0;

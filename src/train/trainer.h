@@ -1,9 +1,11 @@
 // The training loop: one Trainer per rank runs every `run` phase of a deck.
 #pragma once
 #include <mpi.h>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+#include <map>
 #include "ckpt/checkpoint.h"
 #include "comm/grad_sync.h"
 #include "data/corpus.h"
@@ -22,8 +24,10 @@ struct RunOptions {
 
 // Names of the tensors starting in [begin, end) whose gradient is all zero:
 // no gradient reached them in this backward.
+// `excused(t)` names tensors that may legitimately miss out (idle experts).
 std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, const Buffer<float>& grads,
-                                                  int64_t begin, int64_t end);
+                                                  int64_t begin, int64_t end,
+                                                  const std::function<bool(const TensorInfo&)>& excused = {});
 
 class Trainer {
  public:
@@ -63,7 +67,12 @@ class Trainer {
   Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
   int64_t step_ = 0, last_saved_ = -1;
   double peak_gflops_ = 0, flops_per_token_ = 0;
-  double last_norm_ = 0, last_lr_ = 0;  // of the last step, for the log
+  // Figures of the last step, for the log.
+  double last_norm_ = 0, last_lr_ = 0;
+  LossParts last_loss_;
+  std::vector<double> expert_load_;  // tokens per routed expert, summed over MoE layers and ranks
+  std::map<std::string, int64_t> model_buffers() ;
+  void balance_experts();
   std::vector<double> losses_;
 };
 

@@ -1,0 +1,172 @@
+#include "model/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/mla.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+namespace xx {
+namespace k = kernels;
+
+// Query block of the causal attention: big enough for BLAS to run near its
+// peak, small enough that the diagonal blocks waste little.
+constexpr int64_t kAttentionBlock = 64;
+
+template <class T>
+Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& p, int64_t batch,
+                        Workspace<T>& ws)
+    : m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
+      blocks_(m.seq, kAttentionBlock), ws_(ws) {
+  const auto& a = m.attention;
+  wo_ = store(p + "attn.wo");
+  if (!a.mla()) {
+    wq_ = store(p + "attn.wq");  // wq|wk|wv: the fused (3C, C) weight
+  } else {
+    if (a.q_lora_rank == 0) {
+      wq_ = store(p + "attn.wq");
+    } else {
+      wq_a_ = store(p + "attn.wq_a");
+      q_norm_ = store(p + "attn.q_norm");
+      wq_b_ = store(p + "attn.wq_b");
+      qa_ = activation<T>("qa", N_, a.q_lora_rank);
+      qan_ = activation<T>("qan", N_, a.q_lora_rank);
+      rstd_q_ = activation<T>("rstd_q", N_);
+    }
+    wkv_a_ = store(p + "attn.wkv_a");
+    kv_norm_ = store(p + "attn.kv_norm");
+    wkv_b_ = store(p + "attn.wkv_b");
+    c_ = activation<T>("c", N_, a.kv_lora_rank);
+    cn_ = activation<T>("cn", N_, a.kv_lora_rank);
+    rstd_c_ = activation<T>("rstd_c", N_);
+    krope_ = activation<T>("krope", N_, a.rope_dim);
+  }
+  const int64_t rope = a.mla() ? a.rope_dim : qk_;
+  rope_cos_ = activation<T>("rope_cos", T_, rope / 2);
+  rope_sin_ = activation<T>("rope_sin", T_, rope / 2);
+  k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), m.rope_theta);
+  q_ = activation<T>("q", B_ * H_ * T_, qk_);
+  k_ = activation<T>("k", B_ * H_ * T_, qk_);
+  v_ = activation<T>("v", B_ * H_ * T_, vd_);
+  att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
+  o_ = activation<T>("o", N_, H_ * vd_);
+}
+
+template <class T>
+void Attention<T>::forward(Mat<T> out, Mat<const T> xn) {
+  m_.attention.mla() ? forward_mla(out, xn) : forward_mha(out, xn);
+}
+template <class T>
+void Attention<T>::backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+  m_.attention.mla() ? backward_mla(dxn, dout, xn) : backward_mha(dxn, dout, xn);
+}
+
+// softmax(q k^T / sqrt(qk)) v over the heads, merged, then out += o . Wo^T
+template <class T>
+void Attention<T>::attend_forward(Mat<T> out) {
+  const int64_t BHT = B_ * H_ * T_;
+  auto heads = ws_.mat("attn_heads", BHT, vd_);
+  k::attention_forward<T>(heads, Vec<T>(att_.data(), att_.extent(0)), mat(q_, BHT, qk_), mat(k_, BHT, qk_),
+                          mat(v_, BHT, vd_), blocks_, B_ * H_);
+  k::merge_heads_forward<T>(mat(o_, N_, H_ * vd_), heads, B_, T_, H_);
+  k::linear_forward<T>(out, mat(o_, N_, H_ * vd_), wo_.mat(C_, H_ * vd_), T(1));
+}
+
+// From dout to the per-head gradients, left in the workspace as dq, dk, dv.
+template <class T>
+void Attention<T>::attend_backward(Mat<const T> dout) {
+  const int64_t BHT = B_ * H_ * T_;
+  auto dO = ws_.mat("attn_do", N_, H_ * vd_);
+  k::linear_backward<T>(dO, wo_.dmat(C_, H_ * vd_), dout, mat(o_, N_, H_ * vd_), wo_.mat(C_, H_ * vd_));
+  auto dheads = ws_.mat("attn_heads", BHT, vd_);
+  k::merge_heads_backward<T>(dheads, dO, B_, T_, H_);
+  k::attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_), ws_.mat("attn_dv", BHT, vd_),
+                           ws_.vec("attn_dp", kAttentionBlock * T_), dheads,
+                           Vec<const T>(att_.data(), att_.extent(0)), mat(q_, BHT, qk_), mat(k_, BHT, qk_),
+                           mat(v_, BHT, vd_), blocks_, B_ * H_);
+}
+
+// ---------------------------------------------------------------------------
+// MHA: qkv = xn . [Wq|Wk|Wv]^T, rotate q and k, attend.
+
+template <class T>
+void Attention<T>::forward_mha(Mat<T> out, Mat<const T> xn) {
+  const int64_t BHT = B_ * H_ * T_, D = qk_;
+  auto qkv = ws_.mat("mha_qkv", N_, 3 * C_);
+  k::linear_forward<T>(qkv, xn, wq_.mat(3 * C_, C_));
+  k::split_heads_rope_forward<T>(mat(q_, BHT, D), mat(k_, BHT, D), mat(v_, BHT, D), qkv, mat(rope_cos_, T_, D / 2),
+                                 mat(rope_sin_, T_, D / 2), B_, T_, H_);
+  attend_forward(out);
+}
+
+template <class T>
+void Attention<T>::backward_mha(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+  const int64_t BHT = B_ * H_ * T_, D = qk_;
+  attend_backward(dout);
+  auto dqkv = ws_.mat("mha_qkv", N_, 3 * C_);
+  k::split_heads_rope_backward<T>(dqkv, ws_.mat("attn_dq", BHT, D), ws_.mat("attn_dk", BHT, D),
+                                  ws_.mat("attn_dv", BHT, D), mat(rope_cos_, T_, D / 2), mat(rope_sin_, T_, D / 2), B_,
+                                  T_, H_);
+  k::linear_backward<T>(dxn, wq_.dmat(3 * C_, C_), dqkv, xn, wq_.mat(3 * C_, C_));
+}
+
+// ---------------------------------------------------------------------------
+// MLA: queries directly (or through their own normed latent), keys and values
+// from a normed latent c, the rope key from its own rows of wkv_a.
+
+template <class T>
+void Attention<T>::forward_mla(Mat<T> out, Mat<const T> xn) {
+  const auto& a = m_.attention;
+  const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim, BHT = B_ * H_ * T_;
+  auto q = ws_.mat("mla_q", N_, H_ * qk_);
+  if (Q == 0) {
+    k::linear_forward<T>(q, xn, wq_.mat(H_ * qk_, C_));
+  } else {
+    k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.mat(Q, C_));
+    k::rmsnorm_forward<T>(mat(qan_, N_, Q), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q), m_.norm_eps);
+    k::linear_forward<T>(q, mat(qan_, N_, Q), wq_b_.mat(H_ * qk_, Q));
+  }
+  // wkv_a rows [0, R) give the latent, rows [R, R + rope) the shared rope key.
+  k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.mat(R, C_));
+  k::linear_forward<T>(mat(krope_, N_, rope), xn, Mat<const T>(wkv_a_.w + R * C_, rope, C_));
+  k::rmsnorm_forward<T>(mat(cn_, N_, R), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.norm_eps);
+  auto kv = ws_.mat("mla_kv", N_, H_ * (a.qk_nope_dim + vd_));
+  k::linear_forward<T>(kv, mat(cn_, N_, R), wkv_b_.mat(H_ * (a.qk_nope_dim + vd_), R));
+  k::mla_split_heads_forward<T>(mat(q_, BHT, qk_), mat(k_, BHT, qk_), mat(v_, BHT, vd_), q, kv, mat(krope_, N_, rope),
+                                mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), B_, T_,
+                                {H_, a.qk_nope_dim, rope, vd_});
+  attend_forward(out);
+}
+
+template <class T>
+void Attention<T>::backward_mla(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+  const auto& a = m_.attention;
+  const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim, BHT = B_ * H_ * T_;
+  const int64_t kvw = H_ * (a.qk_nope_dim + vd_);
+  attend_backward(dout);
+  auto dq = ws_.mat("mla_q", N_, H_ * qk_);
+  auto dkv = ws_.mat("mla_kv", N_, kvw);
+  auto dkrope = ws_.mat("mla_dkrope", N_, rope);
+  k::mla_split_heads_backward<T>(dq, dkv, dkrope, ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_),
+                                 ws_.mat("attn_dv", BHT, vd_), mat(rope_cos_, T_, rope / 2),
+                                 mat(rope_sin_, T_, rope / 2), B_, T_, {H_, a.qk_nope_dim, rope, vd_});
+  auto dcn = ws_.mat("mla_dcn", N_, R);
+  k::linear_backward<T>(dcn, wkv_b_.dmat(kvw, R), dkv, mat(cn_, N_, R), wkv_b_.mat(kvw, R));
+  auto dc = ws_.mat("mla_dc", N_, R);
+  k::rmsnorm_backward<T>(dc, kv_norm_.dvec(R), dcn, mat(c_, N_, R), kv_norm_.vec(R), Vec<const T>(rstd_c_.data(), N_));
+  k::linear_backward<T>(dxn, wkv_a_.dmat(R, C_), dc, xn, wkv_a_.mat(R, C_));
+  k::linear_backward<T>(dxn, Mat<T>(wkv_a_.g + R * C_, rope, C_), dkrope, xn,
+                        Mat<const T>(wkv_a_.w + R * C_, rope, C_), T(1));
+  if (Q == 0) {
+    k::linear_backward<T>(dxn, wq_.dmat(H_ * qk_, C_), dq, xn, wq_.mat(H_ * qk_, C_), T(1));
+  } else {
+    auto dqan = ws_.mat("mla_dqan", N_, Q), dqa = ws_.mat("mla_dqa", N_, Q);
+    k::linear_backward<T>(dqan, wq_b_.dmat(H_ * qk_, Q), dq, mat(qan_, N_, Q), wq_b_.mat(H_ * qk_, Q));
+    k::rmsnorm_backward<T>(dqa, q_norm_.dvec(Q), dqan, mat(qa_, N_, Q), q_norm_.vec(Q), Vec<const T>(rstd_q_.data(), N_));
+    k::linear_backward<T>(dxn, wq_a_.dmat(Q, C_), dqa, xn, wq_a_.mat(Q, C_), T(1));
+  }
+}
+
+template class Attention<float>;
+template class Attention<double>;
+
+}  // namespace xx

@@ -1,0 +1,40 @@
+// The attention branch of a block: out += Wo . attention(xn), either dense
+// multi-head attention with RoPE (MHA) or DeepSeek's multi-head latent
+// attention (MLA). Forward and backward side by side in attention.cpp.
+#pragma once
+#include <string>
+#include "config.h"
+#include "kernels/attention.h"
+#include "model/store.h"
+
+namespace xx {
+
+template <class T>
+class Attention {
+ public:
+  Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, int64_t batch,
+            Workspace<T>& ws);
+  void forward(Mat<T> out, Mat<const T> xn);                     // out += attention(xn)
+  void backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);  // dxn = d/dxn
+
+ private:
+  void forward_mha(Mat<T> out, Mat<const T> xn);
+  void backward_mha(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);
+  void forward_mla(Mat<T> out, Mat<const T> xn);
+  void backward_mla(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);
+  void attend_forward(Mat<T> out);
+  void attend_backward(Mat<const T> dout);
+
+  const ModelConfig m_;
+  int64_t B_, T_, N_, H_, C_, qk_, vd_;
+  kernels::CausalBlocks blocks_;
+  Workspace<T>& ws_;
+  Param<T> wq_, wq_a_, q_norm_, wq_b_, wkv_a_, kv_norm_, wkv_b_, wo_;  // MHA uses wq (fused qkv) and wo
+  Buffer<T> rope_cos_, rope_sin_;                                      // (T, rope width / 2)
+  // kept for backward
+  Buffer<T> q_, k_, v_, att_, o_;           // heads (B*H*T, qk | v), probabilities, merged output (N, H*v)
+  Buffer<T> qa_, qan_, rstd_q_;             // MLA query latent (q_lora_rank > 0)
+  Buffer<T> c_, cn_, rstd_c_, krope_;       // MLA key/value latent and shared rope key
+};
+
+}  // namespace xx

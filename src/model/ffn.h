@@ -1,0 +1,51 @@
+// The feed-forward branch of a block: out += FFN(xn), either a dense SwiGLU
+// or DeepSeekMoE (shared experts always on, plus the top-k of the routed
+// experts, with a balance loss or a balance bias). Forward and backward side
+// by side in ffn.cpp.
+#pragma once
+#include <string>
+#include <vector>
+#include "config.h"
+#include "kernels/moe.h"
+#include "model/store.h"
+
+namespace xx {
+
+template <class T>
+class FeedForward {
+ public:
+  FeedForward(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, bool moe, int64_t batch,
+              Workspace<T>& ws);
+  void forward(Mat<T> out, Mat<const T> xn);                     // out += ffn(xn)
+  void backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);  // dxn = d/dxn
+
+  bool is_moe() const { return moe_; }
+  double aux_loss() const { return aux_loss_; }                 // balance loss of the last forward (aux mode)
+  const std::vector<int32_t>& expert_counts() const { return counts_host_; }  // tokens per routed expert, last forward
+  Buffer<float>& bias() { return bias_; }                       // top-k selection bias (bias mode)
+  // bias_e += gamma * sign(mean load - load_e), from the load summed over all ranks
+  void update_bias(const std::vector<double>& global_load, double gamma);
+
+ private:
+  void swiglu_forward(Mat<T> out, Mat<const T> x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h, Mat<T> a);
+  void swiglu_backward(Mat<T> dx, Mat<const T> dout, Mat<const T> x, Param<T> w13, Param<T> w2, int64_t width,
+                       Mat<const T> h, Mat<const T> a, T dx_beta);
+
+  const ModelConfig m_;
+  bool moe_;
+  int64_t N_, C_, F_, E_ = 0, K_ = 0;
+  Workspace<T>& ws_;
+  Param<T> w1_, w2_;                          // dense, or the shared experts (w1|w3 fused)
+  Param<T> gate_;
+  std::vector<Param<T>> ew1_, ew2_;            // routed experts
+  kernels::GateKind gate_kind_;
+  Buffer<T> h_, a_;                            // dense or shared SwiGLU: (N, 2F), (N, F)
+  Buffer<T> logits_, scores_, weights_, xe_, he_, ae_, ye_, score_grad_;
+  kernels::Index2 idx_, pos_;
+  kernels::Index1 counts_, offsets_, token_of_;
+  Buffer<float> bias_;
+  std::vector<int32_t> counts_host_, offsets_host_;
+  double aux_loss_ = 0;
+};
+
+}  // namespace xx

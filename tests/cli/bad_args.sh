@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Bad command lines: exit code 2, one message naming the option, and the usage.
+# usage: bad_args.sh XUANXUE [MPIEXEC]
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CORPUS=$T/corpus.txt
+RUN=$T/run
+DECK=$T/deck.deck
+make_corpus "$CORPUS"
+make_deck "$DECK" "$CORPUS" "$RUN"
+USAGE="usage: xuanxue -in DECK"
+
+# bad_args NAME PREFIX [HINT...] -- ARGS...: at 1 and 2 ranks; the usage is
+# printed once and the run directory is not created.
+bad_args() {
+  local name=$1
+  shift
+  begin "$name"
+  local np
+  for np in 1 2; do
+    expect_bad "$np" "$@"
+    local n
+    n=$(occurrences "$USAGE" "$T/err")
+    check [ "$n" -eq 1 ] || fail "np $np: the usage appears $n times in stderr (expected once)"
+    expect_absent "$RUN" "np $np: a bad command line must not create the run directory"
+  done
+}
+
+bad_args "unknown option, with did-you-mean" \
+  "command line: unknown option '-inn'" "(did you mean '-in'?)" "$USAGE" -- -in "$DECK" -inn x
+bad_args "unknown option after a good command line" \
+  "command line: unknown option '--steps'" "$USAGE" -- -in "$DECK" --steps 3
+bad_args "no deck" \
+  "command line: no deck given" "(expected -in DECK)" "$USAGE" -- -var steps 3
+bad_args "-resume without its value" \
+  "command line: '-resume' needs 1 value(s)" "$USAGE" -- -in "$DECK" -resume
+bad_args "-var with one value" \
+  "command line: '-var' needs 2 value(s)" "$USAGE" -- -in "$DECK" -var steps
+bad_args "-in without its value" \
+  "command line: '-in' needs 1 value(s)" "$USAGE" -- -in
+
+finish

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Bad decks: each gets exit code 2 and one message "FILE:LINE: what (expected
+# ...)" with the right line, at 1 and 2 ranks, and no run directory is created.
+# usage: bad_deck.sh XUANXUE [MPIEXEC]
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CORPUS=$T/corpus.txt
+RUN=$T/run
+GOOD=$T/good.deck
+D=$T/deck.deck  # every bad deck is written here, so messages name this file
+make_corpus "$CORPUS"
+make_deck "$GOOD" "$CORPUS" "$RUN"
+
+# bad_deck NAME SED-SCRIPT PREFIX [HINT...] [-- EXTRA-ARGS...]
+# Writes $D = the good deck edited by SED-SCRIPT, then checks that
+# `xuanxue -in $D EXTRA-ARGS` fails as bad input at 1 and 2 ranks and that
+# the run directory was not created.
+bad_deck() {
+  local name=$1 script=$2 prefix=$3
+  shift 3
+  local hints=() extra=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    hints+=("$1")
+    shift
+  done
+  [ $# -gt 0 ] && shift && extra=("$@")
+  begin "$name"
+  sed -e "$script" "$GOOD" >"$D"
+  local np
+  for np in 1 2; do
+    rm -rf "$RUN"
+    expect_bad "$np" "$prefix" "${hints[@]}" -- -in "$D" "${extra[@]}"
+    expect_absent "$RUN" "np $np: a bad deck must not create the run directory"
+  done
+}
+
+# Positive control: the good deck runs, so each failure below is the edit's.
+begin "good deck trains (control)"
+expect_ok 1 -in "$GOOD"
+check [ -s "$RUN/metrics.jsonl" ] || fail "no metrics.jsonl after a good run"
+rm -rf "$RUN"
+
+bad_deck "unknown command, with did-you-mean" 's/^seed 1$/sed 1/' \
+  "$D:4: unknown command 'sed'" "(expected one of: seed," "(did you mean 'seed'?)"
+
+bad_deck "unknown keyword, with did-you-mean" 's/ valid 0.1 / vlaid 0.1 /' \
+  "$D:7: unknown keyword 'vlaid' for 'data bytes'" "(expected one of: valid, batch, workers, queue)" \
+  "(did you mean 'valid'?)"
+
+bad_deck "malformed integer" 's/ batch 2 / batch 2x /' \
+  "$D:7: bad value '2x' for 'batch'" "(expected an integer)"
+
+# A command continued with '&' is reported at the line where it starts.
+bad_deck "malformed integer on a continued line" 's/ ffn 64 / ffn 6.4 /' \
+  "$D:5: bad value '6.4' for 'ffn'" "(expected an integer)"
+
+bad_deck "malformed real" 's/^peak_gflops 50$/peak_gflops fast/' \
+  "$D:8: bad value 'fast' for 'peak_gflops'" "(expected a number)"
+
+bad_deck "out-of-range value" 's/ valid 0.1 / valid 0.9 /' \
+  "$D:7: value 0.9 for 'valid' is out of range" "(expected in (0, 0.5])"
+
+bad_deck "out-of-range value from -var" '' \
+  "$D:11: value 0 for 'steps' is out of range" "(expected >= 1)" -- -var steps 0
+
+bad_deck "malformed value from -var" '' \
+  "$D:11: bad value 'abc' for 'steps'" "(expected an integer)" -- -var steps abc
+
+bad_deck "missing keyword value" 's/ log_every 1$/ log_every/' \
+  "$D:9: keyword 'log_every' needs a value" "(expected an integer)"
+
+bad_deck "missing positional value" 's/^seed 1$/seed/' \
+  "$D:4: 'seed' needs a value" "(expected an integer)"
+
+bad_deck "missing required keyword" 's/ seq 16 / /' \
+  "$D:5: 'model dense' is missing keyword 'seq'" "(expected model dense vocab V dim C"
+
+bad_deck "dim not divisible by heads" 's/ heads 2 / heads 3 /' \
+  "$D:5: 'dim' 32 is not divisible by 'heads' 3" "(expected dim % heads == 0)"
+
+bad_deck "undefined variable, with did-you-mean" 's/^run \${steps}$/run ${step}/' \
+  "$D:11: undefined variable 'step'" "(expected a 'variable step VALUE' line above it or -var step VALUE)" \
+  "(did you mean 'steps'?)"
+
+bad_deck "missing include file" 's/^$/include missing.deck/' \
+  "$D:3: cannot open included deck '$T/missing.deck'" "(expected a readable file)"
+
+# An error inside an included deck names that deck and its own line.
+printf '# included by deck.deck\neval every -1 batches 1\n' >"$T/part.deck"
+bad_deck "error inside an included deck" 's/^$/include part.deck/' \
+  "$T/part.deck:2: value -1 for 'every' is out of range" "(expected >= 0)"
+
+bad_deck "include cycle" 's/^$/include deck.deck/' \
+  "$D:3: include cycle" "(expected no deck to include itself)"
+
+bad_deck "missing data file" "s#^data bytes [^ ]*#data bytes $T/missing.txt#" \
+  "$D:7: cannot read data file '$T/missing.txt'" "(expected a readable file"
+
+bad_deck "data file is a directory" "s#^data bytes [^ ]*#data bytes $T#" \
+  "$D:7: cannot read data file '$T'" "(expected a readable file"
+
+bad_deck "no run command" '/^run /d' \
+  "$D:10: no run command: nothing to do" "(expected at least one 'run N' line)"
+
+bad_deck "run before model" '/^model /,/continued/d' \
+  "$D:9: 'run' before any 'model' command" "(expected a model line above the run)"
+
+bad_deck "model changes between runs" '$a model dense vocab 256 dim 64 layers 1 heads 2 ffn 64 seq 16\nrun 1' \
+  "$D:12: model cannot change after the first run" "(expected the same model line, or none)"
+
+begin "missing deck file"
+for np in 1 2; do
+  expect_bad "$np" "$T/missing.deck: cannot open deck" "(expected a readable file)" -- -in "$T/missing.deck"
+done
+
+begin "deck is a directory"
+for np in 1 2; do
+  expect_bad "$np" "$T: cannot open deck" "(expected a readable file)" -- -in "$T"
+done
+expect_absent "$RUN" "a missing deck must not create the run directory"
+
+finish
