@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "deck/deck.h"
+#include "model/estimate.h"
 #include "train/trainer.h"
 
 namespace xx {
@@ -12,14 +13,16 @@ namespace xx {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH]\n"
+    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run]\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
     "  -var NAME VALUE   set deck variable NAME (wins over the deck's own `variable`)\n"
     "  -resume auto      continue from the newest complete checkpoint in RUN_DIR/ckpt, if any\n"
-    "  -resume PATH      continue from that checkpoint\n";
+    "  -resume PATH      continue from that checkpoint\n"
+    "  -dry-run          check the deck, print parameter counts and memory per rank, allocate nothing\n";
 
 struct Args {
   std::string deck, resume;
+  bool dry_run = false;
   std::map<std::string, std::string> vars;
 };
 
@@ -33,9 +36,10 @@ Args parse_args(int argc, char** argv) {
     if (arg == "-in") need(1), a.deck = argv[++i];
     else if (arg == "-var") need(2), a.vars[argv[i + 1]] = argv[i + 2], i += 2;
     else if (arg == "-resume") need(1), a.resume = argv[++i];
+    else if (arg == "-dry-run") a.dry_run = true;
     else if (arg == "-h" || arg == "-help" || arg == "--help") input_error("{}", kUsage);
     else input_error("command line: unknown option '{}'{}\n{}", arg,
-                     did_you_mean(arg, {"-in", "-var", "-resume"}), kUsage);
+                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run"}), kUsage);
   }
   if (a.deck.empty()) input_error("command line: no deck given (expected -in DECK)\n{}", kUsage);
   return a;
@@ -55,7 +59,7 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   if (rank == 0) try {
       args = parse_args(argc, argv);
       auto lines = read_deck(args.deck, args.vars);
-      build_program(lines, /*check_files=*/true);
+      build_program(lines, /*check_files=*/!args.dry_run);
       blob = serialize(lines);
     } catch (const InputError& e) {
       error = e.what();
@@ -64,6 +68,9 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   if (!error.empty()) throw InputError(error);
   broadcast_string(blob, comm);
   broadcast_string(args.resume, comm);
+  int dry = args.dry_run;
+  MPI_Bcast(&dry, 1, MPI_INT, 0, comm);
+  args.dry_run = dry;
   return build_program(deserialize(blob), /*check_files=*/false);
 }
 
@@ -79,6 +86,11 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     if (rank == 0) {
       fmt::print("xuanxue: {} rank(s), deck {}\n# resolved deck\n{}\n# parameters\n{}\n", world, args.deck,
                  program.deck_text, describe(program.phases.front().config));
+    }
+    if (args.dry_run) {
+      const auto& c = program.phases.front().config;
+      if (rank == 0) fmt::print("{}", dry_run_report(c.model, c.data.batch, world));
+      return 0;
     }
     RunOptions options;
     options.resume = args.resume;

@@ -2,6 +2,8 @@
 // on a tiny configuration; and the properties the trainer relies on.
 #include "fd.h"
 #include "model/transformer.h"
+#include "deck/deck.h"
+#include "model/estimate.h"
 #include "train/trainer.h"
 
 using namespace xx;
@@ -142,4 +144,55 @@ TEST_CASE("the missing-gradient check names tensors that got no gradient", "[mod
   REQUIRE(missing == std::vector<std::string>{"layers.1.ffn.w3"});
   // Only tensors that start inside the range are checked.
   REQUIRE(tensors_without_gradient(layout, model.grads(), layout.layer_begin(cfg.layers), layout.total()).empty());
+}
+
+TEST_CASE("DeepSeek-V2-Lite's deck gives the published parameter counts", "[model]") {
+  // Published: 15.7B parameters in total, 2.4B activated per token.
+  const auto program = build_program(read_deck(XX_SOURCE_DIR "/input/deepseek-v2-lite.deck", {}), false);
+  const auto& m = program.phases.front().config.model;
+  const ParamLayout layout(m);
+  CHECK(layout.total() == Approx(15.7e9).epsilon(0.01));
+  CHECK(layout.active_per_token() == Approx(2.4e9).epsilon(0.03));
+  // By hand: embed and head 2 * 102400 * 2048; per layer MLA 13.76M; the
+  // dense first FFN 3 * 2048 * 10944; 26 MoE layers of 66 experts of
+  // 3 * 2048 * 1408 plus the gate.
+  const int64_t mla = 2048LL * 3072 + 2048 * 576 + 512 + 512LL * 4096 + 2048LL * 2048 + 2 * 2048;
+  const int64_t expert = 3LL * 2048 * 1408;
+  const int64_t expected = 2LL * 102400 * 2048 + 2048 + 27 * mla + 3LL * 2048 * 10944 + 26 * (66 * expert + 64LL * 2048);
+  CHECK(layout.total() == expected);
+  CHECK(layout.active_per_token() == expected - 102400LL * 2048 - 26 * 58 * expert);
+  // The dry run's estimate is built from the same layout, without allocating.
+  const auto est = estimate_memory(m, 1);
+  CHECK(est.params == layout.total());
+  CHECK(est.activation_elements > 0);
+}
+
+TEST_CASE("idle experts are excused from the missing-gradient check, real misses are not", "[model]") {
+  auto cfg = architecture("moe-sigmoid-bias");
+  const int B = 1;
+  Transformer<float> model(cfg, B);
+  model.init(5);
+  // A large negative selection bias keeps expert 0 of every MoE layer idle.
+  for (auto& [prefix, ffn] : model.moe_layers()) {
+    auto h = Kokkos::create_mirror_view(ffn->bias());
+    for (size_t e = 0; e < h.extent(0); ++e) h(e) = e == 0 ? -100.0f : 0.0f;
+    Kokkos::deep_copy(ffn->bias(), h);
+  }
+  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
+  model.zero_grads();
+  model.forward(tin, ttgt);
+  model.backward(tin, ttgt);
+  const auto& layout = model.layout();
+  auto excused = [&](const TensorInfo& t) { return model.idle_expert(t); };
+  // Without the excuse, expert 0's three tensors are reported; with it, nothing.
+  const auto strict = tensors_without_gradient(layout, model.grads(), 0, layout.total());
+  REQUIRE(strict == std::vector<std::string>{"layers.1.ffn.experts.0.w1", "layers.1.ffn.experts.0.w3",
+                                              "layers.1.ffn.experts.0.w2"});
+  REQUIRE(tensors_without_gradient(layout, model.grads(), 0, layout.total(), excused).empty());
+  // An expert that did get tokens but lost its gradient is still caught, as is any other tensor.
+  Kokkos::deep_copy(model.grad("layers.1.ffn.experts.2.w2"), 0.0f);
+  Kokkos::deep_copy(model.grad("layers.1.ffn.gate"), 0.0f);
+  REQUIRE(tensors_without_gradient(layout, model.grads(), 0, layout.total(), excused) ==
+          std::vector<std::string>{"layers.1.ffn.gate", "layers.1.ffn.experts.2.w2"});
 }
