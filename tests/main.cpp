@@ -4,6 +4,29 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
+#include <cstdio>
+
+// With several ranks, a failed assertion on one rank would leave the others
+// waiting in a collective of the same test forever: report it and abort.
+struct AbortOnFailure : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  bool assertionEnded(const Catch::AssertionStats& stats) override {
+    int world = 1, rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const auto& r = stats.assertionResult;
+    if (world > 1 && !r.isOk()) {
+      std::fprintf(stderr, "rank %d: %s:%zu: FAILED: %s\n  with expansion: %s\n  %s\n", rank,
+                   r.getSourceInfo().file, r.getSourceInfo().line, r.getExpressionInMacro().c_str(),
+                   r.getExpandedExpression().c_str(), r.getMessage().c_str());
+      for (const auto& info : stats.infoMessages) std::fprintf(stderr, "  info: %s\n", info.message.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return true;
+  }
+};
+CATCH_REGISTER_LISTENER(AbortOnFailure)
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

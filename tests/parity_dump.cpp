@@ -1,20 +1,50 @@
 // Writes what the PyTorch reference (tools/torch_reference.py) checks us
-// against: a checkpoint of a randomly initialised model (through the real
-// checkpoint writer), and for one fixed batch our loss and every gradient.
-//   parity_dump OUT_DIR  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
+// against: a checkpoint of a randomly initialised model of one named
+// architecture (through the real checkpoint writer, deck lines and MoE
+// selection biases included), and for one fixed batch our loss and every
+// gradient.
+//   parity_dump OUT_DIR CONFIG  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
+// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek
 #include <hdf5.h>
 #include <mpi.h>
 #include <cstdio>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <Kokkos_Core.hpp>
 #include "ckpt/checkpoint.h"
+#include "deck/deck.h"
 #include "model/transformer.h"
 
 using namespace xx;
 
-static void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims,
-                          const void* data) {
+namespace {
+
+// seq 80 spans a full and a partial attention block; ffn is not a multiple of dim.
+const std::string kModelDense = "model dense vocab 256 dim 64 layers 2 heads 4 ffn 96 seq 80 rope_theta 10000 norm_eps 1e-5";
+const std::string kModelDeepseek =
+    "model deepseek vocab 256 dim 64 layers 2 heads 4 ffn 96 seq 80 rope_theta 10000 norm_eps 1e-5";
+const std::string kMla = "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16";
+const std::string kMlaQ = "attention mla kv_lora_rank 32 q_lora_rank 24 qk_nope_dim 16 rope_dim 8 v_dim 16";
+const std::string kMoeAux =
+    "moe on dense_layers 1 shared 1 routed 8 topk 2 ffn 32 gate softmax balance aux balance_coef 0.01";
+const std::string kMoeBias =
+    "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
+    "route_scale 1.5";
+const std::string kMtp = "mtp depth 2 weight 0.3";
+
+// The architecture lines of each configuration, in deck syntax.
+const std::map<std::string, std::vector<std::string>> kConfigs = {
+    {"dense", {kModelDense}},
+    {"mla", {kModelDeepseek, kMla}},
+    {"mla_qlora", {kModelDeepseek, kMlaQ}},
+    {"moe_aux", {kModelDeepseek, kMla, kMoeAux}},
+    {"moe_bias", {kModelDeepseek, kMla, kMoeBias}},
+    {"deepseek", {kModelDeepseek, kMla, kMoeAux, kMtp}},
+};
+
+void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {
   hid_t space = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
   hid_t ds = H5Dcreate2(loc, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
@@ -22,22 +52,60 @@ static void write_dataset(hid_t loc, const std::string& name, hid_t type, const 
   H5Sclose(space);
 }
 
+// The model the deck lines describe, through the real deck parser (so the
+// checkpoint's deck and the model we run cannot drift apart).
+ModelConfig parse_model(const std::vector<std::string>& arch) {
+  std::vector<std::string> text = arch;
+  text.push_back("data bytes /dev/null");
+  text.push_back("run 1");
+  std::vector<DeckLine> lines;
+  for (size_t i = 0; i < text.size(); ++i) {
+    DeckLine l;
+    l.file = "parity_dump";
+    l.line = int(i + 1);
+    l.text = text[i];
+    std::istringstream in(text[i]);
+    for (std::string w; in >> w;) l.words.push_back(w);
+    lines.push_back(std::move(l));
+  }
+  return build_program(lines, false).phases.front().config.model;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: parity_dump OUT_DIR\n");
+  if (argc != 3 || !kConfigs.count(argv[2])) {
+    std::string names;
+    for (const auto& [name, lines] : kConfigs) names += (names.empty() ? "" : " | ") + name;
+    std::fprintf(stderr, "usage: parity_dump OUT_DIR CONFIG\n  CONFIG: %s\n", names.c_str());
+    MPI_Finalize();
     return 2;
   }
-  const std::string out = argv[1];
+  const std::string out = argv[1], name = argv[2];
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
-    // seq 80 spans a full and a partial attention block; ffn is not a multiple of dim.
-    ModelConfig m;
-    m.vocab = 256, m.dim = 64, m.layers = 2, m.heads = 4, m.ffn = 96, m.seq = 80, m.rope_theta = 10000.0;
+    const auto& arch = kConfigs.at(name);
+    const ModelConfig m = parse_model(arch);
+    std::string deck;
+    for (const auto& line : arch) deck += line + "\n";
     const int B = 3;
-    const std::string deck = "model dense vocab 256 dim 64 layers 2 heads 4 ffn 96 seq 80 rope_theta 10000 norm_eps 1e-5";
     Transformer<float> model(m, B);
     model.init(2024);
+
+    // Selection biases: non-zero and distinct in bias mode, so that top-k
+    // selection really depends on them; zero (as trained) otherwise.
+    CheckpointData data;
+    int layer_index = 0;
+    for (auto& [prefix, ffn] : model.moe_layers()) {
+      auto bias = Kokkos::create_mirror_view(ffn->bias());
+      for (int64_t e = 0; e < int64_t(bias.extent(0)); ++e)
+        bias(e) = m.moe.balance == "bias" ? float(0.004 * double((5 * e + 3 * layer_index) % 8) - 0.014) : 0.0f;
+      Kokkos::deep_copy(ffn->bias(), bias);
+      data.buffers[prefix + "ffn.gate_bias"].assign(bias.data(), bias.data() + bias.extent(0));
+      ++layer_index;
+    }
+
     std::vector<int32_t> in(B * m.seq), tgt(B * m.seq);
     uint64_t x = 7;
     for (size_t i = 0; i < in.size(); ++i) {
@@ -49,11 +117,11 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(din, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(in.data(), in.size()));
     Kokkos::deep_copy(dtgt, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(tgt.data(), tgt.size()));
     Tokens ti(din.data(), din.extent(0)), tt(dtgt.data(), dtgt.extent(0));
-    const double loss = model.forward(ti, tt).total;
+    const LossParts parts = model.forward(ti, tt);
+    const double loss = parts.total;
     model.zero_grads();
     model.backward(ti, tt);
 
-    CheckpointData data;
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
     data.params.assign(hp.data(), hp.data() + hp.extent(0));
     data.adam_m.assign(data.params.size(), 0.0f);
@@ -73,7 +141,8 @@ int main(int argc, char** argv) {
                     hg.data() + t.offset);
     H5Gclose(g);
     H5Fclose(f);
-    std::printf("loss %.8f\ncheckpoint %s\ngradients %s/grads.h5\n", loss, ckpt.c_str(), out.c_str());
+    std::printf("config %s\nloss %.8f (main %.8f mtp %.8f aux %.8f)\ncheckpoint %s\ngradients %s/grads.h5\n",
+                name.c_str(), loss, parts.main, parts.mtp, parts.aux, ckpt.c_str(), out.c_str());
   }
   MPI_Finalize();
   return 0;

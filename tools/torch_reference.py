@@ -1,9 +1,16 @@
 #!/usr/bin/python3
-"""Independent reference for xuanxue's dense model, in PyTorch (float64).
+"""Independent reference for xuanxue's models, in PyTorch (float64).
 
-Reads the architecture from the checkpoint's deck attribute and the weights
-from its /model group, recomputes the loss and every gradient for the batch in
-GRADS (written by tests/parity_dump), and compares:
+Covers the whole architecture: MHA or multi-head latent attention (MLA, with
+or without the query latent), dense SwiGLU or DeepSeekMoE feed-forward
+(softmax gate with the expert-level auxiliary balance loss, or sigmoid gate
+with normalised weights and selection biases), and multi-token prediction.
+
+Reads the architecture from the checkpoint's deck attribute (the `model`,
+`attention`, `moe` and `mtp` lines), the weights from its /model group and the
+MoE selection biases from /buffers/<prefix>ffn.gate_bias (zero when absent),
+recomputes the total loss (main + weight * mtp + aux) and every gradient for
+the batch in GRADS (written by tests/parity_dump), and compares:
   loss:      |ours - torch| / |torch|             <= 1e-5
   gradients: ||ours - torch|| / ||torch||, per tensor <= 1e-4
 Our side runs in float32, so both bounds leave room for float32 rounding only.
@@ -16,21 +23,87 @@ import sys
 import h5py
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 
 
+# ----------------------------------------------------------------------------
+# configuration from the deck
+
+
+def _keywords(words):
+    return dict(zip(words[0::2], words[1::2]))
+
+
 def model_config(deck):
+    """Architecture from the deck lines; defaults as in src/config.h. The last
+    line of each command before the first `run` wins."""
+    cfg = None
+    att = {"kind": "mha"}
+    moe = {"mode": "off"}
+    mtp = {"depth": 0, "weight": 0.3}
     for line in deck.splitlines():
-        words = line.split()
-        if words and words[0] == "model":
-            kv = dict(zip(words[2::2], words[3::2]))
+        words = line.split("#")[0].split()
+        if not words:
+            continue
+        if words[0] == "run":
+            break
+        if words[0] == "model":
+            kv = _keywords(words[2:])
             cfg = {k: int(kv[k]) for k in ("vocab", "dim", "layers", "heads", "ffn", "seq")}
+            cfg["kind"] = words[1]
             cfg["rope_theta"] = float(kv.get("rope_theta", 10000.0))
             cfg["norm_eps"] = float(kv.get("norm_eps", 1e-5))
-            return cfg
-    raise SystemExit("checkpoint deck has no model line")
+        elif words[0] == "attention":
+            kv = _keywords(words[2:])
+            att = {"kind": words[1]}
+            if words[1] == "mla":
+                att["kv_lora_rank"] = int(kv["kv_lora_rank"])
+                att["q_lora_rank"] = int(kv.get("q_lora_rank", 0))
+                att["qk_nope_dim"] = int(kv["qk_nope_dim"])
+                att["rope_dim"] = int(kv["rope_dim"])
+                att["v_dim"] = int(kv["v_dim"])
+        elif words[0] == "moe":
+            kv = _keywords(words[2:])
+            moe = {"mode": words[1]}
+            if words[1] == "on":
+                moe["dense_layers"] = int(kv.get("dense_layers", 1))
+                moe["shared"] = int(kv.get("shared", 0))
+                moe["routed"] = int(kv["routed"])
+                moe["topk"] = int(kv["topk"])
+                moe["ffn"] = int(kv["ffn"])
+                moe["gate"] = kv.get("gate", "softmax")
+                moe["balance"] = kv.get("balance", "aux")
+                moe["balance_coef"] = float(kv.get("balance_coef", 0.001))
+                moe["route_scale"] = float(kv.get("route_scale", 1.0))
+        elif words[0] == "mtp":
+            kv = _keywords(words[1:])
+            mtp = {"depth": int(kv["depth"]), "weight": float(kv.get("weight", 0.3))}
+    if cfg is None:
+        raise SystemExit("checkpoint deck has no model line")
+    cfg["attention"], cfg["moe"], cfg["mtp"] = att, moe, mtp
+    return cfg
+
+
+def describe(cfg):
+    a, m, t = cfg["attention"], cfg["moe"], cfg["mtp"]
+    parts = [f"{cfg['kind']} dim {cfg['dim']} layers {cfg['layers']} heads {cfg['heads']}"]
+    if a["kind"] == "mla":
+        parts.append(f"mla R {a['kv_lora_rank']} Q {a['q_lora_rank']} nope {a['qk_nope_dim']} "
+                     f"rope {a['rope_dim']} v {a['v_dim']}")
+    else:
+        parts.append("mha")
+    if m["mode"] == "on":
+        parts.append(f"moe {m['routed']}x{m['topk']} shared {m['shared']} gate {m['gate']} balance {m['balance']}")
+    if t["depth"] > 0:
+        parts.append(f"mtp depth {t['depth']} weight {t['weight']:g}")
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------
+# building blocks, written from the math
 
 
 def rmsnorm(x, w, eps):
@@ -38,38 +111,155 @@ def rmsnorm(x, w, eps):
 
 
 def rope(x, theta):
-    # x: (B, H, T, D); rotate pairs (2i, 2i+1) by t * theta^(-2i/D), as complex numbers.
-    B, H, T, D = x.shape
+    """x: (B, T, ..., D). Rotates pairs (2i, 2i+1) of the last dimension at
+    position t by t * theta^(-2i/D), as complex multiplication."""
+    T, D = x.shape[1], x.shape[-1]
     freqs = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)  # (T, D/2)
     rot = torch.polar(torch.ones_like(angles), angles)
-    xc = torch.view_as_complex(x.reshape(B, H, T, D // 2, 2).contiguous())
-    return torch.view_as_real(xc * rot.to(xc.dtype)).reshape(B, H, T, D)
+    rot = rot.view(1, T, *([1] * (x.dim() - 3)), D // 2)
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], D // 2, 2).contiguous())
+    return torch.view_as_real(xc * rot).reshape(x.shape)
 
 
-def loss_fn(p, cfg, inputs, targets):
-    B, T = inputs.shape
-    C, H = cfg["dim"], cfg["heads"]
-    D = C // H
-    eps = cfg["norm_eps"]
+def causal_attention(q, k, v):
+    """q, k: (B, T, H, Dqk); v: (B, T, H, Dv) -> (B, T, H*Dv)."""
+    B, T, H, Dqk = q.shape
+    s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(Dqk)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), v)
+    return o.reshape(B, T, -1)
+
+
+def mha(p, pre, h, cfg):
+    B, T, C = h.shape
+    H = cfg["heads"]
+    D = C // H
+    q = (h @ p[pre + "attn.wq"].T).view(B, T, H, D)
+    k = (h @ p[pre + "attn.wk"].T).view(B, T, H, D)
+    v = (h @ p[pre + "attn.wv"].T).view(B, T, H, D)
+    theta = cfg["rope_theta"]
+    return causal_attention(rope(q, theta), rope(k, theta), v) @ p[pre + "attn.wo"].T
+
+
+def mla(p, pre, h, cfg):
+    a = cfg["attention"]
+    B, T, C = h.shape
+    H, R, dn, dr, dv = cfg["heads"], a["kv_lora_rank"], a["qk_nope_dim"], a["rope_dim"], a["v_dim"]
+    eps, theta = cfg["norm_eps"], cfg["rope_theta"]
+    if a["q_lora_rank"] == 0:
+        q = h @ p[pre + "attn.wq"].T
+    else:
+        q = rmsnorm(h @ p[pre + "attn.wq_a"].T, p[pre + "attn.q_norm"], eps) @ p[pre + "attn.wq_b"].T
+    q = q.view(B, T, H, dn + dr)
+    q = torch.cat([q[..., :dn], rope(q[..., dn:], theta)], dim=-1)
+    kv_a = h @ p[pre + "attn.wkv_a"].T  # (B, T, R + dr)
+    c = kv_a[..., :R]
+    k_rope = rope(kv_a[..., R:], theta)  # (B, T, dr): one rope key for all heads
+    kv = (rmsnorm(c, p[pre + "attn.kv_norm"], eps) @ p[pre + "attn.wkv_b"].T).view(B, T, H, dn + dv)
+    k = torch.cat([kv[..., :dn], k_rope.unsqueeze(2).expand(B, T, H, dr)], dim=-1)
+    v = kv[..., dn:]
+    return causal_attention(q, k, v) @ p[pre + "attn.wo"].T
+
+
+def swiglu(x, w1, w3, w2):
+    return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+def moe_ffn(p, buffers, pre, h, cfg, stats):
+    """DeepSeekMoE on h (B, T, C); returns (out, balance loss of this layer)."""
+    m = cfg["moe"]
+    B, T, C = h.shape
+    E, k = m["routed"], m["topk"]
+    x = h.reshape(B * T, C)
+    N = x.shape[0]
+    logits = x @ p[pre + "ffn.gate"].T  # (N, E)
+    s = torch.sigmoid(logits) if m["gate"] == "sigmoid" else torch.softmax(logits, dim=-1)
+    bias = buffers.get(pre + "ffn.gate_bias")
+    bias = torch.zeros(E, dtype=torch.float64) if bias is None else bias
+    with torch.no_grad():
+        key = s + bias
+        # stable descending sort: equal keys keep the lower expert first
+        order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+        idx = order[:, :k]  # (N, k)
+        ranked = torch.gather(key, 1, order)
+        stats["margin"] = min(stats.get("margin", math.inf), (ranked[:, k - 1] - ranked[:, k]).min().item())
+        plain = torch.sort(s, dim=-1, descending=True, stable=True).indices[:, :k]
+        changed = (torch.sort(plain, -1).values != torch.sort(idx, -1).values).any(-1).sum().item()
+        stats["bias_changed"] = stats.get("bias_changed", 0) + changed
+        stats["selections"] = stats.get("selections", 0) + N
+    w = torch.gather(s, 1, idx)  # the bias never enters a weight
+    if m["gate"] == "sigmoid":
+        w = w / w.sum(-1, keepdim=True)
+    w = w * m["route_scale"]
+    combine = torch.zeros(N, E, dtype=torch.float64).scatter(1, idx, w)  # (N, E), zero where not selected
+    out = torch.zeros_like(x)
+    if m["shared"] > 0:
+        out = out + swiglu(x, p[pre + "ffn.shared.w1"], p[pre + "ffn.shared.w3"], p[pre + "ffn.shared.w2"])
+    for e in range(E):
+        q = f"{pre}ffn.experts.{e}."
+        out = out + combine[:, e:e + 1] * swiglu(x, p[q + "w1"], p[q + "w3"], p[q + "w2"])
+    aux = torch.zeros((), dtype=torch.float64)
+    if m["balance"] == "aux":
+        with torch.no_grad():
+            chosen = torch.zeros(N, E, dtype=torch.float64).scatter(1, idx, 1.0)
+            f = E / (k * N) * chosen.sum(0)  # a constant: no gradient
+        aux = m["balance_coef"] * (f * s.mean(0)).sum()
+    return out.view(B, T, C), aux
+
+
+def block(p, buffers, pre, x, cfg, is_moe, stats):
+    """x + attention(attn_norm(x)), then + ffn(ffn_norm(.)); returns (x, aux)."""
+    eps = cfg["norm_eps"]
+    h = rmsnorm(x, p[pre + "attn_norm"], eps)
+    x = x + (mla if cfg["attention"]["kind"] == "mla" else mha)(p, pre, h, cfg)
+    h = rmsnorm(x, p[pre + "ffn_norm"], eps)
+    if is_moe:
+        y, aux = moe_ffn(p, buffers, pre, h, cfg, stats)
+    else:
+        y, aux = swiglu(h, p[pre + "ffn.w1"], p[pre + "ffn.w3"], p[pre + "ffn.w2"]), torch.zeros((), dtype=torch.float64)
+    return x + y, aux
+
+
+def loss_fn(p, buffers, cfg, inputs, targets, stats):
+    """Total loss = main + mtp_weight * mtp + aux, and its parts."""
+    B, T = inputs.shape
+    V, eps = cfg["vocab"], cfg["norm_eps"]
+    moe_on = cfg["moe"]["mode"] == "on"
+    aux = torch.zeros((), dtype=torch.float64)
     x = p["embed"][inputs]
     for l in range(cfg["layers"]):
-        pre = f"layers.{l}."
-        h = rmsnorm(x, p[pre + "attn_norm"], eps)
-        q = (h @ p[pre + "attn.wq"].T).view(B, T, H, D).transpose(1, 2)
-        k = (h @ p[pre + "attn.wk"].T).view(B, T, H, D).transpose(1, 2)
-        v = (h @ p[pre + "attn.wv"].T).view(B, T, H, D).transpose(1, 2)
-        q, k = rope(q, cfg["rope_theta"]), rope(k, cfg["rope_theta"])
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        s = s.masked_fill(~mask, float("-inf"))
-        o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + o @ p[pre + "attn.wo"].T
-        h = rmsnorm(x, p[pre + "ffn_norm"], eps)
-        a = torch.nn.functional.silu(h @ p[pre + "ffn.w1"].T) * (h @ p[pre + "ffn.w3"].T)
-        x = x + a @ p[pre + "ffn.w2"].T
+        is_moe = moe_on and l >= cfg["moe"]["dense_layers"]
+        x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe, stats)
+        aux = aux + a
     logits = rmsnorm(x, p["norm"], eps) @ p["head"].T
-    return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+    main = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
+
+    # multi-token prediction: depth d at position t reads token u_{t+d+1}
+    # (= targets[t+d]; id 0 past the end) and predicts u_{t+d+2} (= targets[t+d+1]).
+    D, lam = cfg["mtp"]["depth"], cfg["mtp"]["weight"]
+    mtp = torch.zeros((), dtype=torch.float64)
+    h = x
+    for d in range(D):
+        pre = f"mtp.{d}."
+        tok = torch.zeros_like(targets)
+        tok[:, :T - d] = targets[:, d:]
+        label = torch.full_like(targets, -100)
+        label[:, :T - d - 1] = targets[:, d + 1:]
+        x0 = torch.cat([rmsnorm(h, p[pre + "hnorm"], eps), rmsnorm(p["embed"][tok], p[pre + "enorm"], eps)], -1)
+        x0 = x0 @ p[pre + "proj"].T
+        h, a = block(p, buffers, pre, x0, cfg, moe_on, stats)
+        aux = aux + a
+        lg = rmsnorm(h, p[pre + "norm"], eps) @ p["head"].T
+        if T - d - 1 > 0:
+            mtp = mtp + F.cross_entropy(lg.reshape(B * T, V), label.reshape(-1), ignore_index=-100)
+    if D > 0:
+        mtp = mtp / D
+    return main + lam * mtp + aux, {"main": main.item(), "mtp": mtp.item(), "aux": aux.item()}
+
+
+# ----------------------------------------------------------------------------
 
 
 def main():
@@ -82,30 +272,47 @@ def main():
         cfg = model_config(deck)
         params = {name: torch.tensor(np.asarray(ck["model"][name]), dtype=torch.float64, requires_grad=True)
                   for name in ck["model"]}
+        buffers = {name: torch.tensor(np.asarray(ck["buffers"][name]), dtype=torch.float64)
+                   for name in (ck["buffers"] if "buffers" in ck else [])}
         inputs = torch.tensor(np.asarray(gr["inputs"]), dtype=torch.long)
         targets = torch.tensor(np.asarray(gr["targets"]), dtype=torch.long)
         ours_loss = float(np.asarray(gr["loss"])[0])
         ours = {name: np.asarray(gr["grads"][name], dtype=np.float64) for name in gr["grads"]}
-    loss = loss_fn(params, cfg, inputs, targets)
+    stats = {}
+    loss, parts = loss_fn(params, buffers, cfg, inputs, targets, stats)
     loss.backward()
     ok = True
     rel = abs(ours_loss - loss.item()) / abs(loss.item())
     ok &= rel <= LOSS_RTOL
+    print(f"# model: {describe(cfg)}")
+    print(f"# torch loss parts: main {parts['main']:.8f} mtp {parts['mtp']:.8f} aux {parts['aux']:.8f}")
+    if "margin" in stats:
+        # float32 rounding could flip a selection whose margin is this small
+        print(f"# routing: smallest top-k margin {stats['margin']:.2e}; the bias changed "
+              f"{stats['bias_changed']} of {stats['selections']} selections")
     print(f"# {'tensor':<22} {'rel_err':>10} {'max_abs_err':>12}   (limit loss {LOSS_RTOL:g}, grads {GRAD_RTOL:g})")
     print(f"  {'loss':<22} {rel:>10.2e} {abs(ours_loss - loss.item()):>12.2e}   ours {ours_loss:.8f} torch {loss.item():.8f}")
     if set(ours) != set(params):
         print("tensor names differ:", sorted(set(ours) ^ set(params)))
         ok = False
+    worst = (0.0, "")
     for name in sorted(params):
-        ref = params[name].grad.numpy()
+        if name not in ours:
+            continue
+        ref = params[name].grad
+        ref = np.zeros(params[name].shape) if ref is None else ref.numpy()
         mine = ours[name]
         if mine.shape != ref.shape:
             print(f"  {name:<22} shape {mine.shape} != {ref.shape}")
             ok = False
             continue
-        err = np.linalg.norm(mine - ref) / max(np.linalg.norm(ref), 1e-30)
+        diff = np.linalg.norm(mine - ref)
+        # a tensor without gradient (an expert no token chose) must get exactly none from us too
+        err = diff / np.linalg.norm(ref) if np.linalg.norm(ref) > 0 else (0.0 if diff == 0 else math.inf)
         ok &= err <= GRAD_RTOL
+        worst = max(worst, (err, name))
         print(f"  {name:<22} {err:>10.2e} {np.abs(mine - ref).max():>12.2e}{'' if err <= GRAD_RTOL else '   FAILED'}")
+    print(f"# worst gradient: {worst[1]} {worst[0]:.2e}")
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <variant>
+#include <unistd.h>
 #include <fmt/ranges.h>
 #include "core/error.h"
 #include "deck/deck.h"
@@ -390,6 +391,20 @@ std::vector<std::pair<std::string, std::string>> rows(const Command& cmd) {
   return out;
 }
 
+// The run directory must be a directory we can create or write into.
+void check_output_dir(const std::string& dir, const std::string& where) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (!p.empty() && !fs::exists(p, ec) && p != p.parent_path()) p = p.parent_path();
+  if (!fs::is_directory(p, ec))
+    input_error("{}: output dir '{}' cannot be created: '{}' is not a directory (expected a directory path)", where,
+                dir, p.string());
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    input_error("{}: output dir '{}' is not writable: no write permission in '{}' (expected a writable directory)",
+                where, dir, p.string());
+}
+
 bool readable_file(const std::string& path) {
   std::error_code ec;
   return std::filesystem::is_regular_file(path, ec) && std::ifstream(path).good();
@@ -432,6 +447,8 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
         input_error("{}: model cannot change after the first run (expected the same '{}' line, or none)", where,
                     name);
       have_model |= name == "model";
+    } else if (name == "output") {
+      if (check_files) check_output_dir(config.output.dir, where);
     } else if (name == "data") {
       if (check_files && !readable_file(config.data.path))
         input_error("{}: cannot read data file '{}' (expected a readable file; relative paths start at the working directory)",

@@ -10,10 +10,18 @@ RunLog::RunLog(const std::string& run_dir, int rank, bool append, bool quiet)
   const auto rank_dir = std::filesystem::path(run_dir) / fmt::format("rank{}", rank);
   std::filesystem::create_directories(rank_dir);
   const auto mode = append ? std::ios::app : std::ios::trunc;
-  log_.open(rank_dir / "log.txt", std::ios::out | mode);
+  log_.open(rank_dir / "log.txt", std::ios::out | std::ios::app);  // rank logs only grow
+  log_ << (append ? "# resumed\n" : "# run started\n");
   if (!log_) throw std::runtime_error("cannot open " + (rank_dir / "log.txt").string());
   if (rank == 0) {
-    metrics_.open(std::filesystem::path(run_dir) / "metrics.jsonl", std::ios::out | mode);
+    // A fresh run keeps an earlier run's metrics as metrics.jsonl.1, .2, ...
+    const auto metrics = std::filesystem::path(run_dir) / "metrics.jsonl";
+    if (!append && std::filesystem::exists(metrics)) {
+      int n = 1;
+      while (std::filesystem::exists(metrics.string() + "." + std::to_string(n))) ++n;
+      std::filesystem::rename(metrics, metrics.string() + "." + std::to_string(n));
+    }
+    metrics_.open(metrics, std::ios::out | mode);
     if (!metrics_) throw std::runtime_error("cannot open " + run_dir + "/metrics.jsonl");
   }
 }

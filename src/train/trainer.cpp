@@ -115,9 +115,27 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
 
 Trainer::~Trainer() = default;
 
+// Which checkpoint to start from, if any. Never silently starts over on top
+// of an earlier run's checkpoints: that would overwrite them.
 std::string Trainer::resolve_resume(const std::string& resume) const {
-  if (resume.empty()) return "";
-  if (resume == "auto") return latest_checkpoint((fs::path(cfg_.output.dir) / "ckpt").string());
+  const std::string ckpt = (fs::path(cfg_.output.dir) / "ckpt").string();
+  int step_files = 0;
+  if (fs::is_directory(ckpt))
+    for (const auto& e : fs::directory_iterator(ckpt))
+      step_files += e.path().extension() == ".h5" && e.path().filename().string().rfind("step_", 0) == 0;
+  if (resume.empty()) {
+    if (step_files > 0)
+      input_error("{}: holds {} checkpoint(s) of an earlier run (expected -resume auto to continue it, or another "
+                  "output dir)", ckpt, step_files);
+    return "";
+  }
+  if (resume == "auto") {
+    const std::string latest = latest_checkpoint(ckpt);
+    if (latest.empty() && step_files > 0)
+      input_error("{}: none of its {} checkpoint file(s) is complete (expected at least one with attribute "
+                  "complete = 1; move the broken ones away to start over)", ckpt, step_files);
+    return latest;
+  }
   if (!fs::exists(resume)) input_error("{}: no such checkpoint (given to -resume)", resume);
   return resume;
 }

@@ -54,7 +54,7 @@ class Trainer {
 
   MPI_Comm comm_;
   int rank_ = 0, world_ = 1;
-  const Program& program_;
+  const Program program_;  // a copy: callers may pass a temporary
   RunOptions options_;
   Config cfg_;  // the configuration of the phase being run
   Corpus corpus_;

@@ -73,7 +73,7 @@ bad_deck "missing positional value" 's/^seed 1$/seed/' \
   "$D:4: 'seed' needs a value" "(expected an integer)"
 
 bad_deck "missing required keyword" 's/ seq 16 / /' \
-  "$D:5: 'model dense' is missing keyword 'seq'" "(expected model dense vocab V dim C"
+  "$D:5: 'model dense' is missing keyword 'seq'" "(expected model " "vocab V dim C layers L heads H ffn F seq T"
 
 bad_deck "dim not divisible by heads" 's/ heads 2 / heads 3 /' \
   "$D:5: 'dim' 32 is not divisible by 'heads' 3" "(expected dim % heads == 0)"
@@ -106,7 +106,7 @@ bad_deck "run before model" '/^model /,/continued/d' \
   "$D:9: 'run' before any 'model' command" "(expected a model line above the run)"
 
 bad_deck "model changes between runs" '$a model dense vocab 256 dim 64 layers 1 heads 2 ffn 64 seq 16\nrun 1' \
-  "$D:12: model cannot change after the first run" "(expected the same model line, or none)"
+  "$D:12: model cannot change after the first run" "(expected the same 'model' line, or none)"
 
 begin "missing deck file"
 for np in 1 2; do
