@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -33,17 +34,21 @@ void causal_softmax_rows(Mat<T> p, int64_t first_row) {
   Kokkos::parallel_for(
       "attention::softmax", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
         const int64_t valid = first_row + r + 1;
-        T m = p(r, 0);
-        for (int64_t s = 1; s < valid; ++s) m = p(r, s) > m ? p(r, s) : m;
+        T* row = &p(r, 0);
+        T m = row[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t s = 1; s < valid; ++s) m = row[s] > m ? row[s] : m;
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int64_t s = 0; s < valid; ++s) {
-          const T e = Kokkos::Experimental::exp(p(r, s) - m);
-          p(r, s) = e;
+          const T e = exp_of(row[s] - m);
+          row[s] = e;
           sum += e;
         }
         const T inv = T(1) / sum;
-        for (int64_t s = 0; s < valid; ++s) p(r, s) *= inv;
-        for (int64_t s = valid; s < cols; ++s) p(r, s) = T(0);
+#pragma omp simd
+        for (int64_t s = 0; s < valid; ++s) row[s] *= inv;
+        for (int64_t s = valid; s < cols; ++s) row[s] = T(0);
       });
 }
 
@@ -53,9 +58,13 @@ void causal_softmax_rows_backward(Mat<T> dp, Mat<const T> p, T scale) {
   const int64_t cols = p.extent(1);
   Kokkos::parallel_for(
       "attention::softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
+        const T* prow = &p(r, 0);
+        T* drow = &dp(r, 0);
         T dot = 0;
-        for (int64_t s = 0; s < cols; ++s) dot += p(r, s) * dp(r, s);
-        for (int64_t s = 0; s < cols; ++s) dp(r, s) = p(r, s) * (dp(r, s) - dot) * scale;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t s = 0; s < cols; ++s) dot += prow[s] * drow[s];
+#pragma omp simd
+        for (int64_t s = 0; s < cols; ++s) drow[s] = prow[s] * (drow[s] - dot) * scale;
       });
 }
 

@@ -4,6 +4,7 @@
 // Activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -13,10 +14,13 @@ void cross_entropy_forward(Vec<T> losses, Mat<const T> logits, Tokens targets) {
   const int64_t V = logits.extent(1);
   Kokkos::parallel_for(
       "cross_entropy_forward", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t i) {
-        T m = logits(i, 0);
-        for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
+        const T* row = &logits(i, 0);
+        T m = row[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 1; j < V; ++j) m = row[j] > m ? row[j] : m;
         T sum = 0;
-        for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; ++j) sum += exp_of(row[j] - m);
         losses(i) = targets(i) < 0 ? T(0) : m + Kokkos::Experimental::log(sum) - logits(i, targets(i));
       });
 }
@@ -27,16 +31,19 @@ void cross_entropy_backward(Mat<T> dlogits, Mat<const T> logits, Tokens targets,
   const int64_t V = logits.extent(1);
   Kokkos::parallel_for(
       "cross_entropy_backward", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t i) {
-        T m = logits(i, 0);
-        for (int64_t j = 1; j < V; ++j) m = logits(i, j) > m ? logits(i, j) : m;
+        const T* row = &logits(i, 0);
+        T* drow = &dlogits(i, 0);
+        T m = row[0];
+#pragma omp simd reduction(max : m)
+        for (int64_t j = 1; j < V; ++j) m = row[j] > m ? row[j] : m;
         T sum = 0;
-        for (int64_t j = 0; j < V; ++j) sum += Kokkos::Experimental::exp(logits(i, j) - m);
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; ++j) sum += exp_of(row[j] - m);
         const int32_t target = targets(i);
-        const T inv = target < 0 ? T(0) : T(1) / sum;
-        for (int64_t j = 0; j < V; ++j) {
-          const T p = Kokkos::Experimental::exp(logits(i, j) - m) * inv;
-          dlogits(i, j) = (p - (j == target ? T(1) : T(0))) * dloss;
-        }
+        const T scale = target < 0 ? T(0) : dloss / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) drow[j] = exp_of(row[j] - m) * scale;
+        if (target >= 0) drow[target] -= dloss;
       });
 }
 

@@ -1,5 +1,5 @@
 // Token embedding lookup. The backward is a scatter-add made deterministic
-// without atomics: each thread owns one channel and walks the tokens in order.
+// without atomics: each thread owns a block of channels and walks the tokens in order.
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include "core/views.h"
@@ -16,12 +16,20 @@ void embedding_forward(Mat<T> out, Tokens tokens, Mat<const T> wte) {
 }
 
 // dwte (V, C) += sum over i with tokens(i) = v of dout(i, :)
+// One thread per block of channels walks the tokens in order.
 template <class T>
 void embedding_backward(Mat<T> dwte, Mat<const T> dout, Tokens tokens) {
-  const int64_t N = dout.extent(0);
+  const int64_t N = dout.extent(0), C = dout.extent(1);
+  constexpr int64_t kChunk = 32;
   Kokkos::parallel_for(
-      "embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, dout.extent(1)), KOKKOS_LAMBDA(int64_t c) {
-        for (int64_t i = 0; i < N; ++i) dwte(tokens(i), c) += dout(i, c);
+      "embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, (C + kChunk - 1) / kChunk), KOKKOS_LAMBDA(int64_t chunk) {
+        const int64_t c0 = chunk * kChunk, n = C - c0 < kChunk ? C - c0 : kChunk;
+        for (int64_t i = 0; i < N; ++i) {
+          T* dst = &dwte(tokens(i), c0);
+          const T* src = &dout(i, c0);
+#pragma omp simd
+          for (int64_t c = 0; c < n; ++c) dst[c] += src[c];
+        }
       });
 }
 

@@ -6,6 +6,7 @@
 // Activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -26,13 +27,13 @@ void router_scores_forward(Mat<T> scores, Mat<const T> logits, GateKind g) {
   Kokkos::parallel_for(
       "moe::router_scores", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t t) {
         if (sig) {
-          for (int64_t e = 0; e < E; ++e) scores(t, e) = T(1) / (T(1) + Kokkos::Experimental::exp(-logits(t, e)));
+          for (int64_t e = 0; e < E; ++e) scores(t, e) = sigmoid_of(logits(t, e));
           return;
         }
         T m = logits(t, 0);
         for (int64_t e = 1; e < E; ++e) m = logits(t, e) > m ? logits(t, e) : m;
         T z = 0;
-        for (int64_t e = 0; e < E; ++e) z += (scores(t, e) = Kokkos::Experimental::exp(logits(t, e) - m));
+        for (int64_t e = 0; e < E; ++e) z += (scores(t, e) = exp_of(logits(t, e) - m));
         for (int64_t e = 0; e < E; ++e) scores(t, e) /= z;
       });
 }

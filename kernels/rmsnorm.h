@@ -11,11 +11,15 @@ void rmsnorm_forward(Mat<T> out, Vec<T> rstd, Mat<const T> inp, Vec<const T> wei
   const int64_t C = inp.extent(1);
   Kokkos::parallel_for(
       "rmsnorm_forward", Kokkos::RangePolicy<ExecSpace>(0, inp.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        const T* x = &inp(i, 0);
+        T* y = &out(i, 0);
         T ss = 0;
-        for (int64_t c = 0; c < C; ++c) ss += inp(i, c) * inp(i, c);
+#pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
         const T r = T(1) / Kokkos::Experimental::sqrt(ss / T(C) + T(eps));
         rstd(i) = r;
-        for (int64_t c = 0; c < C; ++c) out(i, c) = inp(i, c) * r * weight(c);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) y[c] = x[c] * r * weight(c);
       });
 }
 
@@ -27,17 +31,30 @@ void rmsnorm_backward(Mat<T> dinp, Vec<T> dweight, Mat<const T> dout, Mat<const 
   Kokkos::parallel_for(
       "rmsnorm_backward_input", Kokkos::RangePolicy<ExecSpace>(0, N), KOKKOS_LAMBDA(int64_t i) {
         const T r = rstd(i);
+        const T *x = &inp(i, 0), *dy = &dout(i, 0);
+        T* dx = &dinp(i, 0);
         T dot = 0;  // sum_c dxhat * xhat
-        for (int64_t c = 0; c < C; ++c) dot += dout(i, c) * weight(c) * inp(i, c) * r;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) dot += dy[c] * weight(c) * x[c] * r;
         dot /= T(C);
-        for (int64_t c = 0; c < C; ++c) dinp(i, c) = r * (dout(i, c) * weight(c) - inp(i, c) * r * dot);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dx[c] = r * (dy[c] * weight(c) - x[c] * r * dot);
       });
-  // One thread per channel, rows in order: deterministic without atomics.
+  // One thread per block of channels, rows in order: deterministic without
+  // atomics, and the inner loop runs along a row.
+  constexpr int64_t kChunk = 32;
   Kokkos::parallel_for(
-      "rmsnorm_backward_weight", Kokkos::RangePolicy<ExecSpace>(0, C), KOKKOS_LAMBDA(int64_t c) {
-        T acc = 0;
-        for (int64_t i = 0; i < N; ++i) acc += dout(i, c) * inp(i, c) * rstd(i);
-        dweight(c) += acc;
+      "rmsnorm_backward_weight", Kokkos::RangePolicy<ExecSpace>(0, (C + kChunk - 1) / kChunk),
+      KOKKOS_LAMBDA(int64_t chunk) {
+        const int64_t c0 = chunk * kChunk, n = C - c0 < kChunk ? C - c0 : kChunk;
+        T acc[kChunk] = {};
+        for (int64_t i = 0; i < N; ++i) {
+          const T r = rstd(i);
+          const T *x = &inp(i, c0), *dy = &dout(i, c0);
+#pragma omp simd
+          for (int64_t c = 0; c < n; ++c) acc[c] += dy[c] * x[c] * r;
+        }
+        for (int64_t c = 0; c < n; ++c) dweight(c0 + c) += acc[c];
       });
 }
 

@@ -3,6 +3,7 @@
 // Activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -11,11 +12,12 @@ template <class T>
 void swiglu_forward(Mat<T> out, Mat<const T> h) {
   const int64_t F = out.extent(1);
   Kokkos::parallel_for(
-      "swiglu_forward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(out.extent(0)), F}),
-      KOKKOS_LAMBDA(int64_t i, int64_t j) {
-        const T g = h(i, j);
-        const T sig = T(1) / (T(1) + Kokkos::Experimental::exp(-g));
-        out(i, j) = g * sig * h(i, F + j);
+      "swiglu_forward", Kokkos::RangePolicy<ExecSpace>(0, out.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+#pragma omp simd
+        for (int64_t j = 0; j < F; ++j) {
+          const T g = h(i, j);
+          out(i, j) = g * sigmoid_of(g) * h(i, F + j);
+        }
       });
 }
 
@@ -24,12 +26,14 @@ template <class T>
 void swiglu_backward(Mat<T> dh, Mat<const T> dout, Mat<const T> h) {
   const int64_t F = dout.extent(1);
   Kokkos::parallel_for(
-      "swiglu_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(dout.extent(0)), F}),
-      KOKKOS_LAMBDA(int64_t i, int64_t j) {
-        const T g = h(i, j), u = h(i, F + j);
-        const T sig = T(1) / (T(1) + Kokkos::Experimental::exp(-g));
-        dh(i, j) = dout(i, j) * u * sig * (T(1) + g * (T(1) - sig));
-        dh(i, F + j) = dout(i, j) * g * sig;
+      "swiglu_backward", Kokkos::RangePolicy<ExecSpace>(0, dout.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+#pragma omp simd
+        for (int64_t j = 0; j < F; ++j) {
+          const T g = h(i, j), u = h(i, F + j);
+          const T sig = sigmoid_of(g);
+          dh(i, j) = dout(i, j) * u * sig * (T(1) + g * (T(1) - sig));
+          dh(i, F + j) = dout(i, j) * g * sig;
+        }
       });
 }
 
