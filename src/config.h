@@ -91,9 +91,15 @@ struct ScheduleConfig {
 };
 
 // sync dense [bucket_mb X]
+//    | accumulate K [bucket_mb X]
+//    | local K [outer average|sgd|nesterov] [lr X] [momentum X]
 struct SyncConfig {
-  std::string kind = "dense";
-  double bucket_mb = 1.0;  // gradient bucket size for the overlapped all-reduce
+  std::string kind = "dense";  // dense: all-reduce every step; accumulate: every K micro-steps; local: average every K steps
+  double bucket_mb = 1.0;      // gradient bucket size for the overlapped all-reduce
+  int every = 1;               // K
+  std::string outer = "average";  // local: what a sync does with the averaged change since the last one
+  double outer_lr = 1.0;          // outer sgd/nesterov step on the pseudo-gradient (anchor - average)
+  double momentum = 0.0;          // outer momentum
 };
 
 // output dir PATH [log_every N] [progress auto|on|off]

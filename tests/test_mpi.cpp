@@ -1,6 +1,8 @@
 // Multi-rank training tests; ctest runs this binary at 1, 2 and 4 ranks.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include "mpi_fixture.h"
 #include "train/trainer.h"
 
@@ -90,4 +92,64 @@ TEST_CASE("a deck with two run phases continues the step count", "[mpi]") {
   trainer.run();
   REQUIRE(trainer.step() == 5);
   REQUIRE(trainer.losses().size() == 5);
+}
+
+namespace {
+
+std::vector<uint64_t> all_fingerprints(const Buffer<float>& params) {
+  const uint64_t mine = fingerprint(params);
+  std::vector<uint64_t> all(mpi_size());
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+bool all_equal(const std::vector<uint64_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end(); }
+
+}  // namespace
+
+TEST_CASE("sync accumulate K equals one step on K times the batch, with one all-reduce", "[mpi][sync]") {
+  const auto dir = shared_scratch("accumulate");
+  const auto corpus = make_corpus(dir);
+  auto deck = [&](const std::string& name, int batch, const std::string& sync) {
+    std::string d = small_deck(corpus, dir + "/" + name, 4, sync + "\n");
+    const auto at = d.find("batch 4");
+    return d.replace(at, 7, "batch " + std::to_string(batch));
+  };
+  RunOptions options;
+  options.quiet = true;
+  Trainer big(MPI_COMM_WORLD, make_program(dir, "big", deck("big", 4, "sync dense")), options);
+  Trainer acc(MPI_COMM_WORLD, make_program(dir, "acc", deck("acc", 2, "sync accumulate 2")), options);
+  for (int s = 0; s < 4; ++s) {
+    const double a = big.train_step(), b = acc.train_step();
+    INFO("step " << s + 1);
+    // The same windows in the same order; only the summation order differs.
+    REQUIRE(b == Approx(a).epsilon(1e-5));
+    REQUIRE(acc.last_comm().rounds == big.last_comm().rounds);
+    REQUIRE(all_equal(all_fingerprints(acc.model().params())));
+  }
+}
+
+TEST_CASE("sync local K averages every K steps and only then", "[mpi][sync]") {
+  const auto outer = GENERATE(as<std::string>{}, "average", "nesterov");
+  CAPTURE(outer);
+  const auto dir = shared_scratch("local_" + outer);
+  const auto corpus = make_corpus(dir);
+  const std::string sync = outer == "average" ? "sync local 3" : "sync local 3 outer nesterov lr 0.7 momentum 0.9";
+  RunOptions options;
+  options.quiet = true;
+  Trainer trainer(MPI_COMM_WORLD, make_program(dir, "deck", small_deck(corpus, dir + "/run", 9, sync + "\n")), options);
+  for (int s = 1; s <= 9; ++s) {
+    trainer.train_step();
+    const auto prints = all_fingerprints(trainer.model().params());
+    INFO("step " << s);
+    if (s % 3 == 0) {
+      REQUIRE(all_equal(prints));  // consensus right after a sync
+      REQUIRE(trainer.last_comm().rounds == 2);
+      REQUIRE(trainer.last_comm().bytes_sent > 0);
+      if (mpi_size() > 1) REQUIRE(trainer.consensus_distance() > 0);  // the ranks had drifted apart
+    } else {
+      REQUIRE(trainer.last_comm().rounds == 0);  // no gradient all-reduce between syncs
+      if (mpi_size() > 1) REQUIRE_FALSE(all_equal(prints));
+    }
+  }
 }

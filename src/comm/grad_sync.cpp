@@ -44,15 +44,16 @@ void GradientSync::ready(int64_t offset) {
   stats_.seconds += MPI_Wtime() - t0;
 }
 
-void GradientSync::finish() {
+void GradientSync::finish(int micro_steps) {
   for (auto& b : buckets_)
     if (!b.started) start(b);
-  if (world_ == 1) return;
   const double t0 = MPI_Wtime();
   for (auto& b : buckets_)
     if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
   stats_.seconds += MPI_Wtime() - t0;
-  kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(world_));
+  // A sum over ranks (and micro-steps) of mean gradients becomes their mean.
+  if (world_ * micro_steps > 1)
+    kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(world_ * micro_steps));
 }
 
 }  // namespace xx

@@ -7,7 +7,8 @@
 //   2. ready(offset) from the backward: every gradient in [offset, end) is
 //      final; each bucket lying inside that range starts an MPI_Iallreduce,
 //      and the ones in flight are poked with MPI_Testall so they progress.
-//   3. finish(): start what is left, wait for all, divide by the world size.
+//   3. finish(K): start what is left, wait for all, divide by the world size
+//      (and by K when the gradients summed K micro-steps).
 // Every rank gets the same bits: each bucket is reduced by one collective.
 #pragma once
 #include <mpi.h>
@@ -29,7 +30,7 @@ class GradientSync {
 
   void begin();
   void ready(int64_t offset);
-  void finish();
+  void finish(int micro_steps = 1);
   const CommStats& stats() const { return stats_; }
   int buckets() const { return int(buckets_.size()); }
 

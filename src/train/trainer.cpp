@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/peak.h"
 #include "kernels/elementwise.h"
+#include "kernels/sync.h"
 
 namespace xx {
 namespace fs = std::filesystem;
@@ -97,11 +98,16 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
   if (!resume_path.empty()) restore(resume_path);
 
+  for (const auto& p : program.phases)
+    if (p.config.sync.kind == "local" && p.config.sync.outer != "average" && initial_params_.extent(0) == 0) {
+      initial_params_ = Buffer<float>("Trainer::initial_params", model_->layout().total());
+      Kokkos::deep_copy(initial_params_, model_->params());
+    }
   log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet);
   if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
   loader_ = std::make_unique<BatchLoader>(corpus_, DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed),
                                           0, cfg_.data.batch, cfg_.model.seq, cfg_.data.workers, cfg_.data.queue,
-                                          step_);
+                                          start_batch_);
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
   peak_gflops_ = cfg_.peak_gflops;
   if (peak_gflops_ <= 0) {
@@ -154,6 +160,8 @@ void Trainer::restore(const std::string& path) {
   MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
+  MPI_Bcast(&data.state.sampler_batches, 1, MPI_INT64_T, 0, comm_);
+  start_batch_ = data.state.sampler_batches;
   for (auto& [prefix, ffn] : model_->moe_layers()) {
     auto& bias = data.buffers[prefix + "ffn.gate_bias"];
     bias.resize(ffn->bias().extent(0));
@@ -227,33 +235,83 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
 // ---------------------------------------------------------------------------
 // TRAINING STEP BEGIN
 double Trainer::train_step() {
-  const Batch batch = loader_->next();
-  copy_tokens(inputs_, batch.inputs);
-  copy_tokens(targets_, batch.targets);
+  // sync dense: all-reduce every step; accumulate K: K micro-batches, one
+  // all-reduce; local K: no gradient all-reduce, parameters averaged every K steps.
+  const bool local = cfg_.sync.kind == "local";
+  const int micro = cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1;
   model_->zero_grads();
-  const LossParts local = model_->forward(inputs_, targets_);
   sync_->begin();
-  int64_t final_from = model_->layout().total();
-  model_->backward(inputs_, targets_, [&](int64_t offset) {
-    check_missing_gradients(offset, final_from);  // before the sum hides one rank's miss
-    final_from = offset;
-    sync_->ready(offset);
-  });
-  sync_->finish();
-  double parts[4] = {local.total, local.main, local.mtp, local.aux}, sums[4];
+  LossParts mean;
+  for (int m = 0; m < micro; ++m) {
+    const Batch batch = loader_->next();
+    copy_tokens(inputs_, batch.inputs);
+    copy_tokens(targets_, batch.targets);
+    const LossParts parts = model_->forward(inputs_, targets_);
+    mean.total += parts.total / micro, mean.main += parts.main / micro;
+    mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
+    const bool last = m + 1 == micro;
+    int64_t final_from = model_->layout().total();
+    model_->backward(inputs_, targets_, [&](int64_t offset) {
+      if (!last) return;
+      check_missing_gradients(offset, final_from);  // before the sum hides one rank's miss
+      final_from = offset;
+      if (!local) sync_->ready(offset);
+    });
+  }
+  if (!local) sync_->finish(micro);
+  step_comm_ = sync_->stats();
+  double parts[4] = {mean.total, mean.main, mean.mtp, mean.aux}, sums[4];
   MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
   last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
-  // Gradients are identical on every rank now, so is the norm and the update.
+  // Under dense and accumulate the gradients are identical on every rank now,
+  // so is the norm and the update; under local each rank clips its own.
   const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
                                                                                model_->grads().extent(0))));
   const double lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_ + 1);
   optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
   balance_experts();
-  ExecSpace().fence();
   ++step_;
+  if (local && step_ % cfg_.sync.every == 0) average_parameters();
+  ExecSpace().fence();
   last_norm_ = norm;
   last_lr_ = lr;
   return last_loss_.total;
+}
+
+// sync local: measure how far the ranks drifted apart, then average their
+// parameters (outer average) or take an outer SGD/Nesterov step on the
+// pseudo-gradient anchor - mean (DiLoCo). Every rank ends with the same bits.
+void Trainer::average_parameters() {
+  auto& params = model_->params();
+  const int64_t P = params.extent(0);
+  if (mean_.extent(0) == 0) {
+    mean_ = Buffer<float>("Trainer::mean", P);
+    if (cfg_.sync.outer != "average") {
+      // The anchor starts at the common initial point: under local SGD all
+      // ranks start equal, and the anchor moves only at syncs.
+      anchor_ = Buffer<float>("Trainer::anchor", P);
+      momentum_ = Buffer<float>("Trainer::momentum", P);
+      Kokkos::deep_copy(anchor_, initial_params_);
+      initial_params_ = Buffer<float>();
+    }
+  }
+  ExecSpace().fence();
+  const double t0 = MPI_Wtime();
+  MPI_Allreduce(params.data(), mean_.data(), int(P), MPI_FLOAT, MPI_SUM, comm_);
+  kernels::scale_inplace<float>(Vec<float>(mean_.data(), P), 1.0f / float(world_));
+  const double local_sq = kernels::squared_distance(Vec<const float>(params.data(), P), Vec<const float>(mean_.data(), P));
+  consensus_ = std::sqrt(allreduce_sum(local_sq, comm_) / (double(world_) * double(P)));
+  if (cfg_.sync.outer == "average") {
+    Kokkos::deep_copy(params, mean_);
+  } else {
+    kernels::outer_step(Vec<float>(params.data(), P), Vec<float>(anchor_.data(), P), Vec<float>(momentum_.data(), P),
+                        Vec<const float>(mean_.data(), P), float(cfg_.sync.outer_lr), float(cfg_.sync.momentum),
+                        cfg_.sync.outer == "nesterov");
+  }
+  ExecSpace().fence();
+  step_comm_.seconds += MPI_Wtime() - t0;
+  step_comm_.rounds += 2;
+  step_comm_.bytes_sent += P * int64_t(sizeof(float)) + int64_t(sizeof(double));
 }
 
 // MoE: the global expert load (one all-reduce), and for balance bias the
@@ -329,9 +387,16 @@ void Trainer::run() {
     cfg_.checkpoint = phase.config.checkpoint;
     cfg_.output.log_every = phase.config.output.log_every;
     cfg_.grad_check = phase.config.grad_check;
+    cfg_.sync.kind = phase.config.sync.kind;
+    cfg_.sync.every = phase.config.sync.every;
+    cfg_.sync.outer = phase.config.sync.outer;
+    cfg_.sync.outer_lr = phase.config.sync.outer_lr;
+    cfg_.sync.momentum = phase.config.sync.momentum;
     while (step_ < phase_end) {
       const double t0 = MPI_Wtime();
       loss = train_step();
+      // Every phase ends in consensus, so the next one (and its eval) starts from one model.
+      if (cfg_.sync.kind == "local" && step_ == phase_end && step_ % cfg_.sync.every != 0) average_parameters();
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;
       ++steps_here, ++interval_steps;
@@ -345,11 +410,12 @@ void Trainer::run() {
         const double ms = 1e3 * interval_seconds / interval_steps;
         const double tok_s = tokens_per_step * interval_steps / interval_seconds;
         const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
-        const auto& c = sync_->stats();
+        const auto& c = step_comm_;
         record = {{"step", step_}, {"loss", loss}, {"loss_main", last_loss_.main}, {"lr", last_lr_},
                   {"grad_norm", last_norm_}, {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu},
                   {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
         if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
+        if (consensus_ >= 0) record["consensus_distance"] = consensus_;
         std::string extra;
         if (!expert_load_.empty()) {
           // expert load across routed experts (all MoE layers, all ranks): min and max
@@ -379,9 +445,15 @@ void Trainer::run() {
                                   std::exp(val)));
       }
       if (!record.empty()) log_->metrics(record);
-      if ((cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
-          (cfg_.checkpoint.at_end && step_ == phase_end))
+      // Under sync local the ranks agree only right after a sync: a checkpoint
+      // (rank 0's copy) waits for one, and every phase ends with one.
+      const bool local = cfg_.sync.kind == "local";
+      checkpoint_due_ |= (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
+                         (cfg_.checkpoint.at_end && step_ == phase_end);
+      if (checkpoint_due_ && (!local || step_ % cfg_.sync.every == 0 || step_ == phase_end)) {
         save_checkpoint(loss);
+        checkpoint_due_ = false;
+      }
     }
   }
   const double tok_s = steps_here ? tokens_per_step * steps_here / train_seconds : 0;

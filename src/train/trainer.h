@@ -44,6 +44,8 @@ class Trainer {
   int64_t step() const { return step_; }
   const std::vector<double>& losses() const { return losses_; }  // global mean loss of each step taken here
   std::string backends() const;
+  const CommStats& last_comm() const { return step_comm_; }  // communication of the last step
+  double consensus_distance() const { return consensus_; }   // at the last sync local, -1 before
 
  private:
   double evaluate();
@@ -73,6 +75,13 @@ class Trainer {
   std::vector<double> expert_load_;  // tokens per routed expert, summed over MoE layers and ranks
   std::map<std::string, int64_t> model_buffers() ;
   void balance_experts();
+  void average_parameters();           // sync local: every K steps
+  CommStats step_comm_;                 // this step's communication, all kinds
+  double consensus_ = -1;              // RMS distance of the ranks' parameters from their mean at the last sync
+  Buffer<float> anchor_, momentum_, mean_;  // sync local: parameters at the last sync, outer momentum, scratch
+  Buffer<float> initial_params_;        // sync local with an outer optimizer: the first anchor
+  int64_t start_batch_ = 0;            // loader position to resume from
+  bool checkpoint_due_ = false;        // sync local: a checkpoint waits for the next sync
   std::vector<double> losses_;
 };
 
