@@ -102,6 +102,13 @@ struct SyncConfig {
   double momentum = 0.0;          // outer momentum
 };
 
+// topology full | clusters N [redraw S] | ring
+struct TopologyConfig {
+  std::string kind = "full";  // full: everyone; clusters: random groups of N; ring: each rank and its two neighbours
+  int size = 4;               // N
+  int64_t redraw = 0;         // clusters: draw a new partition every S steps (0: once per phase)
+};
+
 // output dir PATH [log_every N] [progress auto|on|off]
 struct OutputConfig {
   std::string dir = "runs/default";
@@ -133,6 +140,7 @@ struct Config {
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   SyncConfig sync;
+  TopologyConfig topology;
   OutputConfig output;
   EvalConfig eval;
   CheckpointConfig checkpoint;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include "mpi_fixture.h"
 #include "train/trainer.h"
 
@@ -144,12 +145,64 @@ TEST_CASE("sync local K averages every K steps and only then", "[mpi][sync]") {
     INFO("step " << s);
     if (s % 3 == 0) {
       REQUIRE(all_equal(prints));  // consensus right after a sync
-      REQUIRE(trainer.last_comm().rounds == 2);
-      REQUIRE(trainer.last_comm().bytes_sent > 0);
+      REQUIRE(trainer.last_comm().rounds == (mpi_size() > 1 ? 2 : 0));  // parameters, then the distance
+      if (mpi_size() > 1) REQUIRE(trainer.last_comm().bytes_sent > 0);
       if (mpi_size() > 1) REQUIRE(trainer.consensus_distance() > 0);  // the ranks had drifted apart
     } else {
       REQUIRE(trainer.last_comm().rounds == 0);  // no gradient all-reduce between syncs
       if (mpi_size() > 1) REQUIRE_FALSE(all_equal(prints));
     }
   }
+}
+
+TEST_CASE("clusters partition the ranks, agree everywhere and cover every rank", "[mpi][topology]") {
+  for (int world : {1, 2, 4, 5, 8})
+    for (int size : {1, 2, 3, 4}) {
+      const auto groups = Topology::clusters(world, size, 7, 3);
+      std::vector<int> seen;
+      for (const auto& g : groups) {
+        REQUIRE(int(g.size()) <= size);
+        seen.insert(seen.end(), g.begin(), g.end());
+      }
+      std::sort(seen.begin(), seen.end());
+      std::vector<int> all(world);
+      std::iota(all.begin(), all.end(), 0);
+      REQUIRE(seen == all);
+    }
+  // Another draw is another partition (for a world where that is possible).
+  REQUIRE(Topology::clusters(8, 4, 7, 3) != Topology::clusters(8, 4, 7, 4));
+}
+
+TEST_CASE("topology clusters and ring average within their groups; a phase ends in global consensus",
+          "[mpi][topology]") {
+  const auto kind = GENERATE(as<std::string>{}, "clusters 2 redraw 2", "ring");
+  CAPTURE(kind);
+  const auto dir = shared_scratch(kind.substr(0, 4));
+  const auto corpus = make_corpus(dir);
+  const std::string deck = small_deck(corpus, dir + "/run", 4, "topology " + kind + "\n");
+  RunOptions options;
+  options.quiet = true;
+  Trainer trainer(MPI_COMM_WORLD, make_program(dir, "deck", deck), options);
+  for (int s = 0; s < 4; ++s) {
+    trainer.train_step();
+    const auto prints = all_fingerprints(trainer.model().params());
+    if (kind[0] == 'c') {
+      // Ranks agree within their cluster of this step (drawn from the shared seed).
+      const auto groups = Topology::clusters(mpi_size(), 2, 99, s / 2);
+      for (const auto& g : groups)
+        for (int r : g) REQUIRE(prints[r] == prints[g.front()]);
+      if (mpi_size() == 4) REQUIRE_FALSE(all_equal(prints));  // but not across clusters
+    } else if (mpi_size() <= 2) {
+      REQUIRE(all_equal(prints));  // a ring of two is a pair
+    } else {
+      REQUIRE_FALSE(all_equal(prints));  // gossip: neighbours only
+    }
+    REQUIRE(trainer.last_comm().rounds >= (mpi_size() > 1 ? 1 : 0));
+  }
+  // run() ends the phase with a global average.
+  const auto dir2 = shared_scratch(kind.substr(0, 4) + "2");
+  Trainer whole(MPI_COMM_WORLD, make_program(dir2, "deck", small_deck(corpus, dir2 + "/run", 4, "topology " + kind + "\n")),
+                options);
+  whole.run();
+  REQUIRE(all_equal(all_fingerprints(whole.model().params())));
 }

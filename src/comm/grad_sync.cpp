@@ -11,7 +11,9 @@ GradientSync::GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb)
   for (int64_t end = total; end > 0; end -= size) buckets_.push_back({std::max<int64_t>(0, end - size), end});
 }
 
-void GradientSync::begin() {
+void GradientSync::begin(MPI_Comm comm) {
+  comm_ = comm;
+  MPI_Comm_size(comm, &world_);
   stats_ = CommStats{};
   for (auto& b : buckets_) b.started = false, b.request = MPI_REQUEST_NULL;
 }

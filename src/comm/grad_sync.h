@@ -28,7 +28,7 @@ class GradientSync {
  public:
   GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb);
 
-  void begin();
+  void begin(MPI_Comm comm);  // comm: the group that averages this step
   void ready(int64_t offset);
   void finish(int micro_steps = 1);
   const CommStats& stats() const { return stats_; }

@@ -94,6 +94,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   model_->init(cfg_.seed);
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
   sync_ = std::make_unique<GradientSync>(comm_, model_->grads(), cfg_.sync.bucket_mb);
+  topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
   if (!resume_path.empty()) restore(resume_path);
@@ -239,8 +240,12 @@ double Trainer::train_step() {
   // all-reduce; local K: no gradient all-reduce, parameters averaged every K steps.
   const bool local = cfg_.sync.kind == "local";
   const int micro = cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1;
+  topology_->update(cfg_.topology, step_, phase_start_);
+  // Gradients are all-reduced in buckets during the backward, within the
+  // group; the ring gossips after it.
+  const bool overlap = !local && !topology_->is_ring();
   model_->zero_grads();
-  sync_->begin();
+  sync_->begin(topology_->group());
   LossParts mean;
   for (int m = 0; m < micro; ++m) {
     const Batch batch = loader_->next();
@@ -255,11 +260,16 @@ double Trainer::train_step() {
       if (!last) return;
       check_missing_gradients(offset, final_from);  // before the sum hides one rank's miss
       final_from = offset;
-      if (!local) sync_->ready(offset);
+      if (overlap) sync_->ready(offset);
     });
   }
-  if (!local) sync_->finish(micro);
+  if (overlap) sync_->finish(micro);
   step_comm_ = sync_->stats();
+  if (!local && topology_->is_ring()) {
+    auto& g = model_->grads();
+    if (micro > 1) kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), 1.0f / float(micro));
+    topology_->average(g.data(), g.extent(0), step_comm_);
+  }
   double parts[4] = {mean.total, mean.main, mean.mtp, mean.aux}, sums[4];
   MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
   last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
@@ -271,7 +281,7 @@ double Trainer::train_step() {
   optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
   balance_experts();
   ++step_;
-  if (local && step_ % cfg_.sync.every == 0) average_parameters();
+  if (local && step_ % cfg_.sync.every == 0) average_parameters(false);
   ExecSpace().fence();
   last_norm_ = norm;
   last_lr_ = lr;
@@ -281,27 +291,32 @@ double Trainer::train_step() {
 // sync local: measure how far the ranks drifted apart, then average their
 // parameters (outer average) or take an outer SGD/Nesterov step on the
 // pseudo-gradient anchor - mean (DiLoCo). Every rank ends with the same bits.
-void Trainer::average_parameters() {
+void Trainer::average_parameters(bool global) {
   auto& params = model_->params();
   const int64_t P = params.extent(0);
-  if (mean_.extent(0) == 0) {
-    mean_ = Buffer<float>("Trainer::mean", P);
-    if (cfg_.sync.outer != "average") {
-      // The anchor starts at the common initial point: under local SGD all
-      // ranks start equal, and the anchor moves only at syncs.
-      anchor_ = Buffer<float>("Trainer::anchor", P);
-      momentum_ = Buffer<float>("Trainer::momentum", P);
-      Kokkos::deep_copy(anchor_, initial_params_);
-      initial_params_ = Buffer<float>();
-    }
+  if (mean_.extent(0) == 0) mean_ = Buffer<float>("Trainer::mean", P);
+  if (cfg_.sync.kind == "local" && cfg_.sync.outer != "average" && anchor_.extent(0) == 0) {
+    // The anchor starts at the common initial point and moves only at syncs.
+    anchor_ = Buffer<float>("Trainer::anchor", P);
+    momentum_ = Buffer<float>("Trainer::momentum", P);
+    Kokkos::deep_copy(anchor_, initial_params_);
   }
-  ExecSpace().fence();
-  const double t0 = MPI_Wtime();
-  MPI_Allreduce(params.data(), mean_.data(), int(P), MPI_FLOAT, MPI_SUM, comm_);
-  kernels::scale_inplace<float>(Vec<float>(mean_.data(), P), 1.0f / float(world_));
+  Kokkos::deep_copy(mean_, params);
+  if (global && world_ > 1) {
+    ExecSpace().fence();
+    const double t0 = MPI_Wtime();
+    MPI_Allreduce(MPI_IN_PLACE, mean_.data(), int(P), MPI_FLOAT, MPI_SUM, comm_);
+    kernels::scale_inplace<float>(Vec<float>(mean_.data(), P), 1.0f / float(world_));
+    step_comm_.seconds += MPI_Wtime() - t0;
+    step_comm_.rounds += 1;
+    step_comm_.bytes_sent += P * int64_t(sizeof(float));
+  } else if (!global) {
+    topology_->average(mean_.data(), P, step_comm_);
+  }
   const double local_sq = kernels::squared_distance(Vec<const float>(params.data(), P), Vec<const float>(mean_.data(), P));
   consensus_ = std::sqrt(allreduce_sum(local_sq, comm_) / (double(world_) * double(P)));
-  if (cfg_.sync.outer == "average") {
+  if (world_ > 1) step_comm_.rounds += 1, step_comm_.bytes_sent += int64_t(sizeof(double));
+  if (cfg_.sync.kind != "local" || cfg_.sync.outer == "average") {
     Kokkos::deep_copy(params, mean_);
   } else {
     kernels::outer_step(Vec<float>(params.data(), P), Vec<float>(anchor_.data(), P), Vec<float>(momentum_.data(), P),
@@ -309,9 +324,6 @@ void Trainer::average_parameters() {
                         cfg_.sync.outer == "nesterov");
   }
   ExecSpace().fence();
-  step_comm_.seconds += MPI_Wtime() - t0;
-  step_comm_.rounds += 2;
-  step_comm_.bytes_sent += P * int64_t(sizeof(float)) + int64_t(sizeof(double));
 }
 
 // MoE: the global expert load (one all-reduce), and for balance bias the
@@ -387,6 +399,8 @@ void Trainer::run() {
     cfg_.checkpoint = phase.config.checkpoint;
     cfg_.output.log_every = phase.config.output.log_every;
     cfg_.grad_check = phase.config.grad_check;
+    phase_start_ = phase_end - phase.steps;
+    cfg_.topology = phase.config.topology;
     cfg_.sync.kind = phase.config.sync.kind;
     cfg_.sync.every = phase.config.sync.every;
     cfg_.sync.outer = phase.config.sync.outer;
@@ -395,8 +409,13 @@ void Trainer::run() {
     while (step_ < phase_end) {
       const double t0 = MPI_Wtime();
       loss = train_step();
-      // Every phase ends in consensus, so the next one (and its eval) starts from one model.
-      if (cfg_.sync.kind == "local" && step_ == phase_end && step_ % cfg_.sync.every != 0) average_parameters();
+      // Every phase ends in consensus, so the next one (and its eval) starts
+      // from one model: a last sync local in the group, then a global average
+      // when the ranks averaged only in groups.
+      if (step_ == phase_end) {
+        if (cfg_.sync.kind == "local" && step_ % cfg_.sync.every != 0) average_parameters(false);
+        if (!topology_->is_full()) average_parameters(true);
+      }
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;
       ++steps_here, ++interval_steps;
@@ -447,10 +466,10 @@ void Trainer::run() {
       if (!record.empty()) log_->metrics(record);
       // Under sync local the ranks agree only right after a sync: a checkpoint
       // (rank 0's copy) waits for one, and every phase ends with one.
-      const bool local = cfg_.sync.kind == "local";
       checkpoint_due_ |= (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
                          (cfg_.checkpoint.at_end && step_ == phase_end);
-      if (checkpoint_due_ && (!local || step_ % cfg_.sync.every == 0 || step_ == phase_end)) {
+      const bool consensus = topology_->is_full() && (cfg_.sync.kind != "local" || step_ % cfg_.sync.every == 0);
+      if (checkpoint_due_ && (consensus || step_ == phase_end)) {
         save_checkpoint(loss);
         checkpoint_due_ = false;
       }

@@ -8,6 +8,7 @@
 #include <map>
 #include "ckpt/checkpoint.h"
 #include "comm/grad_sync.h"
+#include "comm/topology.h"
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "deck/deck.h"
@@ -65,6 +66,8 @@ class Trainer {
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<Topology> topology_;
+  int64_t phase_start_ = 0;
   std::unique_ptr<BatchLoader> loader_;
   Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
   int64_t step_ = 0, last_saved_ = -1;
@@ -75,7 +78,7 @@ class Trainer {
   std::vector<double> expert_load_;  // tokens per routed expert, summed over MoE layers and ranks
   std::map<std::string, int64_t> model_buffers() ;
   void balance_experts();
-  void average_parameters();           // sync local: every K steps
+  void average_parameters(bool global);  // sync local every K steps (in the group), or globally at a phase end
   CommStats step_comm_;                 // this step's communication, all kinds
   double consensus_ = -1;              // RMS distance of the ranks' parameters from their mean at the last sync
   Buffer<float> anchor_, momentum_, mean_;  // sync local: parameters at the last sync, outer momentum, scratch
