@@ -119,6 +119,7 @@ def rope(x, theta):
     rot = torch.polar(torch.ones_like(angles), angles)
     rot = rot.view(1, T, *([1] * (x.dim() - 3)), D // 2)
     xc = torch.view_as_complex(x.reshape(*x.shape[:-1], D // 2, 2).contiguous())
+    rot = rot.to(xc.dtype)  # angles in float64; a float32 x stays float32
     return torch.view_as_real(xc * rot).reshape(x.shape)
 
 
@@ -177,7 +178,7 @@ def moe_ffn(p, buffers, pre, h, cfg, stats):
     logits = x @ p[pre + "ffn.gate"].T  # (N, E)
     s = torch.sigmoid(logits) if m["gate"] == "sigmoid" else torch.softmax(logits, dim=-1)
     bias = buffers.get(pre + "ffn.gate_bias")
-    bias = torch.zeros(E, dtype=torch.float64) if bias is None else bias
+    bias = torch.zeros(E, dtype=x.dtype) if bias is None else bias
     with torch.no_grad():
         key = s + bias
         # stable descending sort: equal keys keep the lower expert first
@@ -193,45 +194,49 @@ def moe_ffn(p, buffers, pre, h, cfg, stats):
     if m["gate"] == "sigmoid":
         w = w / w.sum(-1, keepdim=True)
     w = w * m["route_scale"]
-    combine = torch.zeros(N, E, dtype=torch.float64).scatter(1, idx, w)  # (N, E), zero where not selected
+    combine = torch.zeros(N, E, dtype=x.dtype).scatter(1, idx, w)  # (N, E), zero where not selected
     out = torch.zeros_like(x)
     if m["shared"] > 0:
         out = out + swiglu(x, p[pre + "ffn.shared.w1"], p[pre + "ffn.shared.w3"], p[pre + "ffn.shared.w2"])
     for e in range(E):
         q = f"{pre}ffn.experts.{e}."
         out = out + combine[:, e:e + 1] * swiglu(x, p[q + "w1"], p[q + "w3"], p[q + "w2"])
-    aux = torch.zeros((), dtype=torch.float64)
+    aux = torch.zeros((), dtype=x.dtype)
     if m["balance"] == "aux":
         with torch.no_grad():
-            chosen = torch.zeros(N, E, dtype=torch.float64).scatter(1, idx, 1.0)
+            chosen = torch.zeros(N, E, dtype=x.dtype).scatter(1, idx, 1.0)
             f = E / (k * N) * chosen.sum(0)  # a constant: no gradient
         aux = m["balance_coef"] * (f * s.mean(0)).sum()
     return out.view(B, T, C), aux
 
 
-def block(p, buffers, pre, x, cfg, is_moe, stats):
-    """x + attention(attn_norm(x)), then + ffn(ffn_norm(.)); returns (x, aux)."""
+def block(p, buffers, pre, x, cfg, is_moe, stats, moe=moe_ffn):
+    """x + attention(attn_norm(x)), then + ffn(ffn_norm(.)); returns (x, aux).
+    moe: the MoE feed-forward, moe_ffn here (every expert on every token, as
+    the math reads); tools/torch_train.py passes a routed one."""
     eps = cfg["norm_eps"]
     h = rmsnorm(x, p[pre + "attn_norm"], eps)
     x = x + (mla if cfg["attention"]["kind"] == "mla" else mha)(p, pre, h, cfg)
     h = rmsnorm(x, p[pre + "ffn_norm"], eps)
     if is_moe:
-        y, aux = moe_ffn(p, buffers, pre, h, cfg, stats)
+        y, aux = moe(p, buffers, pre, h, cfg, stats)
     else:
-        y, aux = swiglu(h, p[pre + "ffn.w1"], p[pre + "ffn.w3"], p[pre + "ffn.w2"]), torch.zeros((), dtype=torch.float64)
+        y, aux = swiglu(h, p[pre + "ffn.w1"], p[pre + "ffn.w3"], p[pre + "ffn.w2"]), torch.zeros((), dtype=x.dtype)
     return x + y, aux
 
 
-def loss_fn(p, buffers, cfg, inputs, targets, stats):
-    """Total loss = main + mtp_weight * mtp + aux, and its parts."""
+def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
+    """Total loss = main + mtp_weight * mtp + aux, and its parts. Runs in the
+    dtype of the parameters (float64 here, float32 in tools/torch_train.py)."""
     B, T = inputs.shape
     V, eps = cfg["vocab"], cfg["norm_eps"]
     moe_on = cfg["moe"]["mode"] == "on"
-    aux = torch.zeros((), dtype=torch.float64)
+    dtype = p["embed"].dtype
+    aux = torch.zeros((), dtype=dtype)
     x = p["embed"][inputs]
     for l in range(cfg["layers"]):
         is_moe = moe_on and l >= cfg["moe"]["dense_layers"]
-        x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe, stats)
+        x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe, stats, moe)
         aux = aux + a
     logits = rmsnorm(x, p["norm"], eps) @ p["head"].T
     main = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
@@ -239,7 +244,7 @@ def loss_fn(p, buffers, cfg, inputs, targets, stats):
     # multi-token prediction: depth d at position t reads token u_{t+d+1}
     # (= targets[t+d]; id 0 past the end) and predicts u_{t+d+2} (= targets[t+d+1]).
     D, lam = cfg["mtp"]["depth"], cfg["mtp"]["weight"]
-    mtp = torch.zeros((), dtype=torch.float64)
+    mtp = torch.zeros((), dtype=dtype)
     h = x
     for d in range(D):
         pre = f"mtp.{d}."
@@ -249,7 +254,7 @@ def loss_fn(p, buffers, cfg, inputs, targets, stats):
         label[:, :T - d - 1] = targets[:, d + 1:]
         x0 = torch.cat([rmsnorm(h, p[pre + "hnorm"], eps), rmsnorm(p["embed"][tok], p[pre + "enorm"], eps)], -1)
         x0 = x0 @ p[pre + "proj"].T
-        h, a = block(p, buffers, pre, x0, cfg, moe_on, stats)
+        h, a = block(p, buffers, pre, x0, cfg, moe_on, stats, moe)
         aux = aux + a
         lg = rmsnorm(h, p[pre + "norm"], eps) @ p["head"].T
         if T - d - 1 > 0:
