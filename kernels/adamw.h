@@ -11,20 +11,28 @@ struct AdamWStep {
   float grad_scale;    // clipping factor (and 1 / world size where needed)
 };
 
-// param, m, v (n) updated from grad (n)
+// param, m, v (n) updated from grad (n); in chunks with a vector loop inside
 template <class T>
 void adamw_update(Vec<T> param, Vec<float> m, Vec<float> v, Vec<const T> grad, AdamWStep s) {
+  constexpr int64_t kChunk = 2048;
+  const int64_t n = param.extent(0);
+  T* p = param.data();
+  float *pm = m.data(), *pv = v.data();
+  const T* g = grad.data();
   Kokkos::parallel_for(
-      "adamw_update", Kokkos::RangePolicy<ExecSpace>(0, param.extent(0)), KOKKOS_LAMBDA(int64_t i) {
-        const float g = float(grad(i)) * s.grad_scale;
-        const float mi = s.beta1 * m(i) + (1.0f - s.beta1) * g;
-        const float vi = s.beta2 * v(i) + (1.0f - s.beta2) * g * g;
-        m(i) = mi;
-        v(i) = vi;
-        const float mhat = mi / s.bias1, vhat = vi / s.bias2;
-        float p = float(param(i));
-        p -= s.lr * (mhat / (Kokkos::Experimental::sqrt(vhat) + s.eps) + s.weight_decay * p);
-        param(i) = T(p);
+      "adamw_update", Kokkos::RangePolicy<ExecSpace>(0, (n + kChunk - 1) / kChunk), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+#pragma omp simd
+        for (int64_t i = c * kChunk; i < end; ++i) {
+          const float gi = float(g[i]) * s.grad_scale;
+          const float mi = s.beta1 * pm[i] + (1.0f - s.beta1) * gi;
+          const float vi = s.beta2 * pv[i] + (1.0f - s.beta2) * gi * gi;
+          pm[i] = mi;
+          pv[i] = vi;
+          const float mhat = mi / s.bias1, vhat = vi / s.bias2;
+          const float pi = float(p[i]);
+          p[i] = T(pi - s.lr * (mhat / (Kokkos::Experimental::sqrt(vhat) + s.eps) + s.weight_decay * pi));
+        }
       });
 }
 

@@ -122,15 +122,19 @@ void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<con
   }
 }
 
-// out (B*T, H*D) from heads (B*H*T, D)
+// out (B*T, H*D) from heads (B*H*T, D): one token per work item, rows copied whole
 template <class T>
 void merge_heads_forward(Mat<T> out, Mat<const T> heads, int64_t B, int64_t Tn, int64_t H) {
   const int64_t D = heads.extent(1);
   Kokkos::parallel_for(
-      "attention::merge_heads", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * Tn, H * D}),
-      KOKKOS_LAMBDA(int64_t row, int64_t col) {
-        const int64_t b = row / Tn, t = row % Tn, h = col / D, d = col % D;
-        out(row, col) = heads((b * H + h) * Tn + t, d);
+      "attention::merge_heads", Kokkos::RangePolicy<ExecSpace>(0, B * Tn), KOKKOS_LAMBDA(int64_t row) {
+        const int64_t b = row / Tn, t = row % Tn;
+        for (int64_t h = 0; h < H; ++h) {
+          const T* src = &heads((b * H + h) * Tn + t, 0);
+          T* dst = &out(row, h * D);
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
+        }
       });
 }
 
@@ -139,10 +143,14 @@ template <class T>
 void merge_heads_backward(Mat<T> dheads, Mat<const T> dout, int64_t B, int64_t Tn, int64_t H) {
   const int64_t D = dheads.extent(1);
   Kokkos::parallel_for(
-      "attention::merge_heads_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * Tn, H * D}),
-      KOKKOS_LAMBDA(int64_t row, int64_t col) {
-        const int64_t b = row / Tn, t = row % Tn, h = col / D, d = col % D;
-        dheads((b * H + h) * Tn + t, d) = dout(row, col);
+      "attention::merge_heads_backward", Kokkos::RangePolicy<ExecSpace>(0, B * Tn), KOKKOS_LAMBDA(int64_t row) {
+        const int64_t b = row / Tn, t = row % Tn;
+        for (int64_t h = 0; h < H; ++h) {
+          const T* src = &dout(row, h * D);
+          T* dst = &dheads((b * H + h) * Tn + t, 0);
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
+        }
       });
 }
 

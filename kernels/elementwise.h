@@ -4,37 +4,73 @@
 
 namespace xx::kernels {
 
+// Flat loops run in chunks: one Kokkos work item per chunk, a vector loop
+// inside it (a work item per element keeps the host compiler from vectorizing).
+constexpr int64_t kChunk = 2048;
+inline int64_t chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
 // y += x
 template <class T>
 void add_inplace(Vec<T> y, Vec<const T> x) {
+  const int64_t n = y.extent(0);
+  T* py = y.data();
+  const T* px = x.data();
   Kokkos::parallel_for(
-      "add_inplace", Kokkos::RangePolicy<ExecSpace>(0, y.extent(0)), KOKKOS_LAMBDA(int64_t i) { y(i) += x(i); });
+      "add_inplace", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+#pragma omp simd
+        for (int64_t i = c * kChunk; i < end; ++i) py[i] += px[i];
+      });
 }
 
 // x *= a
 template <class T>
 void scale_inplace(Vec<T> x, T a) {
+  const int64_t n = x.extent(0);
+  T* px = x.data();
   Kokkos::parallel_for(
-      "scale_inplace", Kokkos::RangePolicy<ExecSpace>(0, x.extent(0)), KOKKOS_LAMBDA(int64_t i) { x(i) *= a; });
+      "scale_inplace", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+#pragma omp simd
+        for (int64_t i = c * kChunk; i < end; ++i) px[i] *= a;
+      });
 }
 
-// sum of x, accumulated in double (a fixed reduction tree: deterministic).
+// sum of x, accumulated in double (fixed chunks, fixed order: deterministic).
 template <class T>
 double sum(Vec<const T> x) {
+  const int64_t n = x.extent(0);
+  const T* px = x.data();
   double s = 0;
   Kokkos::parallel_reduce(
-      "sum", Kokkos::RangePolicy<ExecSpace>(0, x.extent(0)),
-      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += double(x(i)); }, s);
+      "sum", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)),
+      KOKKOS_LAMBDA(int64_t c, double& acc) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        double part = 0;
+#pragma omp simd reduction(+ : part)
+        for (int64_t i = c * kChunk; i < end; ++i) part += double(px[i]);
+        acc += part;
+      },
+      s);
   return s;
 }
 
 // sum of x^2, accumulated in double.
 template <class T>
 double sum_squares(Vec<const T> x) {
+  const int64_t n = x.extent(0);
+  const T* px = x.data();
   double s = 0;
   Kokkos::parallel_reduce(
-      "sum_squares", Kokkos::RangePolicy<ExecSpace>(0, x.extent(0)),
-      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += double(x(i)) * double(x(i)); }, s);
+      "sum_squares", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)),
+      KOKKOS_LAMBDA(int64_t c, double& acc) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        double part = 0;
+#pragma omp simd reduction(+ : part)
+        for (int64_t i = c * kChunk; i < end; ++i) part += double(px[i]) * double(px[i]);
+        acc += part;
+      },
+      s);
   return s;
 }
 

@@ -25,24 +25,27 @@ void rope_tables(Mat<T> cos_t, Mat<T> sin_t, double theta) {
 }
 
 // q, k, v (B*H*T, D) head-major; qkv (B*T, 3*H*D) as [q | k | v] per token.
+// One (batch, head, position) row per work item, pairs in a vector loop.
 template <class T>
 void split_heads_rope_forward(Mat<T> q, Mat<T> k, Mat<T> v, Mat<const T> qkv, Mat<const T> cos_t,
                               Mat<const T> sin_t, int64_t B, int64_t Tn, int64_t H) {
   const int64_t D = q.extent(1), C = H * D;
   Kokkos::parallel_for(
-      "split_heads_rope_forward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * H * Tn, D / 2}),
-      KOKKOS_LAMBDA(int64_t row, int64_t i) {
+      "split_heads_rope_forward", Kokkos::RangePolicy<ExecSpace>(0, B * H * Tn), KOKKOS_LAMBDA(int64_t row) {
         const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
-        const int64_t src = b * Tn + t, col = h * D + 2 * i;
-        const T c = cos_t(t, i), s = sin_t(t, i);
-        const T q0 = qkv(src, col), q1 = qkv(src, col + 1);
-        const T k0 = qkv(src, C + col), k1 = qkv(src, C + col + 1);
-        q(row, 2 * i) = q0 * c - q1 * s;
-        q(row, 2 * i + 1) = q0 * s + q1 * c;
-        k(row, 2 * i) = k0 * c - k1 * s;
-        k(row, 2 * i + 1) = k0 * s + k1 * c;
-        v(row, 2 * i) = qkv(src, 2 * C + col);
-        v(row, 2 * i + 1) = qkv(src, 2 * C + col + 1);
+        const T* src = &qkv(b * Tn + t, h * D);
+        const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
+        T *qr = &q(row, 0), *kr = &k(row, 0), *vr = &v(row, 0);
+#pragma omp simd
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const T q0 = src[2 * i], q1 = src[2 * i + 1], k0 = src[C + 2 * i], k1 = src[C + 2 * i + 1];
+          qr[2 * i] = q0 * c[i] - q1 * s[i];
+          qr[2 * i + 1] = q0 * s[i] + q1 * c[i];
+          kr[2 * i] = k0 * c[i] - k1 * s[i];
+          kr[2 * i + 1] = k0 * s[i] + k1 * c[i];
+        }
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) vr[d] = src[2 * C + d];
       });
 }
 
@@ -52,19 +55,21 @@ void split_heads_rope_backward(Mat<T> dqkv, Mat<const T> dq, Mat<const T> dk, Ma
                                Mat<const T> cos_t, Mat<const T> sin_t, int64_t B, int64_t Tn, int64_t H) {
   const int64_t D = dq.extent(1), C = H * D;
   Kokkos::parallel_for(
-      "split_heads_rope_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B * H * Tn, D / 2}),
-      KOKKOS_LAMBDA(int64_t row, int64_t i) {
+      "split_heads_rope_backward", Kokkos::RangePolicy<ExecSpace>(0, B * H * Tn), KOKKOS_LAMBDA(int64_t row) {
         const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
-        const int64_t dst = b * Tn + t, col = h * D + 2 * i;
-        const T c = cos_t(t, i), s = sin_t(t, i);
-        const T q0 = dq(row, 2 * i), q1 = dq(row, 2 * i + 1);
-        const T k0 = dk(row, 2 * i), k1 = dk(row, 2 * i + 1);
-        dqkv(dst, col) = q0 * c + q1 * s;
-        dqkv(dst, col + 1) = -q0 * s + q1 * c;
-        dqkv(dst, C + col) = k0 * c + k1 * s;
-        dqkv(dst, C + col + 1) = -k0 * s + k1 * c;
-        dqkv(dst, 2 * C + col) = dv(row, 2 * i);
-        dqkv(dst, 2 * C + col + 1) = dv(row, 2 * i + 1);
+        T* dst = &dqkv(b * Tn + t, h * D);
+        const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
+        const T *qr = &dq(row, 0), *kr = &dk(row, 0), *vr = &dv(row, 0);
+#pragma omp simd
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const T q0 = qr[2 * i], q1 = qr[2 * i + 1], k0 = kr[2 * i], k1 = kr[2 * i + 1];
+          dst[2 * i] = q0 * c[i] + q1 * s[i];
+          dst[2 * i + 1] = -q0 * s[i] + q1 * c[i];
+          dst[C + 2 * i] = k0 * c[i] + k1 * s[i];
+          dst[C + 2 * i + 1] = -k0 * s[i] + k1 * c[i];
+        }
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) dst[2 * C + d] = vr[d];
       });
 }
 
