@@ -60,6 +60,29 @@ inline void check_gradient(const char* what, const Buffer<double>& x, const Buff
   CAPTURE(what, worst);
 }
 
+// Plain O(T^2) causal attention on the host, as an independent reference:
+// q, k (BH*T, D), v (BH*T, Dv); scores scaled by 1/sqrt(D).
+inline std::vector<double> naive_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                           const std::vector<double>& v, int64_t BH, int64_t T, int64_t D,
+                                           int64_t Dv) {
+  std::vector<double> out(BH * T * Dv, 0.0);
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> s(t + 1);
+      double m = -1e300, z = 0;
+      for (int64_t u = 0; u <= t; ++u) {
+        double d = 0;
+        for (int64_t c = 0; c < D; ++c) d += q[(bh * T + t) * D + c] * k[(bh * T + u) * D + c];
+        s[u] = d / std::sqrt(double(D));
+        m = std::max(m, s[u]);
+      }
+      for (auto& x : s) z += (x = std::exp(x - m));
+      for (int64_t u = 0; u <= t; ++u)
+        for (int64_t c = 0; c < Dv; ++c) out[(bh * T + t) * Dv + c] += s[u] / z * v[(bh * T + u) * Dv + c];
+    }
+  return out;
+}
+
 inline Mat<double> M(const Buffer<double>& b, int64_t rows, int64_t cols) { return mat(b, rows, cols); }
 inline Vec<double> V(const Buffer<double>& b) { return Vec<double>(b.data(), b.extent(0)); }
 

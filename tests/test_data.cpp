@@ -17,23 +17,13 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace xx;
+using xx::test::TempDir;
 
 namespace {
-
-// A scratch directory per test, unique per process (tests may run under mpiexec).
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int serial = 0;
-    dir = fs::temp_directory_path() / ("xx_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
-    fs::create_directories(dir);
-  }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
 
 void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -7,6 +7,7 @@
 #include <stdlib.h>  // mkdtemp
 #include "core/error.h"
 #include "deck/deck.h"
+#include "temp_dir.h"
 
 #ifndef XX_SOURCE_DIR
 #define XX_SOURCE_DIR "/work/main"
@@ -14,28 +15,10 @@
 
 namespace fs = std::filesystem;
 using namespace xx;
+using xx::test::TempDir;
 
 namespace {
 
-// A fresh directory per test, removed at the end.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    std::string name = (fs::temp_directory_path() / "xx_deck_XXXXXX").string();
-    REQUIRE(mkdtemp(name.data()) != nullptr);
-    dir = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path p = dir / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
 
 // The smallest deck that builds; tests append to it.
 const std::string kBase =
