@@ -1,0 +1,695 @@
+// Gradient compression, Deep-Gradient-Compression style, for one bucket of
+// the flat gradient: error feedback, exact top-k by magnitude, optional int8
+// or int4 block quantization, a self-describing byte payload, and the decode
+// that sums every rank's payload into a dense bucket. docs/COMPRESSION.md
+// gives the payload format, the formulas and what "conserves mass" means.
+//
+// Legend: n bucket length, k = topk_count(n, ratio) entries sent, B values
+// per quantization block, nb = ceil(k / B) blocks, R ranks.
+//
+// Nothing loops over elements on the host and nothing uses atomics. Top-k is a
+// radix select on the bit patterns of |acc| (per-chunk histograms summed bin
+// by bin, 8 bits per digit; after the first digit only the candidates in the
+// threshold's bin are scanned), then a compaction that counts per chunk,
+// scans, and writes each chunk in index order: the same bits on every run and
+// every backend. Quantized values decode to q * scale with the product
+// exact in float (scales keep 17 significant bits), so decoding involves no
+// rounding and an FMA cannot change it.
+//
+// Outputs are written (=); the residual is updated in place; decode_add adds
+// into its output (+=), decode_sum overwrites it with the sum over ranks.
+#pragma once
+#include <fmt/format.h>
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include "core/views.h"
+
+namespace xx::kernels::compress {
+
+static_assert(std::endian::native == std::endian::little, "the payload is little-endian and written natively");
+
+enum class Quant : uint32_t { none = 0, int8 = 1, int4 = 2 };
+
+inline const char* quant_name(Quant q) {
+  switch (q) {
+    case Quant::none: return "none";
+    case Quant::int8: return "int8";
+    case Quant::int4: return "int4";
+  }
+  return "?";
+}
+
+// Largest code magnitude: int8 codes lie in [-127, 127], int4 in [-7, 7].
+constexpr int32_t quant_max(Quant q) { return q == Quant::int8 ? 127 : q == Quant::int4 ? 7 : 0; }
+
+// The deck command `compress topk RATIO [quant none|int8|int4] [feedback on|off]
+// [min_size N] [warmup STEPS]` as a plain struct.
+struct Settings {
+  double ratio = 0.01;        // k = topk_count(n, ratio); ratio >= 1 sends the bucket dense
+  Quant quant = Quant::none;  // how the selected values travel
+  int64_t block = 64;         // B: values per fp32 scale (int8, int4)
+  bool feedback = true;       // keep what was not sent, add it to the next step's gradient
+  int64_t min_size = 0;       // buckets shorter than this go dense (see applies())
+  int64_t warmup = 0;         // the first `warmup` steps (counted from 0) go dense
+};
+
+// Whether a bucket of n floats at `step` is compressed (else: dense all-reduce).
+inline bool applies(const Settings& s, int64_t n, int64_t step) {
+  return s.ratio < 1 && n >= s.min_size && step >= s.warmup;
+}
+
+constexpr uint32_t kMagic = 0x01435858u;  // the bytes 'X' 'X' 'C' 1: format version 1
+constexpr int64_t kHeaderBytes = 20;      // five uint32: magic, n, k, quant, block
+constexpr int64_t kChunk = 2048;          // elements per counting chunk in top-k
+constexpr int64_t kBins = 256;            // one radix digit of 8 bits
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// k = max(1, ceil(ratio * n)), at most n; ratio >= 1 gives n. A product within
+// a relative 1e-9 of an integer counts as that integer, so that 0.07 * 100
+// (7.000000000000001 in double) gives 7, not 8.
+inline int64_t topk_count(int64_t n, double ratio) {
+  if (n <= 0) return 0;
+  if (!(ratio > 0)) throw std::invalid_argument(fmt::format("compress: ratio must be > 0, got {}", ratio));
+  if (ratio >= 1) return n;
+  const double x = ratio * double(n), r = std::round(x);
+  const int64_t k = std::abs(x - r) <= 1e-9 * std::max(1.0, x) ? int64_t(r) : int64_t(std::ceil(x));
+  return std::clamp<int64_t>(k, 1, n);
+}
+
+// Bytes of one payload, the closed form (docs/COMPRESSION.md):
+//   20 + 4k [k < n] + 4 ceil(k/B) [quant != none] + {4k | k | ceil(k/2)}, rounded up to a multiple of 4.
+inline int64_t payload_bytes(int64_t n, int64_t k, Quant quant, int64_t block) {
+  const int64_t index = k < n ? 4 * k : 0;
+  const int64_t scales = quant == Quant::none ? 0 : 4 * ceil_div(k, block);
+  const int64_t values = quant == Quant::none ? 4 * k : quant == Quant::int8 ? k : ceil_div(k, 2);
+  return (kHeaderBytes + index + scales + values + 3) / 4 * 4;
+}
+
+// What a payload header says.
+struct Header {
+  int64_t n = 0, k = 0;
+  Quant quant = Quant::none;
+  int64_t block = 0;  // 0 for quant none
+};
+
+// Byte offsets of the sections, laid out one after the other (encode and
+// decode both walk this; payload_bytes is the closed form it is tested against).
+struct Layout {
+  int64_t indices = 0, scales = 0, values = 0;  // section starts
+  int64_t used = 0, end = 0;                    // end of the values, and the padded size
+};
+
+inline Layout layout_of(const Header& h) {
+  Layout L;
+  int64_t off = kHeaderBytes;
+  L.indices = off;
+  if (h.k < h.n) off += h.k * int64_t(sizeof(uint32_t));  // k == n: the indices are 0..n-1, not sent
+  L.scales = off;
+  if (h.quant != Quant::none) off += ceil_div(h.k, h.block) * int64_t(sizeof(float));
+  L.values = off;
+  off += h.quant == Quant::none ? h.k * int64_t(sizeof(float)) : h.quant == Quant::int8 ? h.k : ceil_div(h.k, 2);
+  L.used = off;
+  L.end = (off + 3) / 4 * 4;  // payloads concatenated in one receive buffer stay 4-byte aligned
+  return L;
+}
+
+// Scratch for compress() and topk_select(), sized once for the largest bucket.
+struct Workspace {
+  int64_t max_n = 0, max_k = 0;
+  Buffer<uint32_t> idx;                // (max_k) selected indices
+  Buffer<float> val;                   // (max_k) their accumulated values
+  Buffer<float> sent;                  // (max_k) the values as the receiver decodes them
+  Buffer<int32_t> chunk_hist;          // (chunks, kBins) per-chunk digit counts, chunks = ceil(max_n / kChunk)
+  Buffer<int64_t> hist;                // (kBins) digit counts over the bucket
+  Buffer<int64_t> chunk_gt, chunk_eq;  // (chunks) entries above / at the threshold
+  Buffer<int64_t> off_gt, off_eq;      // (chunks) their exclusive scans
+  Buffer<uint32_t> cand;               // (max_n) keys in the threshold's top bin, in index order
+  Buffer<int64_t> cand_off;            // (chunks + 1) where each chunk's candidates start
+  Buffer<int64_t> state;               // (2) threshold prefix, entries still to take at it
+
+  Workspace() = default;
+  Workspace(int64_t max_n_, int64_t max_k_)
+      : max_n(max_n_),
+        max_k(max_k_),
+        idx("compress::idx", max_k_),
+        val("compress::val", max_k_),
+        sent("compress::sent", max_k_),
+        chunk_hist("compress::chunk_hist", ceil_div(max_n_, kChunk) * kBins),
+        hist("compress::hist", kBins),
+        chunk_gt("compress::chunk_gt", ceil_div(max_n_, kChunk)),
+        chunk_eq("compress::chunk_eq", ceil_div(max_n_, kChunk)),
+        off_gt("compress::off_gt", ceil_div(max_n_, kChunk)),
+        off_eq("compress::off_eq", ceil_div(max_n_, kChunk)),
+        cand("compress::cand", max_n_),
+        cand_off("compress::cand_off", ceil_div(max_n_, kChunk) + 1),
+        state("compress::state", 2) {}
+
+  void check(int64_t n, int64_t k) const {
+    if (n > max_n || k > max_k)
+      throw std::invalid_argument(
+          fmt::format("compress: workspace holds n <= {}, k <= {}; asked for n = {}, k = {}", max_n, max_k, n, k));
+  }
+};
+
+// ----------------------------------------------------------------------------
+// element functions
+
+// |x| as an unsigned key: for non-negative floats the bit patterns order as
+// the values do (NaN ranks above inf; -0 and +0 tie).
+KOKKOS_INLINE_FUNCTION uint32_t magnitude_key(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x7fffffffu;
+}
+
+// Nearest integer to t, ties to the even one (independent of the rounding mode).
+KOKKOS_INLINE_FUNCTION int32_t round_half_even(double t) {
+  const double f = Kokkos::Experimental::floor(t);
+  const double r = t - f;  // exact, in [0, 1)
+  int32_t q = int32_t(f);
+  if (r > 0.5 || (r == 0.5 && (q & 1))) ++q;
+  return q;
+}
+
+// scale = m / qmax rounded up to a float whose last 7 significand bits are
+// zero: scale >= m / qmax exactly (so |v / scale| <= qmax), and q * scale is
+// exact in float for |q| <= 127. A positive m never gives 0 (at least 2^-142).
+KOKKOS_INLINE_FUNCTION float block_scale(float m, int32_t qmax) {
+  const float s0 = m / float(qmax);
+  uint32_t bits;
+  std::memcpy(&bits, &s0, sizeof(bits));
+  if (double(s0) * double(qmax) < double(m)) ++bits;  // the division rounded down: next float up (exact test in double)
+  bits = (bits + 0x7fu) & ~0x7fu;
+  float s;
+  std::memcpy(&s, &bits, sizeof(s));
+  return s;
+}
+
+// Code of v at scale s: round half to even of the exact quotient v / s (the
+// double quotient of two floats is never misrounded across a half), clamped
+// to [-qmax, qmax]. A zero or non-finite scale gives 0; the value then
+// decodes to 0 * s: 0, or NaN for a block holding inf or NaN.
+KOKKOS_INLINE_FUNCTION int32_t quant_code(float v, float s, int32_t qmax) {
+  if (!(s > 0) || !(s <= FLT_MAX)) return 0;
+  double t = double(v) / double(s);
+  if (!(t == t)) return 0;
+  t = t > qmax ? double(qmax) : (t < -qmax ? -double(qmax) : t);
+  return round_half_even(t);
+}
+
+// Value j of a values section as the receiver decodes it.
+template <Quant Q>
+KOKKOS_INLINE_FUNCTION float value_of(const uint8_t* values, const float* scales, int64_t block, int64_t j) {
+  if constexpr (Q == Quant::none) {
+    return reinterpret_cast<const float*>(values)[j];
+  } else if constexpr (Q == Quant::int8) {
+    return float(int8_t(values[j])) * scales[j / block];
+  } else {
+    const int32_t nib = (j & 1) ? values[j >> 1] >> 4 : values[j >> 1] & 0xf;
+    return float(nib >= 8 ? nib - 16 : nib) * scales[j / block];
+  }
+}
+
+// ----------------------------------------------------------------------------
+// 1. error feedback
+
+// acc (n) = residual (n) + grad (n); a zero residual leaves grad's bits as they
+// are (IEEE would turn -0 into +0), so that with nothing kept the values sent
+// are the gradient itself. acc may alias residual or grad.
+inline void error_feedback(Vec<float> acc, Vec<const float> residual, Vec<const float> grad) {
+  Kokkos::parallel_for(
+      "compress::feedback", Kokkos::RangePolicy<ExecSpace>(0, acc.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        const float r = residual(i), g = grad(i);
+        acc(i) = r == 0 ? g : r + g;
+      });
+}
+
+// ----------------------------------------------------------------------------
+// 2. top-k by magnitude
+
+// hist (kBins) = the per-chunk rows of chunk_hist (chunks, kBins) summed in
+// chunk order; then state(0) gains the digit (at `shift`) of the bin holding
+// the state(1)-th largest key, and state(1) becomes its rank within that bin.
+inline void topk_choose_digit(Buffer<int64_t> hist, Buffer<int64_t> state, Buffer<int32_t> chunk_hist,
+                              int64_t chunks, int shift) {
+  Kokkos::parallel_for(
+      "compress::topk_bins", Kokkos::RangePolicy<ExecSpace>(0, kBins), KOKKOS_LAMBDA(int64_t b) {
+        int64_t s = 0;
+        for (int64_t c = 0; c < chunks; ++c) s += chunk_hist(c * kBins + b);
+        hist(b) = s;
+      });
+  Kokkos::parallel_for(
+      "compress::topk_digit", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int64_t) {
+        int64_t need = state(1);
+        for (int64_t d = kBins - 1; d >= 0; --d) {
+          if (need <= hist(d)) {
+            state(0) |= d << shift;
+            break;
+          }
+          need -= hist(d);
+        }
+        state(1) = need;
+      });
+}
+
+// idx (k), val (k): the k entries of acc (n) with the largest |acc|, ties to
+// the lower index, in increasing index order; val = acc(idx). k = n copies all.
+//
+// Constraints:
+//   1. The threshold T is the exact k-th largest key, found by an 8-bit radix
+//      select: a histogram of the top digit over all n keys; the keys in T's
+//      top bin (the candidates) copied out, chunk by chunk in index order; then
+//      three more digits over the candidates only. No sort of n elements.
+//   2. Histograms are counted per chunk, each chunk by one thread into its own
+//      row, then summed bin by bin in chunk order: no atomics.
+//   3. Every key > T is taken, and of the keys == T the `need` with the lowest
+//      indices: a chunk's first write position is gt_before + min(eq_before, need),
+//      with a chunk's counts taken from its top-digit row and its candidates.
+//   4. Three passes read all n values (histogram, candidates, write); the rest
+//      touch chunks x bins counters or the candidates.
+inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc, Workspace& ws) {
+  const int64_t n = acc.extent(0), k = idx.extent(0);
+  if (k < 1 || k > n || int64_t(val.extent(0)) != k)
+    throw std::invalid_argument(fmt::format("compress::topk_select: k = {} (val {}) for n = {}", k, val.extent(0), n));
+  if (k == n) {
+    Kokkos::parallel_for(
+        "compress::topk_all", Kokkos::RangePolicy<ExecSpace>(0, n), KOKKOS_LAMBDA(int64_t i) {
+          idx(i) = uint32_t(i);
+          val(i) = acc(i);
+        });
+    return;
+  }
+  ws.check(n, k);
+  const int64_t chunks = ceil_div(n, kChunk);
+  auto chunk_hist = ws.chunk_hist;  // (chunks, kBins)
+  auto hist = ws.hist;              // (kBins)
+  auto state = ws.state;  // (0) the digits of T found so far, (1) entries still to take among the keys matching them
+  auto cand = ws.cand;    // (n at most) candidate keys
+  auto cand_off = ws.cand_off;  // (chunks + 1) where each chunk's candidates start
+  auto chunk_gt = ws.chunk_gt, chunk_eq = ws.chunk_eq, off_gt = ws.off_gt, off_eq = ws.off_eq;  // (chunks)
+  Kokkos::parallel_for(
+      "compress::topk_init", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int64_t) {
+        state(0) = 0;
+        state(1) = k;
+      });
+  // top digit (bits 31..24) over all keys
+  Kokkos::parallel_for(
+      "compress::topk_histogram", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+        int32_t* h = &chunk_hist(c * kBins);
+        for (int64_t b = 0; b < kBins; ++b) h[b] = 0;
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        for (int64_t i = c * kChunk; i < end; ++i) ++h[magnitude_key(acc(i)) >> 24];
+      });
+  topk_choose_digit(hist, state, chunk_hist, chunks, 24);
+  // per chunk: keys above the top bin, and how many candidates; then where they go
+  Kokkos::parallel_for(
+      "compress::topk_top_bin", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t top = state(0) >> 24;
+        int64_t gt = 0;
+        for (int64_t b = top + 1; b < kBins; ++b) gt += chunk_hist(c * kBins + b);
+        chunk_gt(c) = gt;
+        chunk_eq(c) = chunk_hist(c * kBins + top);
+      });
+  Kokkos::parallel_scan(
+      "compress::topk_scan_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks + 1),
+      KOKKOS_LAMBDA(int64_t c, int64_t & sum, bool final) {
+        if (final) cand_off(c) = sum;
+        if (c < chunks) sum += chunk_eq(c);
+      });
+  Kokkos::parallel_for(
+      "compress::topk_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+        const uint32_t top = uint32_t(state(0)) >> 24;
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        int64_t p = cand_off(c);
+        for (int64_t i = c * kChunk; i < end; ++i) {
+          const uint32_t key = magnitude_key(acc(i));
+          if (key >> 24 == top) cand(p++) = key;
+        }
+      });
+  // the other three digits over the candidates, each chunk's own
+  for (int shift = 16; shift >= 0; shift -= 8) {
+    const uint32_t hi_mask = ~((1u << (shift + 8)) - 1u);  // the digits already chosen
+    Kokkos::parallel_for(
+        "compress::topk_histogram_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+          int32_t* h = &chunk_hist(c * kBins);
+          for (int64_t b = 0; b < kBins; ++b) h[b] = 0;
+          const uint32_t prefix = uint32_t(state(0));
+          for (int64_t p = cand_off(c); p < cand_off(c + 1); ++p) {
+            const uint32_t key = cand(p);
+            if ((key & hi_mask) == prefix) ++h[(key >> shift) & 0xffu];
+          }
+        });
+    topk_choose_digit(hist, state, chunk_hist, chunks, shift);
+  }
+  // T = state(0); per chunk, keys above T and at T; then where each chunk writes
+  Kokkos::parallel_for(
+      "compress::topk_count", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+        const uint32_t T = uint32_t(state(0));
+        int64_t gt = 0, eq = 0;
+        for (int64_t p = cand_off(c); p < cand_off(c + 1); ++p) {
+          gt += cand(p) > T;
+          eq += cand(p) == T;
+        }
+        chunk_gt(c) += gt;
+        chunk_eq(c) = eq;
+      });
+  Kokkos::parallel_scan(
+      "compress::topk_scan_gt", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+      KOKKOS_LAMBDA(int64_t c, int64_t & sum, bool final) {
+        if (final) off_gt(c) = sum;
+        sum += chunk_gt(c);
+      });
+  Kokkos::parallel_scan(
+      "compress::topk_scan_eq", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+      KOKKOS_LAMBDA(int64_t c, int64_t & sum, bool final) {
+        if (final) off_eq(c) = sum;
+        sum += chunk_eq(c);
+      });
+  Kokkos::parallel_for(
+      "compress::topk_write", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
+        const uint32_t T = uint32_t(state(0));
+        const int64_t need = state(1);
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        int64_t e = off_eq(c);
+        int64_t p = off_gt(c) + (e < need ? e : need);
+        for (int64_t i = c * kChunk; i < end; ++i) {
+          const float a = acc(i);
+          const uint32_t key = magnitude_key(a);
+          if (key > T || (key == T && e++ < need)) {
+            idx(p) = uint32_t(i);
+            val(p) = a;
+            ++p;
+          }
+        }
+      });
+}
+
+// ----------------------------------------------------------------------------
+// 3. quantization
+
+// scale (nb) and codes (k bytes for int8; ceil(k/2) for int4, entry 2p in the
+// low nibble of byte p, 2p+1 in the high one, a last odd high nibble 0) from
+// val (k), blocks of B consecutive values. Codes are two's complement.
+inline void quantize(Vec<float> scale, Vec<uint8_t> codes, Vec<const float> val, Quant quant, int64_t block) {
+  const int64_t k = val.extent(0), nb = ceil_div(k, block);
+  const int32_t qmax = quant_max(quant);
+  if (quant == Quant::none || block < 1 || int64_t(scale.extent(0)) != nb ||
+      int64_t(codes.extent(0)) != (quant == Quant::int8 ? k : ceil_div(k, 2)))
+    throw std::invalid_argument(fmt::format("compress::quantize: quant {}, block {}, k = {}, scales {}, codes {}",
+                                            quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
+  Kokkos::parallel_for(
+      "compress::quant_scales", Kokkos::RangePolicy<ExecSpace>(0, nb), KOKKOS_LAMBDA(int64_t b) {
+        const int64_t end = (b + 1) * block < k ? (b + 1) * block : k;
+        float m = 0;
+        for (int64_t j = b * block; j < end; ++j) {
+          const float a = Kokkos::Experimental::fabs(val(j));
+          m = (a > m || a != a) && m == m ? a : m;  // NaN sticks
+        }
+        scale(b) = block_scale(m, qmax);
+      });
+  if (quant == Quant::int8) {
+    Kokkos::parallel_for(
+        "compress::quant_int8", Kokkos::RangePolicy<ExecSpace>(0, k), KOKKOS_LAMBDA(int64_t j) {
+          codes(j) = uint8_t(int8_t(quant_code(val(j), scale(j / block), qmax)));
+        });
+  } else {
+    Kokkos::parallel_for(
+        "compress::quant_int4", Kokkos::RangePolicy<ExecSpace>(0, ceil_div(k, 2)), KOKKOS_LAMBDA(int64_t p) {
+          const int64_t j = 2 * p;
+          const int32_t lo = quant_code(val(j), scale(j / block), qmax);
+          const int32_t hi = j + 1 < k ? quant_code(val(j + 1), scale((j + 1) / block), qmax) : 0;
+          codes(p) = uint8_t((lo & 0xf) | ((hi & 0xf) << 4));
+        });
+  }
+}
+
+template <Quant Q>
+void dequantize_as(Vec<float> out, const float* scales, const uint8_t* values, int64_t block) {
+  Kokkos::parallel_for(
+      "compress::dequantize", Kokkos::RangePolicy<ExecSpace>(0, out.extent(0)),
+      KOKKOS_LAMBDA(int64_t j) { out(j) = value_of<Q>(values, scales, block, j); });
+}
+
+// out (k) = code * scale (exact in float), from scale (nb) and codes as quantize writes them.
+inline void dequantize(Vec<float> out, Vec<const float> scale, Vec<const uint8_t> codes, Quant quant, int64_t block) {
+  const int64_t k = out.extent(0);
+  if (quant == Quant::none || block < 1 || int64_t(scale.extent(0)) != ceil_div(k, block) ||
+      int64_t(codes.extent(0)) != (quant == Quant::int8 ? k : ceil_div(k, 2)))
+    throw std::invalid_argument(fmt::format("compress::dequantize: quant {}, block {}, k = {}, scales {}, codes {}",
+                                            quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
+  if (quant == Quant::int8) dequantize_as<Quant::int8>(out, scale.data(), codes.data(), block);
+  else dequantize_as<Quant::int4>(out, scale.data(), codes.data(), block);
+}
+
+// ----------------------------------------------------------------------------
+// 4. residual
+
+// residual (n) = acc (n), except residual(idx_j) = acc(idx_j) - sent_j for the
+// k selected entries. With sent as the receiver decodes it, sent_j +
+// residual(idx_j) == acc(idx_j) exactly (docs/COMPRESSION.md). residual may alias acc.
+inline void update_residual(Vec<float> residual, Vec<const float> acc, Vec<const uint32_t> idx,
+                            Vec<const float> sent) {
+  if (residual.data() != acc.data()) Kokkos::deep_copy(residual, acc);
+  Kokkos::parallel_for(
+      "compress::residual", Kokkos::RangePolicy<ExecSpace>(0, idx.extent(0)), KOKKOS_LAMBDA(int64_t j) {
+        const uint32_t i = idx(j);
+        residual(i) = acc(i) - sent(j);
+      });
+}
+
+// ----------------------------------------------------------------------------
+// 5. payload
+
+// payload (payload_bytes(n, k, quant, block)) from idx (k), val (k) of a bucket
+// of n; returns the bytes written, which is the whole payload.
+inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const float> val, int64_t n, Quant quant,
+                      int64_t block) {
+  const int64_t k = idx.extent(0);
+  if (n < 1 || n > int64_t(UINT32_MAX) || k < 1 || k > n || int64_t(val.extent(0)) != k ||
+      (quant != Quant::none && (block < 1 || block > int64_t(UINT32_MAX))))
+    throw std::invalid_argument(fmt::format("compress::encode: n = {}, k = {} (val {}), quant {}, block {}", n, k,
+                                            val.extent(0), quant_name(quant), block));
+  const Header h{n, k, quant, quant == Quant::none ? 0 : block};
+  const Layout L = layout_of(h);
+  if (int64_t(payload.extent(0)) != L.end)
+    throw std::invalid_argument(fmt::format("compress::encode: payload buffer is {} bytes, the encoding takes {}",
+                                            payload.extent(0), L.end));
+  if (reinterpret_cast<uintptr_t>(payload.data()) % 4 != 0)
+    throw std::invalid_argument("compress::encode: payload buffer is not 4-byte aligned");
+  uint8_t* base = payload.data();
+  const uint32_t w0 = kMagic, w1 = uint32_t(n), w2 = uint32_t(k), w3 = uint32_t(quant), w4 = uint32_t(h.block);
+  Kokkos::parallel_for(
+      "compress::encode_header", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int64_t) {
+        uint32_t* w = reinterpret_cast<uint32_t*>(base);
+        w[0] = w0, w[1] = w1, w[2] = w2, w[3] = w3, w[4] = w4;
+      });
+  if (k < n) {
+    uint32_t* out = reinterpret_cast<uint32_t*>(base + L.indices);
+    Kokkos::parallel_for(
+        "compress::encode_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
+        KOKKOS_LAMBDA(int64_t j) { out[j] = idx(j); });
+  }
+  if (quant == Quant::none) {
+    float* out = reinterpret_cast<float*>(base + L.values);
+    Kokkos::parallel_for(
+        "compress::encode_values", Kokkos::RangePolicy<ExecSpace>(0, k),
+        KOKKOS_LAMBDA(int64_t j) { out[j] = val(j); });
+  } else {
+    quantize(Vec<float>(reinterpret_cast<float*>(base + L.scales), ceil_div(k, block)),
+             Vec<uint8_t>(base + L.values, L.used - L.values), val, quant, block);
+  }
+  const int64_t used = L.used;
+  Kokkos::parallel_for(
+      "compress::encode_padding", Kokkos::RangePolicy<ExecSpace>(0, L.end - L.used),
+      KOKKOS_LAMBDA(int64_t j) { base[used + j] = 0; });
+  return L.end;
+}
+
+// A payload checked against its header, with pointers into its sections.
+struct Parsed {
+  Header h;
+  const uint32_t* indices = nullptr;  // null when k == n (the indices are 0..n-1)
+  const float* scales = nullptr;      // null for quant none
+  const uint8_t* values = nullptr;
+};
+
+// The header of payload, checked: size, alignment, magic, quant, block, k in
+// [1, n], and the size the header implies. Throws std::runtime_error naming
+// what is wrong; reads nothing beyond the 20 header bytes.
+inline Header read_header(Vec<const uint8_t> payload) {
+  const int64_t size = payload.extent(0);
+  if (size < kHeaderBytes)
+    throw std::runtime_error(fmt::format(
+        "compressed payload truncated: {} bytes, the header alone takes {} (lost or cut message?)", size,
+        kHeaderBytes));
+  if (reinterpret_cast<uintptr_t>(payload.data()) % 4 != 0)
+    throw std::runtime_error("compressed payload is not 4-byte aligned (offset into the receive buffer?)");
+  uint32_t w[5];
+  Kokkos::deep_copy(Kokkos::View<uint8_t*, Kokkos::HostSpace, Unmanaged>(reinterpret_cast<uint8_t*>(w), kHeaderBytes),
+                    Kokkos::subview(payload, Kokkos::make_pair(int64_t(0), kHeaderBytes)));
+  if (w[0] != kMagic)
+    throw std::runtime_error(fmt::format(
+        "compressed payload has magic 0x{:08x}, expected 0x{:08x} (\"XXC\" version 1): corrupted, or not a payload",
+        w[0], kMagic));
+  if (w[3] > uint32_t(Quant::int4))
+    throw std::runtime_error(
+        fmt::format("compressed payload header: unknown quant kind {} (0 none, 1 int8, 2 int4)", w[3]));
+  const Header h{w[1], w[2], Quant(w[3]), w[4]};
+  if (h.n < 1 || h.k < 1 || h.k > h.n)
+    throw std::runtime_error(fmt::format("compressed payload header: k = {} for n = {} (need 1 <= k <= n)", h.k, h.n));
+  if (h.quant == Quant::none ? h.block != 0 : h.block < 1)
+    throw std::runtime_error(
+        fmt::format("compressed payload header: block {} with quant {}", h.block, quant_name(h.quant)));
+  const int64_t expect = layout_of(h).end;
+  if (size != expect)
+    throw std::runtime_error(fmt::format(
+        "compressed payload is {} bytes, its header (n = {}, k = {}, quant {}, block {}) implies {}: {}", size, h.n,
+        h.k, quant_name(h.quant), h.block, expect, size < expect ? "truncated" : "corrupted or trailing bytes"));
+  return h;
+}
+
+// read_header, plus: the bucket is n long (n_expected < 0: any), and the
+// indices are strictly increasing and below n (a pass over k).
+inline Parsed parse(Vec<const uint8_t> payload, int64_t n_expected = -1) {
+  Parsed p;
+  p.h = read_header(payload);
+  if (n_expected >= 0 && p.h.n != n_expected)
+    throw std::runtime_error(
+        fmt::format("compressed payload is for a bucket of {} values, this bucket has {}", p.h.n, n_expected));
+  const Layout L = layout_of(p.h);
+  const uint8_t* base = payload.data();
+  p.values = base + L.values;
+  if (p.h.quant != Quant::none) p.scales = reinterpret_cast<const float*>(base + L.scales);
+  if (p.h.k < p.h.n) {
+    const uint32_t* ix = reinterpret_cast<const uint32_t*>(base + L.indices);
+    const int64_t n = p.h.n;
+    int64_t bad = 0;
+    Kokkos::parallel_reduce(
+        "compress::check_indices", Kokkos::RangePolicy<ExecSpace>(0, p.h.k),
+        KOKKOS_LAMBDA(int64_t j, int64_t & b) { b += int64_t(ix[j]) >= n || (j > 0 && ix[j] <= ix[j - 1]); }, bad);
+    if (bad)
+      throw std::runtime_error(fmt::format(
+          "compressed payload: {} of {} indices are out of order or not below n = {}: corrupted", bad, p.h.k, n));
+    p.indices = ix;
+  }
+  return p;
+}
+
+// idx (k), val (k) from a payload: the indices, and the values as sent (decoded).
+inline void decode(Vec<uint32_t> idx, Vec<float> val, Vec<const uint8_t> payload) {
+  const Parsed p = parse(payload);
+  const int64_t k = p.h.k, block = p.h.block;
+  if (int64_t(idx.extent(0)) != k || int64_t(val.extent(0)) != k)
+    throw std::invalid_argument(
+        fmt::format("compress::decode: payload holds k = {}, outputs are {} and {}", k, idx.extent(0), val.extent(0)));
+  const uint32_t* ix = p.indices;
+  Kokkos::parallel_for(
+      "compress::decode_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
+      KOKKOS_LAMBDA(int64_t j) { idx(j) = ix ? ix[j] : uint32_t(j); });
+  switch (p.h.quant) {
+    case Quant::none: dequantize_as<Quant::none>(val, p.scales, p.values, block); break;
+    case Quant::int8: dequantize_as<Quant::int8>(val, p.scales, p.values, block); break;
+    case Quant::int4: dequantize_as<Quant::int4>(val, p.scales, p.values, block); break;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// 6. decode and accumulate
+
+template <Quant Q>
+void add_as(Vec<float> out, const Parsed& p, bool assign) {
+  const uint32_t* ix = p.indices;
+  const float* scales = p.scales;
+  const uint8_t* values = p.values;
+  const int64_t block = p.h.block;
+  Kokkos::parallel_for(
+      "compress::decode_add", Kokkos::RangePolicy<ExecSpace>(0, p.h.k), KOKKOS_LAMBDA(int64_t j) {
+        const int64_t i = ix ? int64_t(ix[j]) : j;
+        const float v = value_of<Q>(values, scales, block, j);
+        out(i) = assign ? v : out(i) + v;
+      });
+}
+
+inline void add_parsed(Vec<float> out, const Parsed& p, bool assign) {
+  switch (p.h.quant) {
+    case Quant::none: add_as<Quant::none>(out, p, assign); break;
+    case Quant::int8: add_as<Quant::int8>(out, p, assign); break;
+    case Quant::int4: add_as<Quant::int4>(out, p, assign); break;
+  }
+}
+
+// out (n) += the payload's values at its indices (indices are distinct, so
+// one pass in parallel is deterministic).
+inline void decode_add(Vec<float> out, Vec<const uint8_t> payload) {
+  add_parsed(out, parse(payload, out.extent(0)), false);
+}
+
+// out (n) = sum over ranks r = 0, 1, ..., R-1 of payloads[r], added left to
+// right in rank order: rank 0's values are stored, each later rank's added,
+// entries no rank sent are 0. With every payload dense (k == n) this is
+// ((g_0 + g_1) + g_2) + ... bit for bit. The caller divides by R. Every
+// payload is checked before out is touched.
+inline void decode_sum(Vec<float> out, const std::vector<Vec<const uint8_t>>& payloads) {
+  std::vector<Parsed> parsed;
+  parsed.reserve(payloads.size());
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    try {
+      parsed.push_back(parse(payloads[r], out.extent(0)));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("rank {}: {}", r, e.what()));
+    }
+  }
+  Kokkos::deep_copy(out, 0.0f);
+  for (size_t r = 0; r < parsed.size(); ++r) add_parsed(out, parsed[r], r == 0);
+}
+
+// ----------------------------------------------------------------------------
+// the whole sender side
+
+// payload (payload_bytes(n, k, s.quant, s.block)) from grad (n), with k =
+// topk_count(n, s.ratio); residual (n) carries what was not sent to the next
+// step (feedback on), or is set to zero (feedback off; it is not read then).
+// Returns the bytes written: what the caller hands to the transport.
+//   1. acc = residual + grad, in place in residual (feedback on), else acc = grad
+//   2. idx, val = top-k of |acc|
+//   3. payload = encode(idx, val)
+//   4. sent = the values as decoded from the payload; residual(idx) = acc(idx) - sent
+inline int64_t compress(Vec<uint8_t> payload, Vec<float> residual, Vec<const float> grad, const Settings& s,
+                        Workspace& ws) {
+  const int64_t n = grad.extent(0), k = topk_count(n, s.ratio);
+  if (int64_t(residual.extent(0)) != n)
+    throw std::invalid_argument(fmt::format("compress: residual is {} long, grad {}", residual.extent(0), n));
+  ws.check(n, k);
+  Vec<const float> acc = grad;
+  if (s.feedback) {
+    error_feedback(residual, residual, grad);
+    acc = residual;
+  }
+  Vec<uint32_t> idx(ws.idx.data(), k);
+  Vec<float> val(ws.val.data(), k);
+  topk_select(idx, val, acc, ws);
+  const int64_t bytes = encode(payload, idx, val, n, s.quant, s.block);
+  if (!s.feedback) {
+    Kokkos::deep_copy(residual, 0.0f);
+    return bytes;
+  }
+  Vec<float> sent = val;
+  if (s.quant != Quant::none) {
+    const Layout L = layout_of(Header{n, k, s.quant, s.block});
+    sent = Vec<float>(ws.sent.data(), k);
+    dequantize(sent, Vec<const float>(reinterpret_cast<const float*>(payload.data() + L.scales), ceil_div(k, s.block)),
+               Vec<const uint8_t>(payload.data() + L.values, L.used - L.values), s.quant, s.block);
+  }
+  update_residual(residual, acc, idx, sent);
+  return bytes;
+}
+
+}  // namespace xx::kernels::compress

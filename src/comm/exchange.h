@@ -1,0 +1,86 @@
+// Exchange of variable-size byte payloads among the ranks of a group: the
+// transport under top-k gradient compression. Per step, every member of a
+// group (a subset of the communicator's ranks) hands in its own payload and
+// gets back the payloads of all members, in group order.
+//
+// Two transports behind one interface:
+//   "ucx" — UCP tag messages on a private UCX context and worker (one
+//           endpoint per peer, created on first use, peer-failure error
+//           handling). The 64-bit UCP tag carries (round tag, source rank), so
+//           no header travels: a receiver probes for the round, reads the
+//           source and length from the tag and message, and receives.
+//   "mpi" — nonblocking point-to-point on a private duplicate of the
+//           communicator: a 16-byte header {round tag, payload size}, then the
+//           payload itself (not sent when empty).
+//
+// Rules for callers:
+//   * Every member of `group` calls exchange() with the same group and tag;
+//     ranks outside the group do not call it. Disjoint groups may exchange at
+//     the same time, with the same tag or not.
+//   * Tags separate rounds: use a fresh tag per round (e.g. the step), and
+//     never reuse the tag of a round that failed, since a late peer's message
+//     of that round may still arrive. Tags must be below 2^40.
+//   * Payloads live in host memory. Debian's UCX has no CUDA support, so
+//     device buffers are staged through host memory by the caller.
+//   * exchange() copies the payload once into memory the transport owns, so
+//     after a failed round (which may leave sends in flight) the caller's
+//     buffer is free again the moment exchange() returns or throws.
+//   * Not thread-safe: one thread per object.
+//   * UCX: the endpoints use peer-failure error handling, which in UCX 1.13
+//     the shared-memory transports (posix, sysv, cma) do not support, so
+//     UCX_TLS must name one that does (tcp, rc, dc or ud); ranks on one node
+//     then talk over it too. Without one, make_ucx_exchange() comes back
+//     disabled and says so.
+//   * Destroy on all ranks at about the same time: the UCX destructor flushes
+//     its endpoints, which needs the peers to progress, and gives up after
+//     5 s (at once for a failed peer); the MPI one waits up to 1 s, and only
+//     after a failed round.
+//
+// bytes_sent() after an exchange over a group of n ranks, payload of s bytes:
+//   ucx: (n - 1) * s
+//   mpi: (n - 1) * (16 + s)   (kMpiHeaderBytes = 16 per peer)
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace xx {
+
+// One transport's way of exchanging variable-size byte payloads within a group.
+class PayloadExchange {
+ public:
+  virtual ~PayloadExchange() = default;
+  virtual const char* name() const = 0;  // "ucx" or "mpi"
+  virtual bool enabled() const = 0;      // usable in this process
+  // Why enabled() is false; empty when enabled.
+  virtual std::string disabled_reason() const = 0;
+  // Every rank in `group` (sorted, distinct ranks of the communicator, containing this rank) calls this
+  // with its payload; returns the payloads of all group members in group order (own included). `tag`
+  // separates rounds. Throws std::invalid_argument for a bad group or tag, and std::runtime_error naming
+  // the peer rank(s) on failure (peer died, or no payload within `timeout_s` seconds); never hangs.
+  virtual std::vector<std::vector<std::byte>> exchange(const std::vector<int>& group,
+                                                       const std::vector<std::byte>& payload, uint64_t tag,
+                                                       double timeout_s) = 0;
+  // Bytes this rank handed to the transport in the last exchange (payload plus any headers); see above.
+  virtual int64_t bytes_sent() const = 0;
+};
+
+constexpr int64_t kMpiHeaderBytes = 16;
+constexpr int kExchangeTagBits = 40;  // tags must be < 2^kExchangeTagBits
+
+// Both are collective over `comm` and must be destroyed before MPI_Finalize.
+std::unique_ptr<PayloadExchange> make_mpi_exchange(MPI_Comm comm);
+// enabled() is false on every rank when UCX failed to start on any rank; disabled_reason() says why.
+std::unique_ptr<PayloadExchange> make_ucx_exchange(MPI_Comm comm);
+
+namespace detail {
+// Checks the group (sorted, distinct, in [0, size), contains rank) and the tag; returns this rank's index in
+// the group. Throws std::invalid_argument naming the problem.
+int check_group(const char* transport, const std::vector<int>& group, int rank, int size, uint64_t tag);
+}  // namespace detail
+
+}  // namespace xx

@@ -1,0 +1,535 @@
+// Gradient compression kernels (kernels/compress.h) against host references:
+// top-k against std::sort, payload sizes against the formula and hand counts,
+// RATIO 1 without quantization against the plain sum bit for bit, error
+// feedback conservation per element, the quantization bound and rounding,
+// determinism, and rejection of corrupted payloads.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+#include "core/views.h"
+#include "kernels/compress.h"
+
+using namespace xx;
+namespace c = xx::kernels::compress;
+using c::Quant;
+
+namespace {
+
+template <class T>
+Buffer<T> on_device(const std::vector<T>& h, const char* label = "test::buffer") {
+  Buffer<T> b(std::string(label), int64_t(h.size()));
+  auto m = Kokkos::create_mirror_view(b);
+  for (size_t i = 0; i < h.size(); ++i) m(i) = h[i];
+  Kokkos::deep_copy(b, m);
+  return b;
+}
+
+template <class V>
+auto on_host(const V& v) {
+  using T = std::remove_const_t<typename V::value_type>;
+  Kokkos::View<T*, Kokkos::HostSpace> m("test::mirror", v.extent(0));
+  Kokkos::deep_copy(m, v);
+  return std::vector<T>(m.data(), m.data() + m.extent(0));
+}
+
+template <class T> Vec<T> V(const Buffer<T>& b) { return Vec<T>(b.data(), b.extent(0)); }
+template <class T> Vec<const T> CV(const Buffer<T>& b) { return Vec<const T>(b.data(), b.extent(0)); }
+
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+
+// Kinds of gradient: normal; few distinct magnitudes (ties everywhere);
+// magnitudes spread log-uniformly over 1e-38..1e3 with zeros and subnormals.
+enum class Data { normal, ties, wide };
+
+std::vector<float> make_grad(int64_t n, uint64_t seed, Data kind) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> level(0, 3), coin(0, 1);
+  std::uniform_real_distribution<double> expo(-38.0, 3.0);
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sign = coin(gen) ? 1.0f : -1.0f;
+    switch (kind) {
+      case Data::normal: g[i] = normal(gen); break;
+      case Data::ties: g[i] = sign * std::array<float, 4>{0.0f, 0.5f, 1.0f, 2.0f}[level(gen)]; break;
+      case Data::wide: {
+        const int r = level(gen);
+        g[i] = r == 0 ? 0.0f : sign * float(std::pow(10.0, expo(gen)));
+        if (i % 97 == 5) g[i] = sign * std::numeric_limits<float>::denorm_min() * float(1 + i % 13);
+        break;
+      }
+    }
+  }
+  return g;
+}
+
+// The k largest |a|, ties to the lower index, in increasing index order.
+std::vector<uint32_t> reference_topk(const std::vector<float>& a, int64_t k) {
+  std::vector<uint32_t> order(a.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t i, uint32_t j) {
+    const float x = std::fabs(a[i]), y = std::fabs(a[j]);
+    return x != y ? x > y : i < j;
+  });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+// What the error-feedback kernel computes (a zero residual keeps grad's bits).
+float feedback_of(float r, float g) { return r == 0 ? g : r + g; }
+
+// A whole compressed bucket: payload plus the sender's residual.
+struct Sent {
+  Buffer<uint8_t> payload;
+  int64_t bytes = 0;
+};
+
+Sent compress_once(Buffer<float>& residual, const Buffer<float>& grad, const c::Settings& s, uint8_t fill = 0xab) {
+  const int64_t n = grad.extent(0), k = c::topk_count(n, s.ratio);
+  c::Workspace ws(n, k);
+  Sent out;
+  out.payload = Buffer<uint8_t>("test::payload", c::payload_bytes(n, k, s.quant, s.block));
+  Kokkos::deep_copy(out.payload, fill);  // garbage that must not leak into the payload
+  out.bytes = c::compress(V(out.payload), V(residual), CV(grad), s, ws);
+  return out;
+}
+
+// The payload decoded to a dense vector of what was sent (0 where nothing was).
+std::vector<float> dense_sent(const Buffer<uint8_t>& payload, int64_t n, std::vector<uint32_t>* idx_out = nullptr) {
+  const auto h = c::read_header(CV(payload));
+  Buffer<uint32_t> idx("test::idx", h.k);
+  Buffer<float> val("test::val", h.k);
+  c::decode(V(idx), V(val), CV(payload));
+  const auto hi = on_host(idx);
+  const auto hv = on_host(val);
+  std::vector<float> d(n, 0.0f);
+  for (size_t j = 0; j < hi.size(); ++j) d[hi[j]] = hv[j];
+  if (idx_out) *idx_out = hi;
+  return d;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("compress: top-k picks the k largest magnitudes, ties to the lower index, in index order",
+          "[kernels][compress]") {
+  struct Case {
+    int64_t n;
+    double ratio;
+    Data kind;
+  };
+  const std::vector<Case> cases = {
+      {1, 0.01, Data::normal},   {7, 0.3, Data::normal},    {2048, 0.01, Data::normal},
+      {2049, 0.05, Data::ties},  {10000, 0.1, Data::ties},  {5000, 0.013, Data::wide},
+      {3000, 0.9, Data::ties},   {4097, 0.5, Data::wide},   {1 << 20, 0.001, Data::normal},
+      {(1 << 20) + 3, 0.1, Data::ties},
+  };
+  for (const auto& cs : cases) {
+    const int64_t k = c::topk_count(cs.n, cs.ratio);
+    CAPTURE(cs.n, cs.ratio, int(cs.kind), k);
+    const auto a = make_grad(cs.n, 100 + cs.n, cs.kind);
+    auto acc = on_device(a);
+    Buffer<uint32_t> idx("test::idx", k);
+    Buffer<float> val("test::val", k);
+    c::Workspace ws(cs.n, k);
+    c::topk_select(V(idx), V(val), CV(acc), ws);
+    const auto got = on_host(idx);
+    const auto got_val = on_host(val);
+    REQUIRE(got == reference_topk(a, k));
+    int64_t wrong = 0;
+    for (int64_t j = 0; j < k; ++j) wrong += bits(got_val[j]) != bits(a[got[j]]);
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("compress: top-k of equal magnitudes takes the lowest indices", "[kernels][compress]") {
+  std::vector<float> a(5000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = i % 2 ? -1.5f : 1.5f;
+  auto acc = on_device(a);
+  const int64_t k = 65;
+  Buffer<uint32_t> idx("test::idx", k);
+  Buffer<float> val("test::val", k);
+  c::Workspace ws(5000, k);
+  c::topk_select(V(idx), V(val), CV(acc), ws);
+  std::vector<uint32_t> expect(k);
+  std::iota(expect.begin(), expect.end(), 0u);
+  REQUIRE(on_host(idx) == expect);
+}
+
+TEST_CASE("compress: top-k at ratio 1 (and above) gives every entry", "[kernels][compress]") {
+  const auto a = make_grad(3001, 7, Data::normal);
+  auto acc = on_device(a);
+  for (double ratio : {1.0, 4.0}) {
+    const int64_t k = c::topk_count(3001, ratio);
+    REQUIRE(k == 3001);
+    Buffer<uint32_t> idx("test::idx", k);
+    Buffer<float> val("test::val", k);
+    c::Workspace ws(3001, k);
+    c::topk_select(V(idx), V(val), CV(acc), ws);
+    std::vector<uint32_t> expect(k);
+    std::iota(expect.begin(), expect.end(), 0u);
+    REQUIRE(on_host(idx) == expect);
+    REQUIRE(on_host(val) == a);
+  }
+}
+
+TEST_CASE("compress: topk_count and payload_bytes by hand", "[kernels][compress]") {
+  CHECK(c::topk_count(1000, 0.01) == 10);
+  CHECK(c::topk_count(100, 0.07) == 7);  // 0.07 * 100 is 7.000000000000001 in double
+  CHECK(c::topk_count(1001, 0.01) == 11);
+  CHECK(c::topk_count(10, 0.001) == 1);
+  CHECK(c::topk_count(3, 0.5) == 2);
+  CHECK(c::topk_count(1 << 20, 0.001) == 1049);
+  CHECK(c::topk_count(1000, 1.0) == 1000);
+  CHECK(c::topk_count(1000, 2.5) == 1000);
+  CHECK_THROWS_AS(c::topk_count(1000, 0.0), std::invalid_argument);
+  // header 20 | indices 4k unless k == n | scales 4 ceil(k/B) | values | pad to 4
+  CHECK(c::payload_bytes(1000, 10, Quant::none, 64) == 20 + 40 + 40);
+  CHECK(c::payload_bytes(1000, 10, Quant::int8, 64) == 76);    // 20 + 40 + 4 + 10 = 74
+  CHECK(c::payload_bytes(1000, 10, Quant::int4, 64) == 72);    // 20 + 40 + 4 + 5 = 69
+  CHECK(c::payload_bytes(1000, 1000, Quant::none, 64) == 4020);
+  CHECK(c::payload_bytes(1000, 1000, Quant::int4, 64) == 584);  // 20 + 64 + 500
+  CHECK(c::payload_bytes(1000, 129, Quant::int8, 64) == 680);   // 20 + 516 + 12 + 129 = 677
+  CHECK(c::payload_bytes(1000, 129, Quant::int4, 64) == 616);   // 20 + 516 + 12 + 65 = 613
+  CHECK(c::payload_bytes(10, 3, Quant::int4, 2) == 44);         // 20 + 12 + 8 + 2 = 42
+}
+
+TEST_CASE("compress: the payload handed over is payload_bytes long", "[kernels][compress]") {
+  int64_t cases = 0;
+  for (int64_t n : {1, 2, 100, 1000, 4097})
+    for (double ratio : {0.001, 0.013, 0.1, 0.5, 1.0})
+      for (Quant q : {Quant::none, Quant::int8, Quant::int4})
+        for (int64_t block : {1, 3, 64, 1000}) {
+          const int64_t k = c::topk_count(n, ratio);
+          CAPTURE(n, ratio, c::quant_name(q), block, k);
+          auto grad = on_device(make_grad(n, uint64_t(n * 31 + block), Data::normal));
+          Buffer<float> residual("test::residual", n);
+          const auto sent = compress_once(residual, grad, c::Settings{ratio, q, block, true});
+          // Bytes on the wire: what compress wrote is the whole buffer, and the formula.
+          CHECK(sent.bytes == c::payload_bytes(n, k, q, block));
+          CHECK(int64_t(sent.payload.extent(0)) == sent.bytes);
+          CHECK(sent.bytes % 4 == 0);
+          const auto h = c::read_header(CV(sent.payload));
+          CHECK((h.n == n && h.k == k && h.quant == q && h.block == (q == Quant::none ? 0 : block)));
+          ++cases;
+        }
+  REQUIRE(cases == 300);
+}
+
+TEST_CASE("compress: RATIO 1 without quantization sums ranks bit for bit", "[kernels][compress]") {
+  // Order of the sum: rank 0's values, then + rank 1, + rank 2, ... left to
+  // right, per element; the host does the same with plain float adds.
+  const int64_t n = 5003;
+  for (int R : {1, 2, 3, 4})
+    for (bool feedback : {true, false}) {
+      CAPTURE(R, feedback);
+      std::vector<std::vector<float>> g(R);
+      for (int r = 0; r < R; ++r) {
+        g[r] = make_grad(n, 1000 + r, r % 2 ? Data::wide : Data::normal);
+        g[r][17] = -0.0f;  // every rank -0: the sum must stay -0
+        g[r][18] = r == 0 ? -0.0f : 0.0f;
+      }
+      const int64_t bytes = c::payload_bytes(n, n, Quant::none, 64);
+      // One receive buffer holding every rank's payload, as an all-gather leaves it.
+      Buffer<uint8_t> gathered("test::gathered", R * bytes);
+      std::vector<Vec<const uint8_t>> payloads;
+      for (int r = 0; r < R; ++r) {
+        auto grad = on_device(g[r]);
+        Buffer<float> residual("test::residual", n);
+        const auto sent = compress_once(residual, grad, c::Settings{1.0, Quant::none, 64, feedback});
+        REQUIRE(sent.bytes == bytes);
+        Kokkos::deep_copy(Kokkos::subview(gathered, Kokkos::make_pair(r * bytes, (r + 1) * bytes)), sent.payload);
+        payloads.emplace_back(gathered.data() + r * bytes, bytes);
+        const auto res = on_host(residual);
+        REQUIRE(std::all_of(res.begin(), res.end(), [](float x) { return bits(x) == 0; }));
+      }
+      Buffer<float> out("test::out", n);
+      c::decode_sum(V(out), payloads);
+      const auto got = on_host(out);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        float s = g[0][i];
+        for (int r = 1; r < R; ++r) s = s + g[r][i];
+        differ += bits(got[i]) != bits(s);
+      }
+      REQUIRE(differ == 0);
+      REQUIRE(bits(got[17]) == bits(-0.0f));
+    }
+}
+
+TEST_CASE("compress: error feedback conserves every element", "[kernels][compress]") {
+  // sent_i + residual_new_i == acc_i exactly (as floats) for every element,
+  // with sent_i the value decode() returns (0 where nothing was sent) and
+  // acc_i = residual_old_i + grad_i; unselected entries keep acc's bits.
+  const int64_t n = 6007;
+  for (Quant q : {Quant::none, Quant::int8, Quant::int4})
+    for (double ratio : {0.01, 0.1, 0.5, 1.0})
+      for (int64_t block : {7, 64}) {
+        CAPTURE(c::quant_name(q), ratio, block);
+        const c::Settings s{ratio, q, block, true};
+        Buffer<float> residual = on_device(make_grad(n, 5, Data::wide));  // leftovers of earlier steps
+        for (int step = 0; step < 3; ++step) {
+          CAPTURE(step);
+          const auto g = make_grad(n, 10 + step, step == 1 ? Data::ties : Data::wide);
+          const auto r_old = on_host(residual);
+          auto grad = on_device(g);
+          const auto sent = compress_once(residual, grad, s);
+          std::vector<uint32_t> idx;
+          const auto d = dense_sent(sent.payload, n, &idx);
+          const auto r_new = on_host(residual);
+          std::vector<char> chosen(n, 0);
+          for (auto i : idx) chosen[i] = 1;
+          int64_t bad = 0, first_bad = -1;
+          for (int64_t i = 0; i < n; ++i) {
+            const float acc = feedback_of(r_old[i], g[i]);
+            const float back = d[i] + r_new[i];
+            const bool ok = chosen[i] ? back == acc : bits(r_new[i]) == bits(acc);
+            if (!ok && first_bad < 0) first_bad = i;
+            bad += !ok;
+          }
+          INFO("first bad element " << first_bad);
+          REQUIRE(bad == 0);
+        }
+      }
+}
+
+TEST_CASE("compress: with feedback off the residual is neither read nor kept", "[kernels][compress]") {
+  const int64_t n = 6007;
+  for (Quant q : {Quant::none, Quant::int8}) {
+    const auto g = make_grad(n, 77, Data::normal);
+    auto grad = on_device(g);
+    Buffer<float> residual = on_device(make_grad(n, 78, Data::normal));  // ignored
+    const auto sent = compress_once(residual, grad, c::Settings{0.05, q, 64, false});
+    const auto res = on_host(residual);
+    REQUIRE(std::all_of(res.begin(), res.end(), [](float x) { return bits(x) == 0; }));
+    Buffer<float> zero("test::zero", n);
+    const auto clean = compress_once(zero, grad, c::Settings{0.05, q, 64, true});
+    REQUIRE(on_host(sent.payload) == on_host(clean.payload));  // selected from grad alone
+  }
+}
+
+TEST_CASE("compress: quantization error is within half a scale, ties to even, int4 packs", "[kernels][compress]") {
+  SECTION("random blocks: |decoded - v| <= scale / 2 exactly") {
+    for (Quant q : {Quant::int8, Quant::int4})
+      for (int64_t block : {1, 5, 64})
+        for (Data kind : {Data::normal, Data::wide, Data::ties}) {
+          CAPTURE(c::quant_name(q), block, int(kind));
+          const int64_t k = 3001, nb = c::ceil_div(k, block);
+          const auto v = make_grad(k, uint64_t(block) * 7 + int(kind), kind);
+          auto val = on_device(v);
+          Buffer<float> scale("test::scale", nb), back("test::back", k);
+          Buffer<uint8_t> codes("test::codes", q == Quant::int8 ? k : c::ceil_div(k, 2));
+          c::quantize(V(scale), V(codes), CV(val), q, block);
+          c::dequantize(V(back), CV(scale), CV(codes), q, block);
+          const auto s = on_host(scale);
+          const auto d = on_host(back);
+          int64_t over = 0, bad_scale = 0;
+          double worst = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const double err = std::fabs(double(d[j]) - double(v[j])), half = double(s[j / block]) / 2;
+            over += err > half;
+            if (half > 0) worst = std::max(worst, err / half);
+          }
+          for (int64_t b = 0; b < nb; ++b) {
+            double m = 0;
+            for (int64_t j = b * block; j < std::min(k, (b + 1) * block); ++j) m = std::max(m, std::fabs(double(v[j])));
+            // at least max|v| / qmax, and 17 significant bits (so code * scale is exact)
+            bad_scale += double(s[b]) < m / c::quant_max(q) || (bits(s[b]) & 0x7f) != 0;
+          }
+          CAPTURE(worst);
+          REQUIRE(over == 0);
+          REQUIRE(bad_scale == 0);
+        }
+  }
+
+  SECTION("int8: round half to even of v / scale") {
+    // max 127 gives scale 1, so the codes are the rounded values themselves.
+    const std::vector<float> v = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f,
+                                  std::nextafter(0.5f, 1.0f), std::nextafter(2.5f, 0.0f), -127.0f, 0.49f};
+    const std::vector<float> expect = {127, 0, 2, 2, 0, -2, -2, 126, 1, 2, -127, 0};
+    auto val = on_device(v);
+    const int64_t k = v.size();
+    Buffer<float> scale("test::scale", 1), back("test::back", k);
+    Buffer<uint8_t> codes("test::codes", k);
+    c::quantize(V(scale), V(codes), CV(val), Quant::int8, 64);
+    c::dequantize(V(back), CV(scale), CV(codes), Quant::int8, 64);
+    REQUIRE(on_host(scale)[0] == 1.0f);
+    REQUIRE(on_host(back) == expect);
+  }
+
+  SECTION("int4: codes -7..7 pack two per byte and round-trip, odd count") {
+    std::vector<float> v;
+    for (int q = -7; q <= 7; ++q) v.push_back(float(q));  // 15 values, max 7: scale 1
+    v.push_back(3.5f);                                      // -> 4 (even)
+    v.push_back(-0.5f);                                     // -> 0, 17 values in all
+    auto val = on_device(v);
+    const int64_t k = v.size();
+    Buffer<float> scale("test::scale", 1), back("test::back", k);
+    Buffer<uint8_t> codes("test::codes", c::ceil_div(k, 2));
+    c::quantize(V(scale), V(codes), CV(val), Quant::int4, 64);
+    c::dequantize(V(back), CV(scale), CV(codes), Quant::int4, 64);
+    std::vector<float> expect(v.begin(), v.begin() + 15);
+    expect.push_back(4.0f);
+    expect.push_back(0.0f);
+    REQUIRE(on_host(back) == expect);
+    const auto b = on_host(codes);
+    REQUIRE(b.size() == 9);
+    REQUIRE(b[0] == uint8_t((-7 & 0xf) | ((-6 & 0xf) << 4)));  // entries 0 and 1
+    REQUIRE(b[7] == uint8_t((7 & 0xf) | (4 << 4)));            // entries 14 and 15
+    REQUIRE(b[8] == 0);                                        // entry 16 (code 0), empty high nibble
+    // and through a whole payload, indices included
+    const int64_t n = 40;
+    std::vector<uint32_t> ix(k);
+    for (int64_t j = 0; j < k; ++j) ix[j] = uint32_t(2 * j + 1);
+    auto idx = on_device(ix);
+    Buffer<uint8_t> payload("test::payload", c::payload_bytes(n, k, Quant::int4, 64));
+    c::encode(V(payload), CV(idx), CV(val), n, Quant::int4, 64);
+    Buffer<uint32_t> idx2("test::idx2", k);
+    Buffer<float> val2("test::val2", k);
+    c::decode(V(idx2), V(val2), CV(payload));
+    REQUIRE(on_host(idx2) == ix);
+    REQUIRE(on_host(val2) == expect);
+  }
+}
+
+TEST_CASE("compress: the same input gives the same bytes", "[kernels][compress]") {
+  const int64_t n = 70001;
+  const auto g = make_grad(n, 3, Data::ties);
+  const auto r0 = make_grad(n, 4, Data::wide);
+  for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
+    CAPTURE(c::quant_name(q));
+    const c::Settings s{0.0123, q, 63, true};  // k = 862, 14 blocks, int4 values end mid-word
+    auto grad = on_device(g);
+    auto res_a = on_device(r0), res_b = on_device(r0);
+    const auto a = compress_once(res_a, grad, s, 0xab);
+    const auto b = compress_once(res_b, grad, s, 0x5c);  // different garbage underneath
+    REQUIRE(a.bytes == b.bytes);
+    REQUIRE(on_host(a.payload) == on_host(b.payload));
+    const auto ra = on_host(res_a), rb = on_host(res_b);
+    REQUIRE(std::equal(ra.begin(), ra.end(), rb.begin(), [](float x, float y) { return bits(x) == bits(y); }));
+  }
+}
+
+TEST_CASE("compress: decode_sum of sparse payloads adds ranks in order", "[kernels][compress]") {
+  const int64_t n = 9000, R = 3;
+  std::vector<Sent> sent;
+  std::vector<Vec<const uint8_t>> payloads;
+  std::vector<float> expect(n, 0.0f), added(n, 0.0f);
+  for (int r = 0; r < R; ++r) {
+    auto grad = on_device(make_grad(n, 50 + r, Data::normal));
+    Buffer<float> residual("test::residual", n);
+    sent.push_back(compress_once(residual, grad, c::Settings{0.05, Quant::int8, 64, true}));
+    payloads.push_back(CV(sent.back().payload));
+    std::vector<uint32_t> idx;
+    const auto d = dense_sent(sent.back().payload, n, &idx);
+    for (auto i : idx) expect[i] = r == 0 ? d[i] : expect[i] + d[i];
+  }
+  Buffer<float> out("test::out", n), out2("test::out2", n);
+  Kokkos::deep_copy(out, 42.0f);  // overwritten
+  c::decode_sum(V(out), payloads);
+  const auto got = on_host(out);
+  REQUIRE(std::equal(got.begin(), got.end(), expect.begin(), [](float x, float y) { return bits(x) == bits(y); }));
+  for (const auto& p : payloads) c::decode_add(V(out2), p);
+  REQUIRE(on_host(out2) == expect);
+}
+
+TEST_CASE("compress: mass carried over steps", "[kernels][compress]") {
+  // sum over steps of what was sent, plus the last residual, is the sum of the
+  // gradients up to the rounding of acc = residual + grad alone.
+  const int64_t n = 4000, T = 20;
+  const auto g = make_grad(n, 9, Data::normal);
+  auto grad = on_device(g);
+  Buffer<float> residual("test::residual", n);
+  std::vector<double> total(n, 0.0);
+  std::vector<char> ever(n, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const auto sent = compress_once(residual, grad, c::Settings{0.1, Quant::int4, 32, true});
+    std::vector<uint32_t> idx;
+    const auto d = dense_sent(sent.payload, n, &idx);
+    for (int64_t i = 0; i < n; ++i) total[i] += d[i];
+    for (auto i : idx) ever[i] = 1;
+  }
+  const auto r = on_host(residual);
+  double worst = 0, gmax = 0;
+  for (int64_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(total[i] + r[i] - double(T) * g[i]));
+  for (float x : g) gmax = std::max(gmax, double(std::fabs(x)));
+  CAPTURE(worst, gmax);
+  REQUIRE(worst <= double(T) * double(T) * gmax * 0x1p-24);  // T steps, |acc| <= T max|g|, half an ulp each
+  // top-k with feedback reaches everything that matters: the delayed ones get sent.
+  REQUIRE(std::count(ever.begin(), ever.end(), 1) > n / 2);
+}
+
+TEST_CASE("compress: corrupted or truncated payloads are rejected", "[kernels][compress]") {
+  const int64_t n = 1000;
+  auto grad = on_device(make_grad(n, 11, Data::normal));
+  Buffer<float> residual("test::residual", n);
+  const auto good = compress_once(residual, grad, c::Settings{0.05, Quant::int8, 16, true});  // k = 50
+  const auto bytes = on_host(good.payload);
+  auto decode_bytes = [&](std::vector<uint8_t> b) {
+    auto p = on_device(b);
+    Buffer<uint32_t> idx("test::idx", 50);
+    Buffer<float> val("test::val", 50);
+    c::decode(V(idx), V(val), CV(p));
+  };
+  auto with_word = [&](int word, uint32_t value) {
+    auto b = bytes;
+    std::memcpy(b.data() + 4 * word, &value, 4);
+    return b;
+  };
+  SECTION("decode names what is wrong") {
+    REQUIRE(error_of([&] { decode_bytes(bytes); }) == "(no error)");
+    CHECK_THAT(error_of([&] { decode_bytes({}); }), Catch::Contains("truncated"));
+    CHECK_THAT(error_of([&] { decode_bytes(std::vector<uint8_t>(bytes.begin(), bytes.begin() + 19)); }),
+               Catch::Contains("truncated"));
+    CHECK_THAT(error_of([&] { decode_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end() - 4)); }),
+               Catch::Contains("truncated"));
+    auto longer = bytes;
+    longer.resize(bytes.size() + 4);
+    CHECK_THAT(error_of([&] { decode_bytes(longer); }), Catch::Contains("trailing"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(0, 0xdeadbeef)); }), Catch::Contains("magic"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(3, 7)); }), Catch::Contains("unknown quant"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(2, 0)); }), Catch::Contains("need 1 <= k <= n"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(2, 2000)); }), Catch::Contains("need 1 <= k <= n"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(1, 0)); }), Catch::Contains("need 1 <= k <= n"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(4, 0)); }), Catch::Contains("block 0"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(2, 51)); }), Catch::Contains("truncated"));  // size no longer fits
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(4, 1)); }), Catch::Contains("truncated"));   // 50 scales, not 4
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(3, 0)); }), Catch::Contains("block 16 with quant none"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(5 + 10, 5000)); }), Catch::Contains("indices are out of order"));
+    auto swapped = bytes;  // indices 3 and 4 swapped
+    std::swap_ranges(swapped.begin() + 20 + 12, swapped.begin() + 20 + 16, swapped.begin() + 20 + 16);
+    CHECK_THAT(error_of([&] { decode_bytes(swapped); }), Catch::Contains("indices are out of order"));
+  }
+
+  SECTION("decode_sum checks every payload before touching the output") {
+    auto bad = on_device(with_word(0, 0));
+    Buffer<float> out("test::out", n);
+    Kokkos::deep_copy(out, 42.0f);
+    const std::vector<Vec<const uint8_t>> payloads = {CV(good.payload), CV(bad)};
+    CHECK_THAT(error_of([&] { c::decode_sum(V(out), payloads); }),
+               Catch::StartsWith("rank 1: ") && Catch::Contains("magic"));
+    const auto o = on_host(out);
+    CHECK(std::all_of(o.begin(), o.end(), [](float x) { return x == 42.0f; }));
+    Buffer<float> shorter("test::shorter", n - 1);
+    CHECK_THAT(error_of([&] { c::decode_add(V(shorter), CV(good.payload)); }), Catch::Contains("this bucket has 999"));
+  }
+}
