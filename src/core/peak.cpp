@@ -1,4 +1,5 @@
 #include "core/peak.h"
+#include <algorithm>
 #include <chrono>
 #include <vector>
 #include "core/views.h"
@@ -26,14 +27,21 @@ double measure_sgemm_gflops(const ModelConfig& m, int batch, double seconds) {
     ExecSpace().fence();
   };
   pass();  // warm up
-  flops = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < seconds) {
-    pass();
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The best of several short trials: on a shared machine a slow trial
+  // measures the neighbours, not the core.
+  constexpr int kTrials = 5;
+  double best = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    flops = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (elapsed < seconds / kTrials) {
+      pass();
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    best = std::max(best, flops / elapsed / 1e9);
   }
-  return flops / elapsed / 1e9;
+  return best;
 }
 
 }  // namespace xx

@@ -6,7 +6,8 @@
 namespace xx {
 
 // GFLOP/s of KokkosBlas::gemm (float) on the forward and backward GEMMs of
-// one block of `model` with `batch` sequences; runs for about `seconds`.
+// one block of `model` with `batch` sequences: the best of five trials that
+// together take about `seconds`.
 double measure_sgemm_gflops(const ModelConfig& model, int batch, double seconds = 0.5);
 
 }  // namespace xx
