@@ -81,6 +81,10 @@ namespace detail {
 // Checks the group (sorted, distinct, in [0, size), contains rank) and the tag; returns this rank's index in
 // the group. Throws std::invalid_argument naming the problem.
 int check_group(const char* transport, const std::vector<int>& group, int rank, int size, uint64_t tag);
+// "rank 1, rank 3"
+std::string rank_list(const std::vector<int>& ranks);
+// Why a round timed out: peers whose payload never came, peers that never took ours.
+std::string timeout_reason(const std::vector<int>& silent, const std::vector<int>& stuck, double timeout_s);
 }  // namespace detail
 
 }  // namespace xx

@@ -39,17 +39,27 @@ int check_group(const char* transport, const std::vector<int>& group, int rank, 
   return me;
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}rank {}", i ? ", " : "", ranks[i]);
+  return s;
+}
+
+std::string timeout_reason(const std::vector<int>& silent, const std::vector<int>& stuck, double timeout_s) {
+  std::string what;
+  if (!silent.empty()) what = fmt::format("no payload from {}", rank_list(silent));
+  if (!stuck.empty())
+    what += fmt::format("{}{} did not take this rank's payload", what.empty() ? "" : "; ", rank_list(stuck));
+  return fmt::format("{} within {} s", what, timeout_s);
+}
+
 }  // namespace detail
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}rank {}", i ? ", " : "", ranks[i]);
-  return s;
-}
+using detail::rank_list;
 
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -206,11 +216,7 @@ class MpiExchange final : public PayloadExchange {
             else if (req[2 * n + i] != MPI_REQUEST_NULL || req[3 * n + i] != MPI_REQUEST_NULL)
               stuck.push_back(group[i]);
           }
-          std::string what;
-          if (!silent.empty()) what = fmt::format("no payload from {}", rank_list(silent));
-          if (!stuck.empty())
-            what += fmt::format("{}{} did not take this rank's payload", what.empty() ? "" : "; ", rank_list(stuck));
-          fail(group, req, round, tag, fmt::format("{} within {} s", what, timeout_s));
+          fail(group, req, round, tag, detail::timeout_reason(silent, stuck, timeout_s));
         }
         std::this_thread::yield();
       }

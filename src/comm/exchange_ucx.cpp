@@ -35,11 +35,7 @@ constexpr double kCloseTimeout = 5.0;  // seconds the destructor waits for endpo
 
 ucp_tag_t make_tag(uint64_t round, int source) { return (ucp_tag_t(round) << kSourceBits) | ucp_tag_t(source); }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}rank {}", i ? ", " : "", ranks[i]);
-  return s;
-}
+using detail::rank_list;
 
 void on_send(void*, ucs_status_t, void*) {}
 void on_recv(void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {}
@@ -299,11 +295,7 @@ class UcxExchange final : public PayloadExchange {
           else if (sends[i].pending)
             stuck.push_back(group[i]);
         }
-        std::string what;
-        if (!silent.empty()) what = fmt::format("no payload from {}", rank_list(silent));
-        if (!stuck.empty())
-          what += fmt::format("{}{} did not take this rank's payload", what.empty() ? "" : "; ", rank_list(stuck));
-        fail(group, sends, recvs, round, tag, fmt::format("{} within {} s", what, timeout_s));
+        fail(group, sends, recvs, round, tag, detail::timeout_reason(silent, stuck, timeout_s));
       }
       if (!work) std::this_thread::yield();
     }
