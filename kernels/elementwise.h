@@ -74,6 +74,20 @@ double sum_squares(Vec<const T> x) {
   return s;
 }
 
+// out (N, C): row i = table(index(i), :). The embedding lookup and the MoE
+// dispatch are both this gather; index is any integer view.
+template <class T, class Index>
+void gather_rows(const char* label, Mat<T> out, Mat<const T> table, Index index) {
+  const int64_t C = out.extent(1);
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace>(0, out.extent(0)), KOKKOS_LAMBDA(int64_t i) {
+        const T* src = &table(index(i), 0);
+        T* dst = &out(i, 0);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+      });
+}
+
 // number of entries that are not finite
 template <class T>
 int64_t count_nonfinite(Vec<const T> x) {

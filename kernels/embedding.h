@@ -3,16 +3,14 @@
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/elementwise.h"
 
 namespace xx::kernels {
 
 // out (N, C) = wte[tokens];   wte (V, C)
 template <class T>
 void embedding_forward(Mat<T> out, Tokens tokens, Mat<const T> wte) {
-  const int64_t C = out.extent(1);
-  Kokkos::parallel_for(
-      "embedding_forward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(out.extent(0)), C}),
-      KOKKOS_LAMBDA(int64_t i, int64_t c) { out(i, c) = wte(tokens(i), c); });
+  gather_rows<T>("embedding_forward", out, wte, tokens);
 }
 
 // dwte (V, C) += sum over i with tokens(i) = v of dout(i, :)

@@ -6,6 +6,7 @@
 // Activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/elementwise.h"
 #include "kernels/math.h"
 
 namespace xx::kernels {
@@ -96,10 +97,7 @@ inline void route_positions(Index1 counts, Index1 offsets, Index2 pos, Index1 to
 // xe (N*k, C): row p = x(token_of(p))
 template <class T>
 void dispatch_forward(Mat<T> xe, Mat<const T> x, Index1 token_of) {
-  const int64_t C = x.extent(1);
-  Kokkos::parallel_for(
-      "moe::dispatch", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(xe.extent(0)), C}),
-      KOKKOS_LAMBDA(int64_t p, int64_t c) { xe(p, c) = x(token_of(p), c); });
+  gather_rows<T>("moe::dispatch", xe, x, token_of);
 }
 
 // dx (N, C) = sum over the token's slots of dxe(pos(t, j)), in slot order

@@ -136,37 +136,6 @@ TEST_CASE("rope split backward matches finite differences and preserves norms", 
 }
 
 
-TEST_CASE("blocked causal attention matches a naive reference and finite differences", "[kernels]") {
-  const int64_t BH = 3, D = 4;
-  auto [T, block] = GENERATE(std::pair<int64_t, int64_t>{7, 3}, std::pair<int64_t, int64_t>{8, 4},
-                             std::pair<int64_t, int64_t>{5, 8});
-  CAPTURE(T, block);
-  k::CausalBlocks blocks(T, block);
-  auto q = random_buffer(BH * T * D, 17), kk = random_buffer(BH * T * D, 18), v = random_buffer(BH * T * D, 19);
-  auto r = random_buffer(BH * T * D, 20);
-  Buffer<double> out("out", BH * T * D), att("att", BH * blocks.per_head());
-  Buffer<double> dq("dq", BH * T * D), dk("dk", BH * T * D), dv("dv", BH * T * D), scratch("scratch", block * T);
-  auto loss = [&] {
-    k::attention_forward<double>(M(out, BH * T, D), V(att), M(q, BH * T, D), M(kk, BH * T, D), M(v, BH * T, D),
-                                 blocks, BH);
-    return dot(out, r);
-  };
-  loss();
-  auto host = [](const Buffer<double>& b) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
-    return std::vector<double>(h.data(), h.data() + h.extent(0));
-  };
-  auto ref = naive_attention(host(q), host(kk), host(v), BH, T, D, D);
-  auto got = host(out);
-  for (size_t i = 0; i < ref.size(); ++i) REQUIRE(got[i] == Approx(ref[i]).epsilon(1e-12).margin(1e-14));
-
-  k::attention_backward<double>(M(dq, BH * T, D), M(dk, BH * T, D), M(dv, BH * T, D), V(scratch), M(r, BH * T, D),
-                                V(att), M(q, BH * T, D), M(kk, BH * T, D), M(v, BH * T, D), blocks, BH);
-  check_gradient("attention dq", q, dq, loss, 100);
-  check_gradient("attention dk", kk, dk, loss, 100);
-  check_gradient("attention dv", v, dv, loss, 100);
-}
-
 TEST_CASE("merge heads is a permutation and its backward the inverse", "[kernels]") {
   const int64_t B = 2, T = 3, H = 2, D = 2;
   auto heads = random_buffer(B * H * T * D, 21), r = random_buffer(B * T * H * D, 22);
