@@ -83,11 +83,22 @@ struct OptimizerConfig {
 };
 
 // schedule cosine [warmup W] [min_lr X] [total S]
+//        | sgdr period P [mult M] [min_lr X] [warmup W] [jitter J] [restart_from last|best]
+//        | step every S factor F [jitter J] [warmup W]
+// Steps count from 1 across every run of the deck; the peak is the optimizer's
+// lr. The LR is a pure function of this, the lr, the seed and the step
+// (src/train/schedule.h), so every rank and every resume sees the same value.
 struct ScheduleConfig {
-  std::string kind = "cosine";
-  int64_t warmup = 0;
-  double min_lr = 0.0;
-  int64_t total = 0;  // 0: the sum of every `run` in the deck
+  std::string kind = "cosine";  // cosine: one decay; sgdr: cosine with warm restarts; step: step decay
+  int64_t warmup = 0;           // W: linear warmup steps before any of them
+  double min_lr = 0.0;          // cosine, sgdr: the value at the end of the decay (of each cycle)
+  int64_t total = 0;            // cosine: steps to min_lr, warmup included; 0: the sum of every `run` in the deck
+  int64_t period = 1;           // sgdr: P, steps in the first cycle
+  double mult = 1.0;            // sgdr: M, each cycle is M times as long as the one before
+  int64_t every = 1;            // step: S, steps per decay level
+  double factor = 0.1;          // step: F, the lr is multiplied by F once per level
+  double jitter = 0.0;          // sgdr, step: J, each restart's peak (each level) times a factor in [1-J, 1+J] from the seed
+  std::string restart_from = "last";  // sgdr: a restart continues from the last weights, or from the cycle's best validation point
 };
 
 // sync dense [bucket_mb X]
@@ -107,6 +118,22 @@ struct TopologyConfig {
   std::string kind = "full";  // full: everyone; clusters: random groups of N; ring: each rank and its two neighbours
   int size = 4;               // N
   int64_t redraw = 0;         // clusters: draw a new partition every S steps (0: once per phase)
+};
+
+// compress off
+//        | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M]
+//                     [min_size N] [warmup STEPS] [block B] [transport auto|ucx|mpi]
+// Gradient compression under sync dense|accumulate (docs/COMMUNICATION.md).
+struct CompressConfig {
+  std::string kind = "off";        // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
+  double ratio = 0.01;             // fraction of each bucket sent (1: every entry, through the sparse path)
+  std::string quant = "none";      // how the selected values travel
+  bool feedback = true;            // error feedback: what was not sent is added to the next gradient
+  double momentum = 0.0;           // DGC momentum correction (0: off)
+  int64_t min_size = 0;            // tensors smaller than this go dense
+  int64_t warmup = 0;              // steps over which the ratio falls from 1 to RATIO (exponentially)
+  int64_t block = 64;              // values per quantization scale
+  std::string transport = "auto";  // sparse exchange: auto (UCX if it starts, else MPI), ucx, mpi
 };
 
 // output dir PATH [log_every N] [progress auto|on|off]
@@ -141,6 +168,7 @@ struct Config {
   ScheduleConfig schedule;
   SyncConfig sync;
   TopologyConfig topology;
+  CompressConfig compress;
   OutputConfig output;
   EvalConfig eval;
   CheckpointConfig checkpoint;

@@ -2,11 +2,14 @@
 // ranks, a small deterministic corpus, and decks built from text.
 #pragma once
 #include <mpi.h>
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
 #include "deck/deck.h"
+#include "train/trainer.h"
 
 namespace xx::test {
 
@@ -80,6 +83,36 @@ inline std::string small_deck(const std::string& corpus, const std::string& out_
          "eval every 3 batches 2\n"
          "checkpoint every 0\n" + extra +
          "run " + std::to_string(steps) + "\n";
+}
+
+// FNV-1a over the bits of a buffer: equal fingerprints, equal bits.
+inline uint64_t fingerprint(const Buffer<float>& b) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  uint64_t x = 1469598103934665603ULL;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
+  for (size_t i = 0; i < h.extent(0) * sizeof(float); ++i) x = (x ^ bytes[i]) * 1099511628211ULL;
+  return x;
+}
+
+inline std::vector<uint64_t> all_fingerprints(const Buffer<float>& params) {
+  const uint64_t mine = fingerprint(params);
+  std::vector<uint64_t> all(mpi_size());
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+inline bool all_equal(const std::vector<uint64_t>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
+}
+
+// Every phase of a deck, quietly; the global mean loss of each step.
+inline std::vector<double> run_deck(const Program& program, const std::string& resume = "") {
+  RunOptions options;
+  options.quiet = true;
+  options.resume = resume;
+  Trainer trainer(MPI_COMM_WORLD, program, options);
+  trainer.run();
+  return trainer.losses();
 }
 
 }  // namespace xx::test

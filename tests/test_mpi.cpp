@@ -10,27 +10,6 @@
 using namespace xx;
 using namespace xx::test;
 
-namespace {
-
-uint64_t fingerprint(const Buffer<float>& b) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
-  uint64_t x = 1469598103934665603ULL;  // FNV-1a over the bits
-  const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
-  for (size_t i = 0; i < h.extent(0) * sizeof(float); ++i) x = (x ^ bytes[i]) * 1099511628211ULL;
-  return x;
-}
-
-std::vector<double> run_deck(const Program& program, const std::string& resume = "") {
-  RunOptions options;
-  options.quiet = true;
-  options.resume = resume;
-  Trainer trainer(MPI_COMM_WORLD, program, options);
-  trainer.run();
-  return trainer.losses();
-}
-
-}  // namespace
-
 TEST_CASE("all ranks hold identical parameters after every step", "[mpi]") {
   const auto dir = shared_scratch("identical");
   const auto corpus = make_corpus(dir);
@@ -95,18 +74,6 @@ TEST_CASE("a deck with two run phases continues the step count", "[mpi]") {
   REQUIRE(trainer.losses().size() == 5);
 }
 
-namespace {
-
-std::vector<uint64_t> all_fingerprints(const Buffer<float>& params) {
-  const uint64_t mine = fingerprint(params);
-  std::vector<uint64_t> all(mpi_size());
-  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
-  return all;
-}
-
-bool all_equal(const std::vector<uint64_t>& v) { return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end(); }
-
-}  // namespace
 
 TEST_CASE("sync accumulate K equals one step on K times the batch, with one all-reduce", "[mpi][sync]") {
   const auto dir = shared_scratch("accumulate");

@@ -73,6 +73,7 @@ Option integer(std::string name, std::variant<int*, int64_t*, uint64_t*> target,
 Option real(std::string name, double* target, Range range = {}) { return {std::move(name), target, range, {}, "a number"}; }
 Option path(std::string name, std::string* target) { return {std::move(name), target, {}, {}, "a path"}; }
 Option yes_no(std::string name, bool* target) { return {std::move(name), target, {}, {"yes", "no"}, "yes or no"}; }
+Option on_off(std::string name, bool* target) { return {std::move(name), target, {}, {"on", "off"}, "on or off"}; }
 Option choice(std::string name, std::string* target, std::vector<std::string> choices) {
   Option o{std::move(name), target, {}, std::move(choices), ""};
   o.expected = "one of: " + fmt::format("{}", fmt::join(o.choices, ", "));
@@ -116,7 +117,7 @@ void set_value(const Option& o, const std::string& word, const std::string& wher
           if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), word) == o.choices.end())
             input_error("{}: bad value '{}' for '{}' (expected {}){}", where, word, o.name, o.expected,
                         suggest(word, o.choices));
-          if constexpr (std::is_same_v<T, bool>) *p = word == "yes";
+          if constexpr (std::is_same_v<T, bool>) *p = word == o.choices.front();  // yes, on
           else *p = word;
         } else {
           auto v = parse_number<T>(word);
@@ -132,9 +133,9 @@ void set_value(const Option& o, const std::string& word, const std::string& wher
 
 std::string value_text(const Option& o) {
   return std::visit(
-      [](auto* p) -> std::string {
+      [&o](auto* p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>) return *p ? "yes" : "no";
+        if constexpr (std::is_same_v<T, bool>) return *p ? o.choices.front() : o.choices.back();
         else if constexpr (std::is_same_v<T, std::string>) return p->empty() ? "(none)" : *p;
         else return fmt::format("{}", *p);
       },
@@ -280,8 +281,24 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {integer("warmup", &c.schedule.warmup, at_least(0)), real("min_lr", &c.schedule.min_lr, at_least(0)),
           integer("total", &c.schedule.total, at_least(0))},
          {},
+         {}},
+        {"sgdr",
+         {},
+         {integer("period", &c.schedule.period, at_least(1)), real("mult", &c.schedule.mult, at_least(1)),
+          real("min_lr", &c.schedule.min_lr, at_least(0)), integer("warmup", &c.schedule.warmup, at_least(0)),
+          real("jitter", &c.schedule.jitter, within(0, 1, false, true)),
+          choice("restart_from", &c.schedule.restart_from, {"last", "best"})},
+         {"period"},
+         {}},
+        {"step",
+         {},
+         {integer("every", &c.schedule.every, at_least(1)), real("factor", &c.schedule.factor, within(0, 1, true, false)),
+          real("jitter", &c.schedule.jitter, within(0, 1, false, true)),
+          integer("warmup", &c.schedule.warmup, at_least(0))},
+         {"every", "factor"},
          {}}},
-       "schedule cosine [warmup W] [min_lr X] [total S]"},
+       "schedule cosine [warmup W] [min_lr X] [total S] | sgdr period P [mult M] [min_lr X] [warmup W] [jitter J] "
+       "[restart_from last|best] | step every S factor F [jitter J] [warmup W]"},
       {"sync",
        &c.sync.kind,
        "kind",
@@ -301,6 +318,21 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
         {"clusters", {integer("size", &c.topology.size, at_least(1))}, {integer("redraw", &c.topology.redraw, at_least(0))}, {}, {}},
         {"ring", {}, {}, {}, {}}},
        "topology full | clusters N [redraw S] | ring"},
+      {"compress",
+       &c.compress.kind,
+       "kind",
+       {{"off", {}, {}, {}, {}},
+        {"topk",
+         {real("ratio", &c.compress.ratio, within(0, 1, true, false))},
+         {choice("quant", &c.compress.quant, {"none", "int8", "int4"}), on_off("feedback", &c.compress.feedback),
+          real("momentum", &c.compress.momentum, within(0, 1, false, true)),
+          integer("min_size", &c.compress.min_size, at_least(0)), integer("warmup", &c.compress.warmup, at_least(0)),
+          integer("block", &c.compress.block, at_least(1)),
+          choice("transport", &c.compress.transport, {"auto", "ucx", "mpi"})},
+         {},
+         {}}},
+       "compress off | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
+       "[block B] [transport auto|ucx|mpi]"},
       {"output",
        nullptr,
        "",

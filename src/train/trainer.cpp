@@ -90,10 +90,31 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   resume_path.resize(n);
   MPI_Bcast(resume_path.data(), n, MPI_CHAR, 0, comm_);
 
+  // Compression: one `compress topk` setting per deck (phases may turn it off
+  // and on), for gradient averaging over everyone or over clusters.
+  const CompressConfig* topk = nullptr;
+  for (const auto& p : program.phases) {
+    const auto& c = p.config.compress;
+    if (c.kind != "topk") continue;
+    if (p.config.sync.kind == "local")
+      input_error("{}: compress topk with sync local (expected sync dense or accumulate: compression applies to "
+                  "gradients)", p.where);
+    if (p.config.topology.kind == "ring")
+      input_error("{}: compress topk with topology ring (expected topology full or clusters)", p.where);
+    if (topk && (c.ratio != topk->ratio || c.quant != topk->quant || c.feedback != topk->feedback ||
+                 c.momentum != topk->momentum || c.min_size != topk->min_size || c.warmup != topk->warmup ||
+                 c.block != topk->block || c.transport != topk->transport))
+      input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
+                  p.where);
+    topk = &c;
+  }
+  comm_ops_ = std::make_unique<Communicator>(comm_, topk ? topk->transport : "");
+
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch);
   model_->init(cfg_.seed);
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
   sync_ = std::make_unique<GradientSync>(comm_, model_->grads(), cfg_.sync.bucket_mb);
+  if (topk) compressed_ = std::make_unique<CompressedSync>(model_->layout(), model_->grads(), *topk, cfg_.sync.bucket_mb);
   topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
@@ -192,13 +213,10 @@ std::string Trainer::backends() const {
   out += fmt::format("  {:<18} {}\n", "kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
   out += fmt::format("  {:<18} {}\n", "gemm", "KokkosBlas::gemm -> BLAS (host)");
   out += fmt::format("  {:<18} {}\n", "control", mpi_name);
-  out += fmt::format("  {:<18} MPI_Iallreduce, {} buckets of {} MB, overlapped with backward\n", "gradient sync",
+  out += fmt::format("  {:<18} {} buckets of {} MB, all-reduced during the backward\n", "gradient sync",
                      sync_->buckets(), cfg_.sync.bucket_mb);
-#ifdef XX_HAVE_NCCL
-  out += fmt::format("  {:<18} {}\n", "nccl", "compiled in (used for device buffers)");
-#else
-  out += fmt::format("  {:<18} {}\n", "nccl", "not built");
-#endif
+  if (compressed_) out += fmt::format("  {:<18} {}\n", "compression", compressed_->describe());
+  out += comm_ops_->report() + "\n";
   out += fmt::format("  {:<18} {}\n", "checkpoints", "HDF5 (rank 0, fletcher32)");
   out += fmt::format("  {:<18} {} threads, queue {}\n", "data loader", cfg_.data.workers, cfg_.data.queue);
   out += fmt::format("  {:<18} {:.1f} GFLOP/s per core{}\n", "peak (MFU)", peak_gflops_,
@@ -243,7 +261,8 @@ double Trainer::train_step() {
   topology_->update(cfg_.topology, step_, phase_start_);
   // Gradients are all-reduced in buckets during the backward, within the
   // group; the ring gossips after it.
-  const bool overlap = !local && !topology_->is_ring();
+  const bool compress = cfg_.compress.kind == "topk";
+  const bool overlap = !local && !topology_->is_ring() && !compress;
   model_->zero_grads();
   sync_->begin(topology_->group());
   LossParts mean;
@@ -263,8 +282,9 @@ double Trainer::train_step() {
       if (overlap) sync_->ready(offset);
     });
   }
-  if (overlap) sync_->finish(micro);
-  step_comm_ = sync_->stats();
+  step_comm_ = CommStats{};
+  if (overlap) sync_->finish(micro), step_comm_ = sync_->stats();
+  if (compress) compressed_->reduce(topology_->members(), topology_->group(), step_, micro, *comm_ops_, step_comm_);
   if (!local && topology_->is_ring()) {
     auto& g = model_->grads();
     if (micro > 1) kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), 1.0f / float(micro));
@@ -304,12 +324,8 @@ void Trainer::average_parameters(bool global) {
   Kokkos::deep_copy(mean_, params);
   if (global && world_ > 1) {
     ExecSpace().fence();
-    const double t0 = MPI_Wtime();
-    MPI_Allreduce(MPI_IN_PLACE, mean_.data(), int(P), MPI_FLOAT, MPI_SUM, comm_);
+    comm_ops_->dense().execute(mean_.data(), P, comm_, step_comm_);
     kernels::scale_inplace<float>(Vec<float>(mean_.data(), P), 1.0f / float(world_));
-    step_comm_.seconds += MPI_Wtime() - t0;
-    step_comm_.rounds += 1;
-    step_comm_.bytes_sent += P * int64_t(sizeof(float));
   } else if (!global) {
     topology_->average(mean_.data(), P, step_comm_);
   }
@@ -401,6 +417,7 @@ void Trainer::run() {
     cfg_.grad_check = phase.config.grad_check;
     phase_start_ = phase_end - phase.steps;
     cfg_.topology = phase.config.topology;
+    cfg_.compress = phase.config.compress;
     cfg_.sync.kind = phase.config.sync.kind;
     cfg_.sync.every = phase.config.sync.every;
     cfg_.sync.outer = phase.config.sync.outer;
@@ -435,6 +452,7 @@ void Trainer::run() {
                   {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
         if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
         if (consensus_ >= 0) record["consensus_distance"] = consensus_;
+        if (cfg_.compress.kind == "topk") record["compress_ratio"] = compressed_->ratio_at(step_ - 1);
         std::string extra;
         if (!expert_load_.empty()) {
           // expert load across routed experts (all MoE layers, all ranks): min and max

@@ -7,7 +7,9 @@
 #include <vector>
 #include <map>
 #include "ckpt/checkpoint.h"
+#include "comm/compressed_sync.h"
 #include "comm/grad_sync.h"
+#include "comm/ops.h"
 #include "comm/topology.h"
 #include "data/corpus.h"
 #include "data/loader.h"
@@ -47,6 +49,7 @@ class Trainer {
   std::string backends() const;
   const CommStats& last_comm() const { return step_comm_; }  // communication of the last step
   double consensus_distance() const { return consensus_; }   // at the last sync local, -1 before
+  const CompressedSync* compressed() const { return compressed_.get(); }  // null without compress topk
 
  private:
   double evaluate();
@@ -65,7 +68,9 @@ class Trainer {
   std::unique_ptr<RunLog> log_;
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<AdamW<float>> optimizer_;
+  std::unique_ptr<Communicator> comm_ops_;  // which transport serves which traffic
   std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<CompressedSync> compressed_;  // compress topk in the deck
   std::unique_ptr<Topology> topology_;
   int64_t phase_start_ = 0;
   std::unique_ptr<BatchLoader> loader_;

@@ -1,0 +1,186 @@
+#include "comm/compressed_sync.h"
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include "kernels/elementwise.h"
+
+namespace xx {
+namespace cx = kernels::compress;
+
+namespace {
+
+constexpr double kExchangeTimeout = 300;  // seconds without a peer's payload before the step fails
+
+cx::Quant quant_of(const std::string& q) {
+  return q == "int8" ? cx::Quant::int8 : q == "int4" ? cx::Quant::int4 : cx::Quant::none;
+}
+
+Vec<float> part(const Buffer<float>& b, int64_t begin, int64_t end) { return Vec<float>(b.data() + begin, end - begin); }
+
+}  // namespace
+
+CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, const CompressConfig& cfg,
+                               double bucket_mb)
+    : cfg_(cfg), grads_(grads) {
+  settings_.ratio = cfg.ratio;
+  settings_.quant = quant_of(cfg.quant);
+  settings_.block = cfg.block;
+  settings_.feedback = cfg.feedback;
+  // Pack the tensors by size class, merging neighbours in the flat buffer.
+  auto add = [](std::vector<Range>& to, int64_t offset, int64_t size) {
+    if (!to.empty() && to.back().offset + to.back().size == offset) to.back().size += size;
+    else to.push_back({offset, size});
+  };
+  for (const auto& t : layout.tensors()) {
+    if (t.size >= cfg.min_size) add(sparse_ranges_, t.offset, t.size), sparse_n_ += t.size;
+    else add(dense_ranges_, t.offset, t.size), dense_n_ += t.size;
+  }
+  const int64_t per_bucket = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+  int64_t largest = 0;
+  for (int64_t b = 0; b < sparse_n_; b += per_bucket) {
+    buckets_.push_back({b, std::min(sparse_n_, b + per_bucket)});
+    largest = std::max(largest, buckets_.back().end - b);
+  }
+  packed_ = Buffer<float>("CompressedSync::packed", sparse_n_);
+  dense_ = Buffer<float>("CompressedSync::dense", dense_n_ + sparse_n_);
+  residual_ = Buffer<float>("CompressedSync::residual", sparse_n_);
+  if (cfg.momentum > 0) momentum_ = Buffer<float>("CompressedSync::momentum", sparse_n_);
+  ws_ = cx::Workspace(largest, largest);
+}
+
+double CompressedSync::ratio_at(int64_t step) const {
+  if (step >= cfg_.warmup) return cfg_.ratio;
+  return std::pow(cfg_.ratio, double(step + 1) / double(cfg_.warmup + 1));
+}
+
+bool CompressedSync::compressed(const Bucket& b, double ratio) const {
+  const int64_t n = b.end - b.begin;
+  if (cfg_.ratio >= 1) return true;  // asked for: every entry through the sparse path
+  return cx::payload_bytes(n, cx::topk_count(n, ratio), settings_.quant, settings_.block) <
+         n * int64_t(sizeof(float));
+}
+
+int CompressedSync::compressed_buckets(int64_t step) const {
+  const double r = ratio_at(step);
+  return int(std::count_if(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return compressed(b, r); }));
+}
+
+std::string CompressedSync::describe() const {
+  return fmt::format("top-k {} ({} quant, feedback {}{}), {} buckets over {} values, {} values dense (min_size {})",
+                     cfg_.ratio, cfg_.quant, cfg_.feedback ? "on" : "off",
+                     cfg_.momentum > 0 ? fmt::format(", momentum {}", cfg_.momentum) : "", buckets_.size(),
+                     sparse_n_, dense_n_, cfg_.min_size);
+}
+
+void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int64_t step, int micro_steps,
+                            Communicator& comm, CommStats& stats) {
+  const int R = int(members.size());
+  const double ratio = ratio_at(step);
+  cx::Settings s = settings_;
+  s.ratio = ratio;
+
+  // 1. pack
+  for (int64_t at = 0; const auto& r : sparse_ranges_)
+    Kokkos::deep_copy(part(packed_, at, at + r.size), part(grads_, r.offset, r.offset + r.size)), at += r.size;
+  for (int64_t at = 0; const auto& r : dense_ranges_)
+    Kokkos::deep_copy(part(dense_, at, at + r.size), part(grads_, r.offset, r.offset + r.size)), at += r.size;
+  // Momentum correction (DGC): the local momentum u = m u + g is what gets
+  // accumulated and sent; u is cleared where it was sent.
+  Buffer<float> send = packed_;
+  if (cfg_.momentum > 0) {
+    kernels::scale_inplace<float>(Vec<float>(momentum_.data(), sparse_n_), float(cfg_.momentum));
+    kernels::add_inplace<float>(Vec<float>(momentum_.data(), sparse_n_), Vec<const float>(packed_.data(), sparse_n_));
+    send = momentum_;
+  }
+
+  // 2. compress, or flush into the dense part
+  std::vector<const Bucket*> sparse;
+  std::vector<int64_t> offsets;  // of each compressed bucket's payload
+  int64_t bytes = 0, dense_n = dense_n_;
+  std::vector<std::pair<const Bucket*, int64_t>> flushed;  // bucket, its place in dense_
+  for (const auto& b : buckets_) {
+    const int64_t n = b.end - b.begin;
+    if (compressed(b, ratio)) {
+      sparse.push_back(&b);
+      offsets.push_back(bytes);
+      bytes += cx::payload_bytes(n, cx::topk_count(n, ratio), s.quant, s.block);
+    } else {
+      flushed.push_back({&b, dense_n});
+      dense_n += n;
+    }
+  }
+  payload_.resize(bytes);
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    const Bucket& b = *sparse[i];
+    const int64_t n = b.end - b.begin, k = cx::topk_count(n, ratio);
+    Vec<uint8_t> out(reinterpret_cast<uint8_t*>(payload_.data()) + offsets[i],
+                     cx::payload_bytes(n, k, s.quant, s.block));
+    cx::compress(out, part(residual_, b.begin, b.end), part(send, b.begin, b.end), s, ws_);
+    if (cfg_.momentum > 0) {
+      Vec<float> u = part(momentum_, b.begin, b.end);
+      Vec<const uint32_t> idx(ws_.idx.data(), k);
+      Kokkos::parallel_for(
+          "CompressedSync::mask_momentum", Kokkos::RangePolicy<ExecSpace>(0, k),
+          KOKKOS_LAMBDA(int64_t j) { u(idx(j)) = 0.0f; });
+    }
+  }
+  for (const auto& [bp, at] : flushed) {
+    const Bucket& b = *bp;
+    Vec<float> out = part(dense_, at, at + (b.end - b.begin));
+    Kokkos::deep_copy(out, part(send, b.begin, b.end));
+    if (cfg_.feedback) {  // nothing held back survives a dense step
+      kernels::add_inplace<float>(out, part(residual_, b.begin, b.end));
+      Kokkos::deep_copy(part(residual_, b.begin, b.end), 0.0f);
+    }
+    if (cfg_.momentum > 0) Kokkos::deep_copy(part(momentum_, b.begin, b.end), 0.0f);
+  }
+  ExecSpace().fence();
+
+  // 3. exchange and decode
+  if (!sparse.empty()) {
+    std::vector<std::vector<std::byte>> got;
+    const double t0 = MPI_Wtime();
+    if (R > 1) {
+      got = comm.sparse().exchange(members, payload_, uint64_t(step), kExchangeTimeout);
+      stats.rounds += 1;
+      stats.bytes_sent += comm.sparse().bytes_sent();
+    } else {
+      got.push_back(payload_);
+    }
+    stats.seconds += MPI_Wtime() - t0;
+    for (int r = 0; r < R; ++r)
+      if (int64_t(got[r].size()) != bytes)
+        throw std::runtime_error(fmt::format("step {}: compressed gradients from rank {} are {} bytes, expected {} "
+                                             "(do the ranks run the same deck?)",
+                                             step + 1, members[r], got[r].size(), bytes));
+    for (size_t i = 0; i < sparse.size(); ++i) {
+      const Bucket& b = *sparse[i];
+      const int64_t size = cx::payload_bytes(b.end - b.begin, cx::topk_count(b.end - b.begin, ratio), s.quant, s.block);
+      std::vector<Vec<const uint8_t>> payloads;
+      for (int r = 0; r < R; ++r)
+        payloads.emplace_back(reinterpret_cast<const uint8_t*>(got[r].data()) + offsets[i], size);
+      try {
+        cx::decode_sum(part(packed_, b.begin, b.end), payloads);
+      } catch (const std::runtime_error& e) {  // decode_sum names the index in the group
+        throw std::runtime_error(fmt::format("step {}: compressed gradients, group {}: {}", step + 1,
+                                             detail::rank_list(members), e.what()));
+      }
+    }
+  }
+
+  // 4. the dense part
+  if (R > 1) comm.dense().execute(dense_.data(), dense_n, group, stats);
+
+  // 5. unpack and average
+  for (const auto& [bp, at] : flushed)
+    Kokkos::deep_copy(part(packed_, bp->begin, bp->end), part(dense_, at, at + (bp->end - bp->begin)));
+  for (int64_t at = 0; const auto& r : sparse_ranges_)
+    Kokkos::deep_copy(part(grads_, r.offset, r.offset + r.size), part(packed_, at, at + r.size)), at += r.size;
+  for (int64_t at = 0; const auto& r : dense_ranges_)
+    Kokkos::deep_copy(part(grads_, r.offset, r.offset + r.size), part(dense_, at, at + r.size)), at += r.size;
+  if (R * micro_steps > 1)
+    kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(R * micro_steps));
+  ExecSpace().fence();
+}
+
+}  // namespace xx

@@ -1,0 +1,135 @@
+#include "comm/ops.h"
+#include <climits>
+#include <map>
+#include <fmt/format.h>
+#include "core/error.h"
+#include "core/views.h"
+#ifdef XX_HAVE_NCCL
+#include "comm/nccl.h"
+#endif
+
+namespace xx {
+namespace {
+
+// Gradients live where Kokkos allocates them; NCCL wants device memory.
+constexpr bool kDeviceBuffers = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+
+class MpiAllreduce final : public DenseAllreduce {
+ public:
+  const char* name() const override { return "mpi"; }
+  bool enabled() const override { return true; }
+  std::string disabled_reason() const override { return ""; }
+  void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
+    int size = 1;
+    MPI_Comm_size(group, &size);
+    if (size == 1 || n == 0) return;
+    const double t0 = MPI_Wtime();
+    for (int64_t at = 0; at < n; at += INT_MAX) {  // MPI counts are int
+      const int count = int(std::min<int64_t>(INT_MAX, n - at));
+      MPI_Allreduce(MPI_IN_PLACE, buffer + at, count, MPI_FLOAT, MPI_SUM, group);
+      stats.rounds += 1;
+    }
+    stats.seconds += MPI_Wtime() - t0;
+    stats.bytes_sent += n * int64_t(sizeof(float));
+  }
+};
+
+class NcclAllreduce final : public DenseAllreduce {
+ public:
+  explicit NcclAllreduce(MPI_Comm world) : world_(world) {}
+  const char* name() const override { return "nccl"; }
+  bool enabled() const override { return built() && kDeviceBuffers; }
+  std::string disabled_reason() const override {
+    if (!built()) return "not built (no CUDA toolkit with NCCL at configure time)";
+    if (!kDeviceBuffers) return fmt::format("gradients live in host memory (Kokkos {})", ExecSpace::name());
+    return "";
+  }
+  void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
+#ifdef XX_HAVE_NCCL
+    // One NCCL communicator per distinct group of world ranks, made on first
+    // use (collective over the group, like the all-reduce itself).
+    MPI_Group world_group, g;
+    MPI_Comm_group(world_, &world_group);
+    MPI_Comm_group(group, &g);
+    int size = 0;
+    MPI_Group_size(g, &size);
+    std::vector<int> local(size), members(size);
+    for (int i = 0; i < size; ++i) local[i] = i;
+    MPI_Group_translate_ranks(g, size, local.data(), world_group, members.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&world_group);
+    if (size == 1 || n == 0) return;
+    auto& ctx = contexts_[members];
+    if (!ctx) ctx = std::make_unique<NcclContext>(group);
+    const double t0 = MPI_Wtime();
+    ctx->allreduce_sum(buffer, size_t(n));
+    stats.seconds += MPI_Wtime() - t0;
+    stats.rounds += 1;
+    stats.bytes_sent += n * int64_t(sizeof(float));
+#else
+    throw std::logic_error("nccl all-reduce called in a build without NCCL");
+#endif
+  }
+
+ private:
+  static constexpr bool built() {
+#ifdef XX_HAVE_NCCL
+    return true;
+#else
+    return false;
+#endif
+  }
+  MPI_Comm world_;
+#ifdef XX_HAVE_NCCL
+  std::map<std::vector<int>, std::unique_ptr<NcclContext>> contexts_;
+#endif
+};
+
+template <class Op>
+Op* first_enabled(const std::vector<std::unique_ptr<Op>>& ops) {
+  for (const auto& op : ops)
+    if (op->enabled()) return op.get();
+  return nullptr;
+}
+
+template <class Op>
+std::string describe(const char* traffic, const std::vector<std::unique_ptr<Op>>& ops, const Op* chosen) {
+  std::string line = fmt::format("  {:<18} {}", traffic, chosen ? chosen->name() : "none");
+  for (const auto& op : ops) {
+    if (op.get() == chosen) break;
+    line += fmt::format(" ({}: {})", op->name(), op->disabled_reason());
+  }
+  return line;
+}
+
+}  // namespace
+
+Communicator::Communicator(MPI_Comm world, const std::string& sparse_transport) {
+  dense_ops_.push_back(std::make_unique<NcclAllreduce>(world));
+  dense_ops_.push_back(std::make_unique<MpiAllreduce>());
+  dense_ = first_enabled(dense_ops_);
+  if (sparse_transport.empty()) return;
+  // Both exchanges are collective to create; every rank builds the same list.
+  if (sparse_transport != "mpi") sparse_ops_.push_back(make_ucx_exchange(world));
+  if (sparse_transport != "ucx") sparse_ops_.push_back(make_mpi_exchange(world));
+  sparse_ = first_enabled(sparse_ops_);
+  if (!sparse_)
+    input_error("deck: compress transport ucx: UCX cannot serve the sparse exchange here: {} (expected "
+                "transport auto or mpi, or UCX_TLS naming tcp, rc, dc or ud)",
+                sparse_ops_.front()->disabled_reason());
+}
+
+Communicator::~Communicator() = default;
+
+PayloadExchange& Communicator::sparse() {
+  if (!sparse_) throw std::logic_error("Communicator::sparse(): no sparse transport (no compress in the deck)");
+  return *sparse_;
+}
+
+std::string Communicator::report() const {
+  std::string out = describe("dense all-reduce", dense_ops_, static_cast<const DenseAllreduce*>(dense_));
+  if (sparse_) out += "\n" + describe("sparse exchange", sparse_ops_, static_cast<const PayloadExchange*>(sparse_));
+  return out;
+}
+
+}  // namespace xx

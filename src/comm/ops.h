@@ -1,0 +1,56 @@
+// Which transport carries which traffic. Each kind of traffic has an ordered
+// list of ops; the first one whose enabled() holds serves it for the whole
+// run, and start-up prints the choice and why the ones before it were passed
+// over:
+//
+//   dense all-reduce   nccl (buffers on a CUDA device, NCCL built)  >  mpi
+//   sparse exchange    ucx (UCX started on every rank)              >  mpi
+//
+// Each transport's handles live in its own context: the MPI communicator,
+// NcclContext (comm/nccl.h), the UCX worker inside the UCX PayloadExchange
+// (comm/exchange.h). Contexts are created only for traffic the deck has:
+// no UCX worker without `compress`.
+#pragma once
+#include <mpi.h>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+#include "comm/exchange.h"
+#include "comm/grad_sync.h"
+#include "config.h"
+
+namespace xx {
+
+// In-place sum of a float buffer over a group of ranks, blocking.
+class DenseAllreduce {
+ public:
+  virtual ~DenseAllreduce() = default;
+  virtual const char* name() const = 0;
+  virtual bool enabled() const = 0;
+  virtual std::string disabled_reason() const = 0;  // empty when enabled
+  // group: a communicator holding this rank (the world, or a topology group).
+  virtual void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) = 0;
+};
+
+class Communicator {
+ public:
+  // Collective over world. sparse_transport: "" (no sparse traffic), "auto", "ucx" or "mpi".
+  // Throws InputError when the deck asks for a transport that cannot start.
+  Communicator(MPI_Comm world, const std::string& sparse_transport);
+  ~Communicator();
+
+  DenseAllreduce& dense() { return *dense_; }
+  PayloadExchange& sparse();  // only when constructed with a sparse transport
+  bool has_sparse() const { return sparse_ != nullptr; }
+  // One line per kind of traffic: the op serving it, and the ones passed over.
+  std::string report() const;
+
+ private:
+  std::vector<std::unique_ptr<DenseAllreduce>> dense_ops_;
+  std::vector<std::unique_ptr<PayloadExchange>> sparse_ops_;
+  DenseAllreduce* dense_ = nullptr;
+  PayloadExchange* sparse_ = nullptr;
+};
+
+}  // namespace xx
