@@ -13,6 +13,7 @@
 #pragma once
 #include <mpi.h>
 #include <cstdint>
+#include <functional>
 #include <vector>
 #include "core/views.h"
 
@@ -27,6 +28,9 @@ struct CommStats {
 class GradientSync {
  public:
   GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb);
+  // A blocking all-reduce for buffers MPI cannot read (NCCL on device
+  // memory); each bucket then goes through it as soon as it is final.
+  void use_device_allreduce(std::function<void(float*, int64_t, MPI_Comm, CommStats&)> op) { device_op_ = std::move(op); }
 
   void begin(MPI_Comm comm);  // comm: the group that averages this step
   void ready(int64_t offset);
@@ -46,6 +50,7 @@ class GradientSync {
   Buffer<float> grads_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at the end of the buffer
   CommStats stats_;
+  std::function<void(float*, int64_t, MPI_Comm, CommStats&)> device_op_;
 };
 
 }  // namespace xx

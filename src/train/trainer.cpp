@@ -114,6 +114,10 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   model_->init(cfg_.seed);
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
   sync_ = std::make_unique<GradientSync>(comm_, model_->grads(), cfg_.sync.bucket_mb);
+  if (std::string(comm_ops_->dense().name()) != "mpi")
+    sync_->use_device_allreduce([this](float* p, int64_t n, MPI_Comm g, CommStats& st) {
+      comm_ops_->dense().execute(p, n, g, st);
+    });
   if (topk) compressed_ = std::make_unique<CompressedSync>(model_->layout(), model_->grads(), *topk, cfg_.sync.bucket_mb);
   topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
