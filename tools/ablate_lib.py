@@ -1,0 +1,648 @@
+# tools/ablate_lib.py: the ablation harness behind tools/ablate (and tools/netsim).
+#
+# An ablation is a base deck, a list of variants (each a few deck lines that
+# replace the base's lines of the same command) and a list of seeds. Every
+# (variant, seed) is one case: its own deck OUT/<variant>/seed<S>/deck.in, its
+# own output dir beside it (metrics.jsonl logged at every step), its own
+# console.txt. Cases run one at a time, seed-major (all variants for the first
+# seed, then the next seed...), so that the noise of a shared machine falls on
+# every variant alike. docs/ABLATE.md describes the figures; the formulas are
+# in the docstrings of case_summary and variant_summary.
+#
+# Runs with /usr/bin/python3 (numpy and matplotlib for the plots only).
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV_SH = os.path.join(ROOT, "tools", "env.sh")
+RESULTS = "results.json"
+LAST_N = 10  # final train loss: the mean of the last LAST_N logged steps
+HARNESS_COMMANDS = {"seed": "--seeds", "output": "the harness (OUT/<variant>/seed<S>, log_every 1)"}
+
+
+class UsageError(Exception):
+    """A bad command line or missing input: one message, exit status 2."""
+
+
+# ---------------------------------------------------------------------------
+# the command line
+
+USAGE_EXAMPLE = """\
+example:
+  tools/ablate --deck input/deepseek-tiny.deck --ranks 4 --seeds 1,2,3 --steps 200 \\
+     --variant 'dense: sync dense' \\
+     --variant 'topk-int8: compress topk 0.01 quant int8' \\
+     --variant 'local4: sync local 4' --eval-every 20 --target-loss 2.5
+  tools/ablate --report-only runs/ablate/NAME     # rebuild table and plots
+
+A variant is 'NAME: deck line; deck line; ...' (NAME: letters, digits, '.', '_',
+'-'). Each line replaces every line of the base deck with the same command (its
+first word; for 'variable', its first two words), or else goes in just before the
+first 'run' line. 'base:' with no lines runs the deck as it is. The first variant
+is the baseline of the relative columns. docs/ABLATE.md has the details."""
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="tools/ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Runs every variant of a deck for every seed, one case at a time, interleaved "
+                    "(seed-major), and reports loss, communication and speed per variant: "
+                    "OUT/results.json, OUT/table.md, OUT/loss.png, OUT/val_loss.png, OUT/bytes.png.",
+        epilog=USAGE_EXAMPLE)
+    p.add_argument("--deck", help="base deck, e.g. input/tiny.deck")
+    p.add_argument("--variant", action="append", default=[], metavar="'NAME: LINE; LINE'",
+                   help="a variant (repeat the option; the first is the baseline)")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds, replacing the deck's 'seed' line (default 1)")
+    p.add_argument("--ranks", type=int, default=2, help="MPI ranks per case (default 2)")
+    p.add_argument("--steps", type=int, help="sets -var steps N (the decks' 'run ${steps}')")
+    p.add_argument("--var", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="-var NAME VALUE for every case (repeatable)")
+    p.add_argument("--common", action="append", default=[], metavar="'LINE; LINE'",
+                   help="deck lines applied to every case before its variant's lines, e.g. 'checkpoint every 0'")
+    p.add_argument("--eval-every", type=int, metavar="E",
+                   help="sets 'every E' on the deck's eval lines (or adds 'eval every E')")
+    p.add_argument("--target-loss", type=float, metavar="X",
+                   help="report the training seconds and the step at which val_loss first reached <= X")
+    p.add_argument("--out", help="output folder (default runs/ablate/<title or deck>-<date>); must be new or empty")
+    p.add_argument("--title", help="a title for the table and the plots")
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "xuanxue"),
+                   help="the xuanxue binary (default build/xuanxue of the repository)")
+    p.add_argument("--launcher", action="append", default=[], metavar="'PREFIX'",
+                   help="a command prefix put before mpirun, e.g. 'ip netns exec NS' (repeatable; outermost first)")
+    p.add_argument("--mpirun-args", action="append", default=[], metavar="'FLAGS'",
+                   help="extra mpirun flags (repeatable)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds before a case is stopped (default 3600)")
+    p.add_argument("--report-only", metavar="OUT", help="rebuild results.json, table.md and plots of OUT; runs nothing")
+    return p
+
+
+VARIANT_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*:(.*)$", re.S)
+
+
+def split_lines(text):
+    """'line; line; ...' -> [[words], ...]; empty parts dropped."""
+    return [part.split() for part in text.split(";") if part.strip()]
+
+
+def parse_variant(spec):
+    m = VARIANT_RE.match(spec)
+    if not m:
+        raise UsageError(f"--variant {spec!r}: expected 'NAME: deck line; deck line; ...' "
+                         "(NAME of letters, digits, '.', '_', '-'), e.g. 'dense: sync dense'")
+    lines = split_lines(m.group(2))
+    check_lines(lines, f"--variant {m.group(1)}")
+    return {"name": m.group(1), "lines": [" ".join(w) for w in lines]}
+
+
+def check_lines(lines, where):
+    for words in lines:
+        if words[0] in HARNESS_COMMANDS:
+            raise UsageError(f"{where}: '{words[0]}' is set by {HARNESS_COMMANDS[words[0]]} (expected other commands)")
+        if words[0] in ("include", "run") or (words[0] == "variable" and len(words) < 3):
+            raise UsageError(f"{where}: '{' '.join(words)}' cannot be a variant line "
+                             "(expected a setting such as 'sync local 4' or 'variable NAME VALUE')")
+
+
+def parse_seeds(text):
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise UsageError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3")
+    return seeds
+
+
+def config_from_args(a):
+    """The ablation as plain data (stored in results.json, reused by --report-only)."""
+    if not a.deck:
+        raise UsageError("no --deck (expected e.g. --deck input/tiny.deck)")
+    deck = os.path.abspath(a.deck)
+    if not os.path.isfile(deck):
+        raise UsageError(f"--deck {a.deck}: no such file (expected a deck such as input/tiny.deck)")
+    if not a.variant:
+        raise UsageError("no --variant (expected at least one, e.g. --variant 'base:')")
+    variants = [parse_variant(v) for v in a.variant]
+    names = [v["name"] for v in variants]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise UsageError(f"--variant: name(s) {', '.join(sorted(dup))} given twice (expected distinct names)")
+    common = [" ".join(w) for c in a.common for w in split_lines(c)]
+    check_lines([c.split() for c in common], "--common")
+    binary = os.path.abspath(a.bin)
+    if not os.access(binary, os.X_OK):
+        raise UsageError(f"--bin {a.bin}: not an executable (expected tools/build to have written it)")
+    if a.ranks < 1 or (a.steps is not None and a.steps < 1) or (a.eval_every is not None and a.eval_every < 0):
+        raise UsageError("--ranks and --steps must be positive, --eval-every not negative")
+    stem = a.title or os.path.splitext(os.path.basename(deck))[0]
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
+    out = os.path.abspath(a.out or os.path.join(ROOT, "runs", "ablate",
+                                                f"{stem}-{datetime.datetime.now():%Y%m%d-%H%M%S}"))
+    return {"title": a.title or f"{os.path.basename(deck)} ablation", "deck": deck, "variants": variants,
+            "seeds": parse_seeds(a.seeds), "ranks": a.ranks, "steps": a.steps, "vars": [list(v) for v in a.var],
+            "common": common, "eval_every": a.eval_every, "target_loss": a.target_loss, "out": out,
+            "bin": binary, "launcher": [w for l in a.launcher for w in shlex.split(l)],
+            "mpirun_args": [w for m in a.mpirun_args for w in shlex.split(m)], "timeout": a.timeout}
+
+
+# ---------------------------------------------------------------------------
+# deck editing
+#
+# A deck is read into blocks: one command (with its '&' continuation lines and
+# comments) per block, keyed by its command word ('variable NAME' for
+# variables). Blocks the harness leaves alone keep their text; a replaced block
+# becomes one plain line.
+
+
+def command_key(words):
+    return f"variable {words[1]}" if words and words[0] == "variable" and len(words) > 1 else (words[0] if words else None)
+
+
+def read_blocks(path):
+    blocks, raw, text = [], [], ""
+    with open(path) as f:
+        for line in f:
+            raw.append(line.rstrip("\n"))
+            code = line.split("#", 1)[0].rstrip()
+            if code.endswith("&"):
+                text += code[:-1] + " "
+                continue
+            text += code
+            words = text.split()
+            blocks.append({"raw": raw, "words": words, "key": command_key(words)})
+            raw, text = [], ""
+    if raw:
+        words = text.split()
+        blocks.append({"raw": raw, "words": words, "key": command_key(words)})
+    return blocks
+
+
+def set_line(blocks, words):
+    """Replaces every block of the line's command with the line, or inserts it before the first 'run'
+    (a new variable: at the top)."""
+    key, new = command_key(words), {"raw": [" ".join(words)], "words": words, "key": command_key(words)}
+    hits = [i for i, b in enumerate(blocks) if b["key"] == key]
+    for i in hits:
+        blocks[i] = dict(new)
+    if not hits:  # a new variable goes first, where every line can use it
+        runs = [i for i, b in enumerate(blocks) if b["key"] == "run"]
+        blocks.insert(0 if words[0] == "variable" else runs[0] if runs else len(blocks), new)
+
+
+def set_keyword(blocks, command, keyword, value):
+    """Sets 'keyword value' on every line of `command` (or adds 'command keyword value')."""
+    hits = [b for b in blocks if b["key"] == command]
+    if not hits:
+        set_line(blocks, [command, keyword, str(value)])
+    for b in hits:
+        w = list(b["words"])
+        if keyword in w[1:-1]:
+            w[w.index(keyword, 1) + 1] = str(value)
+        else:
+            w += [keyword, str(value)]
+        b.update(raw=[" ".join(w)], words=w)
+
+
+def case_deck(cfg, variant, seed, case_dir):
+    """The text of one case's deck."""
+    blocks = read_blocks(cfg["deck"])
+    base_dir = os.path.dirname(cfg["deck"])
+    for b in blocks:  # an include is relative to the deck's folder, which the case deck leaves
+        if b["key"] == "include" and len(b["words"]) == 2 and "$" not in b["words"][1]:
+            b["words"] = ["include", os.path.normpath(os.path.join(base_dir, b["words"][1]))]
+            b["raw"] = [" ".join(b["words"])]
+    for line in cfg["common"] + variant["lines"]:
+        set_line(blocks, line.split())
+    set_line(blocks, ["seed", str(seed)])
+    set_line(blocks, ["output", "dir", case_dir, "log_every", "1"])
+    if cfg["eval_every"] is not None:
+        set_keyword(blocks, "eval", "every", cfg["eval_every"])
+    rel = os.path.relpath(cfg["deck"], ROOT)
+    head = [f"# written by tools/ablate: {rel}, variant {variant['name']} "
+            f"({'; '.join(variant['lines']) or 'the deck as it is'}), seed {seed}"]
+    return "\n".join(head + [r for b in blocks for r in b["raw"]]) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# running one case
+
+
+def sourced_env():
+    """The environment after `source tools/env.sh`, as every rank sees it."""
+    out = subprocess.run(["bash", "-c", 'source "$1" && env -0', "bash", ENV_SH],
+                         check=True, capture_output=True).stdout
+    return dict(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
+
+
+def mpirun_command(cfg, deck_path, case_dir):
+    # One rank per core while they fit (as jobs/mpirun.sh does); beyond that they share.
+    if cfg["ranks"] <= len(os.sched_getaffinity(0)):
+        bind = ["--bind-to", "core"]
+    else:
+        bind = ["--oversubscribe", "--bind-to", "none"]
+    cmd = cfg["launcher"] + ["mpirun", "-n", str(cfg["ranks"])] + bind + cfg["mpirun_args"]
+    cmd += [cfg["bin"], "-in", deck_path, "-var", "run_dir", case_dir]
+    if cfg["steps"] is not None:
+        cmd += ["-var", "steps", str(cfg["steps"])]
+    for name, value in cfg["vars"]:
+        cmd += ["-var", name, value]
+    return cmd
+
+
+def run_case(cfg, env, variant, seed):
+    """Writes the case's deck and runs it; returns {variant, seed, dir, rc, wall_s, command}."""
+    rel = os.path.join(variant["name"], f"seed{seed}")
+    case_dir = os.path.join(cfg["out"], rel)
+    os.makedirs(case_dir)
+    deck_path = os.path.join(case_dir, "deck.in")
+    with open(deck_path, "w") as f:
+        f.write(case_deck(cfg, variant, seed, case_dir))
+    cmd = mpirun_command(cfg, deck_path, case_dir)
+    case = {"variant": variant["name"], "seed": seed, "dir": rel, "command": shlex.join(cmd)}
+    t0 = time.monotonic()
+    with open(os.path.join(case_dir, "console.txt"), "w") as console:
+        console.write(f"# {case['command']}\n")
+        console.flush()
+        # its own process group, so that a timeout or Ctrl-C stops mpirun and every rank
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            case["rc"] = p.wait(timeout=cfg["timeout"])
+        except subprocess.TimeoutExpired:
+            stop(p)
+            case["rc"] = "timeout"
+        except BaseException:
+            stop(p)
+            raise
+    case["wall_s"] = time.monotonic() - t0
+    return case
+
+
+def stop(p):
+    """SIGTERM to the case's process group (mpirun and its ranks), SIGKILL 10 s later."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def console_tail(out, case, n=12):
+    try:
+        with open(os.path.join(out, case["dir"], "console.txt"), errors="replace") as f:
+            return f.read().strip().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------------------
+# figures of one case and of one variant
+
+
+def read_metrics(path):
+    """metrics.jsonl -> records sorted by step (missing file -> [])."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return sorted((json.loads(l) for l in f if l.strip()), key=lambda r: r["step"])
+
+
+def main_loss(record):
+    """The next-token loss, comparable with val_loss: 'loss' less the MTP and balance terms."""
+    return record.get("loss_main", record["loss"])
+
+
+def case_summary(records, target_loss):
+    """Figures of one case from its metrics.jsonl (logged at every step by the harness).
+
+    train_loss   mean 'loss_main' ('loss' where absent) of the last 10 logged steps
+    val_loss     'val_loss' of the last eval
+    comm_bytes   sum of 'comm_bytes' (what rank 0 handed to the transport) over steps
+    comm_rounds  sum of 'comm_rounds'; comm_s: sum of 'comm_s'
+    *_per_step   ms_per_step (from train_s), bytes, rounds and comm ms: the sums over steps / steps
+    train_s      sum over logged steps of (steps since the previous record) * ms_per_step / 1e3:
+                 training time without start-up, eval and checkpoints
+    tokens_per_s tokens / train_s, tokens = sum of tokens_per_s * seconds of each record
+    target_s     train_s up to and including the first step whose val_loss <= target_loss;
+                 target_step that step (None when never reached)
+    """
+    train = [r for r in records if "loss" in r]
+    if not train:
+        return None
+    s = {"steps": train[-1]["step"], "records": len(train),
+         "train_loss": statistics.fmean(main_loss(r) for r in train[-LAST_N:]),
+         "comm_bytes": sum(r.get("comm_bytes", 0) for r in train),
+         "comm_rounds": sum(r.get("comm_rounds", 0) for r in train),
+         "comm_s": sum(r.get("comm_s", 0.0) for r in train)}
+    vals = [r for r in records if "val_loss" in r]
+    s["val_loss"] = vals[-1]["val_loss"] if vals else None
+    elapsed, tokens, prev, at = 0.0, 0.0, 0, {}
+    for r in train:
+        dt = (r["step"] - prev) * r["ms_per_step"] / 1e3
+        elapsed, tokens, prev = elapsed + dt, tokens + r["tokens_per_s"] * dt, r["step"]
+        at[r["step"]] = elapsed
+    s["train_s"] = elapsed
+    s["tokens_per_s"] = tokens / elapsed if elapsed > 0 else None
+    s["ms_per_step"] = 1e3 * elapsed / s["steps"]
+    s["bytes_per_step"] = s["comm_bytes"] / s["steps"]
+    s["rounds_per_step"] = s["comm_rounds"] / s["steps"]
+    s["comm_ms_per_step"] = 1e3 * s["comm_s"] / s["steps"]
+    s["target_step"] = s["target_s"] = None
+    if target_loss is not None:
+        hit = next((r for r in vals if r["val_loss"] <= target_loss), None)
+        if hit:
+            s["target_step"], s["target_s"] = hit["step"], at.get(hit["step"])
+    return s
+
+
+METRICS = ("train_loss", "val_loss", "comm_bytes", "comm_rounds", "comm_s", "train_s", "wall_s", "tokens_per_s",
+           "ms_per_step", "bytes_per_step", "rounds_per_step", "comm_ms_per_step", "target_s", "target_step")
+RELATIVE = {"val_loss": "difference", "train_loss": "difference", "comm_bytes": "ratio",
+            "tokens_per_s": "ratio", "train_s": "ratio", "target_s": "ratio"}
+
+
+def stats(values):
+    v = [x for x in values if x is not None]
+    if not v:
+        return None
+    return {"n": len(v), "mean": statistics.fmean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+            "median": statistics.median(v), "min": min(v), "max": max(v)}
+
+
+def variant_summary(cfg, cases):
+    """Per variant across seeds: mean, sd, median, min, max of each figure, over the cases that ran.
+
+    Relative figures compare each seed with the first variant's case of the same
+    seed (run just before it), then average over seeds:
+      difference: 100 * (x - x_base) / x_base  (in %; val_loss, train_loss)
+      ratio:      x / x_base                   (comm_bytes, tokens_per_s, train_s, target_s)
+    """
+    ok = [c for c in cases if c.get("rc") == 0 and c.get("summary")]
+    figure = lambda c, k: c["wall_s"] if k == "wall_s" else c["summary"].get(k)
+    base_name = cfg["variants"][0]["name"]
+    base = {c["seed"]: c for c in ok if c["variant"] == base_name}
+    out = {}
+    for v in cfg["variants"]:
+        mine = [c for c in ok if c["variant"] == v["name"]]
+        row = {"cases": len(mine), "of": len(cfg["seeds"]), "lines": v["lines"]}
+        row.update({k: stats([figure(c, k) for c in mine]) for k in METRICS})
+        rel = {}
+        for k, how in RELATIVE.items():
+            pairs = [(figure(c, k), figure(base[c["seed"]], k)) for c in mine if c["seed"] in base]
+            pairs = [(x, b) for x, b in pairs if x is not None and b]
+            rel[k] = stats([100 * (x - b) / b if how == "difference" else x / b for x, b in pairs])
+        row["relative"] = rel
+        out[v["name"]] = row
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the table
+
+
+def fmt(s, f, scale=1.0):
+    """'mean ± sd' of a stats dict (just the mean for one case; '-' for none)."""
+    if s is None:
+        return "-"
+    m = format(s["mean"] * scale, f)
+    return m if s["n"] < 2 else f"{m} ± {format(s['sd'] * scale, f.lstrip('+'))}"
+
+
+def table_md(cfg, summary, failures):
+    base = cfg["variants"][0]["name"]
+    cols = ["variant", "seeds", "train loss", "val loss", f"Δ val % vs {base}", "MB/rank", f"bytes × {base}",
+            "rounds", "train s", "wall s", "tok/s", f"tok/s × {base}"]
+    if cfg["target_loss"] is not None:
+        cols += [f"s to val ≤ {cfg['target_loss']:g}", "step", "reached"]
+    rows = []
+    for name, r in summary.items():
+        rel = r["relative"]
+        row = [name, f"{r['cases']}/{r['of']}", fmt(r["train_loss"], ".4f"), fmt(r["val_loss"], ".4f"),
+               fmt(rel["val_loss"], "+.2f"), fmt(r["comm_bytes"], ".3g", 1e-6), fmt(rel["comm_bytes"], ".3g"),
+               fmt(r["comm_rounds"], ".0f"), fmt(r["train_s"], ".1f"), fmt(r["wall_s"], ".1f"),
+               fmt(r["tokens_per_s"], ".0f"), fmt(rel["tokens_per_s"], ".3f")]
+        if cfg["target_loss"] is not None:
+            t = r["target_s"]
+            row += [fmt(t, ".1f"), fmt(r["target_step"], ".0f"), f"{t['n'] if t else 0}/{r['cases']}"]
+        rows.append(row)
+    steps = cfg["steps"] if cfg["steps"] is not None else "as the deck says"
+    lines = [f"# {cfg['title']}", "",
+             f"deck `{os.path.relpath(cfg['deck'], ROOT)}`, {cfg['ranks']} ranks, seeds "
+             f"{','.join(map(str, cfg['seeds']))}, steps {steps}"
+             + (f", eval every {cfg['eval_every']}" if cfg["eval_every"] is not None else "")
+             + (f", common `{'; '.join(cfg['common'])}`" if cfg["common"] else "")
+             + (f", vars `{' '.join(f'{n}={v}' for n, v in cfg['vars'])}`" if cfg["vars"] else "")
+             + (f", launcher `{shlex.join(cfg['launcher'])}`" if cfg["launcher"] else "")
+             + (f", mpirun `{shlex.join(cfg['mpirun_args'])}`" if cfg["mpirun_args"] else ""), ""]
+    lines += [f"- `{v['name']}`: " + ("; ".join(f"`{l}`" for l in v["lines"]) or "the deck as it is")
+              for v in cfg["variants"]]
+    lines += ["", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", f"mean ± sd over seeds. train loss: next-token loss (loss_main), mean of the last {LAST_N} steps; val loss: the last eval; "
+              "MB/rank: bytes rank 0 handed to the transport, summed over steps (1e6 B); rounds: summed; "
+              "train s: sum of ms_per_step (no start-up, eval, checkpoints); wall s: the whole mpirun; "
+              f"Δ and × compare each seed with {base}'s case of the same seed."]
+    if cfg["target_loss"] is not None:
+        lines += [f"s to val ≤ {cfg['target_loss']:g}: train s up to the first eval at or below it "
+                  "(mean over the seeds that reached it)."]
+    total, ran = len(cfg["seeds"]) * len(cfg["variants"]), sum(r["cases"] for r in summary.values())
+    lines += ["", f"OK: all {total} cases ran" if ran == total else
+              f"FAILED: {ran} of {total} cases ran to the end ({len(failures)} failed, {total - ran - len(failures)} not run)"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# plots
+
+
+def series(out, case):
+    recs = read_metrics(os.path.join(out, case["dir"], "metrics.jsonl"))
+    train = [r for r in recs if "loss" in r]
+    vals = [r for r in recs if "val_loss" in r]
+    cum, total = [], 0
+    for r in train:
+        total += r.get("comm_bytes", 0)
+        cum.append(total)
+    return {"step": [r["step"] for r in train], "loss": [main_loss(r) for r in train], "cum_bytes": cum,
+            "val_step": [r["step"] for r in vals], "val": [r["val_loss"] for r in vals]}
+
+
+def plots(cfg, cases):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = {v["name"]: [series(cfg["out"], c) for c in cases
+                        if c["variant"] == v["name"] and c.get("summary")] for v in cfg["variants"]}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def mean_band(runs, xkey, ykey):
+        """Mean and min-max over seeds, on the steps every seed logged."""
+        common = sorted(set.intersection(*(set(r[xkey]) for r in runs)))
+        ys = np.array([[dict(zip(r[xkey], r[ykey]))[x] for x in common] for r in runs])
+        return np.array(common), ys.mean(0), ys.min(0), ys.max(0)
+
+    def figure(name, ylabel, draw, log=False):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for i, (variant, runs) in enumerate(data.items()):
+            if runs:
+                draw(ax, variant, runs, colors[i % len(colors)])
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(f"{cfg['title']} ({cfg['ranks']} ranks, seeds {','.join(map(str, cfg['seeds']))})")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(cfg["out"], name), dpi=110)
+        plt.close(fig)
+
+    def loss(ax, variant, runs, c):
+        for r in runs:  # each seed, thin; the mean over seeds smoothed, thick
+            ax.plot(r["step"], r["loss"], color=c, lw=0.5, alpha=0.3)
+        x, m, _, _ = mean_band(runs, "step", "loss")
+        w = max(1, len(x) // 40)
+        if len(x) >= w:
+            ax.plot(x[w - 1:], np.convolve(m, np.ones(w) / w, "valid"), color=c, lw=2,
+                    label=f"{variant} (mean of {len(runs)}" + (f", running mean of {w})" if w > 1 else ")"))
+
+    def val(ax, variant, runs, c):
+        runs = [r for r in runs if r["val_step"]]
+        if runs:
+            x, m, lo, hi = mean_band(runs, "val_step", "val")
+            ax.plot(x, m, "o-", color=c, ms=3, label=f"{variant} (mean of {len(runs)}, band min-max)")
+            ax.fill_between(x, lo, hi, color=c, alpha=0.2)
+        if cfg["target_loss"] is not None:
+            ax.axhline(cfg["target_loss"], color="gray", ls="--", lw=0.8)
+
+    def comm(ax, variant, runs, c):
+        x, m, lo, hi = mean_band(runs, "step", "cum_bytes")
+        keep = m > 0  # log scale: a variant that sends nothing has no line
+        if keep.any():
+            ax.plot(x[keep], m[keep], color=c, label=f"{variant} ({m[-1] / 1e6:.3g} MB)")
+            ax.fill_between(x[keep], lo[keep], hi[keep], color=c, alpha=0.2)
+
+    figure("loss.png", "train loss (next token)", loss)
+    figure("val_loss.png", "val loss", val)
+    figure("bytes.png", "cumulative bytes per rank (rank 0)", comm, log=True)
+
+
+# ---------------------------------------------------------------------------
+# results.json, the report, and the runs
+
+
+def write_results(cfg, cases):
+    summary = variant_summary(cfg, cases)
+    doc = {"tool": "tools/ablate", "config": cfg, "cases": cases, "variants": summary}
+    tmp = os.path.join(cfg["out"], RESULTS + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, os.path.join(cfg["out"], RESULTS))
+    return summary
+
+
+def report(cfg, cases):
+    """Recomputes every case's figures from its metrics.jsonl, then results.json, table.md, plots."""
+    for c in cases:
+        c["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], c["dir"], "metrics.jsonl")),
+                                    cfg["target_loss"])
+    failures = [c for c in cases if c.get("rc") != 0 or not c["summary"]]
+    summary = write_results(cfg, cases)
+    text = table_md(cfg, summary, failures)
+    with open(os.path.join(cfg["out"], "table.md"), "w") as f:
+        f.write(text)
+    try:
+        plots(cfg, cases)
+    except Exception as e:  # a missing matplotlib must not cost the table
+        print(f"# plots not written: {type(e).__name__}: {e}")
+    return text, failures
+
+
+def load_results(out):
+    path = os.path.join(out, RESULTS)
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file (expected the OUT folder of an earlier tools/ablate run)")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["config"]["out"] = os.path.abspath(out)  # the folder may have moved
+    return doc
+
+
+def run_all(cfg):
+    if os.path.isdir(cfg["out"]) and os.listdir(cfg["out"]):
+        raise UsageError(f"--out {cfg['out']}: not empty (expected a new folder; every case needs a fresh run dir)")
+    os.makedirs(cfg["out"], exist_ok=True)
+    env = sourced_env()
+    order = [(s, v) for s in cfg["seeds"] for v in cfg["variants"]]  # seed-major, interleaved
+    print(f"# tools/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
+          f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}", flush=True)
+    cases = []
+    write_results(cfg, cases)
+    for i, (seed, v) in enumerate(order):
+        case = run_case(cfg, env, v, seed)
+        case["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], case["dir"], "metrics.jsonl")),
+                                       cfg["target_loss"])
+        cases.append(case)
+        write_results(cfg, cases)  # after every case, so that an interrupted ablation can still be reported
+        s = case["summary"]
+        head = f"# case {i + 1}/{len(order)}: {v['name']} seed {seed}:"
+        if case["rc"] == 0 and s:
+            val = f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"
+            print(f"{head} loss {s['train_loss']:.4f}, val {val}, {s['comm_bytes'] / 1e6:.3g} MB/rank, "
+                  f"{s['train_s']:.1f} s training, {case['wall_s']:.1f} s wall", flush=True)
+        else:
+            why = ("no metrics.jsonl records" if case["rc"] == 0 else f"stopped after --timeout {cfg['timeout']:g} s"
+                   if case["rc"] == "timeout" else f"exit status {case['rc']}")
+            print(f"{head} FAILED ({why}); last lines of {os.path.join(case['dir'], 'console.txt')}:", flush=True)
+            for line in console_tail(cfg["out"], case):
+                print(f"#   {line}")
+    return cases
+
+
+def interrupt(signum, frame):
+    """SIGTERM and SIGHUP end the harness as Ctrl-C does: the running case is stopped first."""
+    raise KeyboardInterrupt
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    cfg = None
+    try:
+        if args.report_only:
+            doc = load_results(args.report_only)
+            cfg, cases = doc["config"], doc["cases"]
+        else:
+            cfg = config_from_args(args)
+            cases = run_all(cfg)
+    except UsageError as e:
+        print(f"tools/ablate: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if cfg:
+            print(f"tools/ablate: interrupted; to report the cases that ran: tools/ablate --report-only {cfg['out']}",
+                  file=sys.stderr)
+        return 130
+    text, failures = report(cfg, cases)
+    print(text, end="")
+    for c in failures:
+        print(f"#   failed: {c['variant']} seed {c['seed']}: exit status {c.get('rc')}, see {c['dir']}/console.txt")
+    print(f"# written: {os.path.join(cfg['out'], 'results.json')}, table.md, loss.png, val_loss.png, bytes.png")
+    return 0 if len(cases) - len(failures) == len(cfg["seeds"]) * len(cfg["variants"]) else 1
