@@ -406,7 +406,9 @@ void Trainer::save_checkpoint(double loss) {
 // ---------------------------------------------------------------------------
 // main training loop
 void Trainer::run() {
-  const int64_t tokens_per_step = int64_t(cfg_.data.batch) * cfg_.model.seq * world_;
+  // Tokens trained on, all ranks: B*T*W per micro-batch, K micro-batches a step under accumulate K.
+  const int64_t tokens_per_batch = int64_t(cfg_.data.batch) * cfg_.model.seq * world_;
+  int64_t tokens_here = 0, interval_tokens = 0;
   double train_seconds = 0, interval_seconds = 0;
   int64_t steps_here = 0, interval_steps = 0, phase_end = 0;
   double loss = 0;
@@ -440,6 +442,8 @@ void Trainer::run() {
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;
       ++steps_here, ++interval_steps;
+      const int64_t tokens = tokens_per_batch * (cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1);
+      tokens_here += tokens, interval_tokens += tokens;
       losses_.push_back(loss);
       if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("step {}: loss is {}", step_, loss));
 
@@ -448,7 +452,7 @@ void Trainer::run() {
       nlohmann::json record;
       if (log_now) {
         const double ms = 1e3 * interval_seconds / interval_steps;
-        const double tok_s = tokens_per_step * interval_steps / interval_seconds;
+        const double tok_s = interval_tokens / interval_seconds;
         const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
         const auto& c = step_comm_;
         record = {{"step", step_}, {"loss", loss}, {"loss_main", last_loss_.main}, {"lr", last_lr_},
@@ -475,7 +479,7 @@ void Trainer::run() {
                                   step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu, extra));
         log_->rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", step_,
                                loader_->position(), c.bytes_sent, c.rounds, c.seconds));
-        interval_seconds = 0, interval_steps = 0;
+        interval_seconds = 0, interval_steps = 0, interval_tokens = 0;
       }
       if (eval_now) {
         const double val = evaluate();
@@ -497,7 +501,7 @@ void Trainer::run() {
       }
     }
   }
-  const double tok_s = steps_here ? tokens_per_step * steps_here / train_seconds : 0;
+  const double tok_s = steps_here ? tokens_here / train_seconds : 0;
   const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
   log_->console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={:.4f} "
                             "peak_gflops_per_core={:.1f} final_loss={:.6f}",
