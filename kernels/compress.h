@@ -5,16 +5,21 @@
 // gives the payload format, the formulas and what "conserves mass" means.
 //
 // Legend: n bucket length, k = topk_count(n, ratio) entries sent, B values
-// per quantization block, nb = ceil(k / B) blocks, R ranks.
+// per quantization block, nb = ceil(k / B) blocks, nseg = ceil(n / 65536)
+// index segments, R ranks.
 //
 // Nothing loops over elements on the host and nothing uses atomics. Top-k is a
 // radix select on the bit patterns of |acc| (per-chunk histograms summed bin
 // by bin, 8 bits per digit; after the first digit only the candidates in the
 // threshold's bin are scanned), then a compaction that counts per chunk,
 // scans, and writes each chunk in index order: the same bits on every run and
-// every backend. Quantized values decode to q * scale with the product
-// exact in float (scales keep 17 significant bits), so decoding involves no
-// rounding and an FMA cannot change it.
+// every backend. Indices travel as 16 low bits plus a count per segment of
+// 65536: the counts come from binary searches in the sorted indices (one
+// thread per segment), and the receiver rebuilds each index by a binary
+// search in the counts' prefix sums (one thread per entry). Quantized values
+// decode to q * scale with the product exact in float (scales keep 17
+// significant bits), so decoding involves no rounding and an FMA cannot
+// change it.
 //
 // Outputs are written (=); the residual is updated in place; decode_add adds
 // into its output (+=), decode_sum overwrites it with the sum over ranks.
@@ -65,12 +70,16 @@ inline bool applies(const Settings& s, int64_t n, int64_t step) {
   return s.ratio < 1 && n >= s.min_size && step >= s.warmup;
 }
 
-constexpr uint32_t kMagic = 0x01435858u;  // the bytes 'X' 'X' 'C' 1: format version 1
+constexpr uint32_t kMagic = 0x02435858u;  // the bytes 'X' 'X' 'C' 2: format version 2
 constexpr int64_t kHeaderBytes = 20;      // five uint32: magic, n, k, quant, block
+constexpr int64_t kSegment = 65536;       // indices per segment: index = segment * 65536 + 16 low bits
 constexpr int64_t kChunk = 2048;          // elements per counting chunk in top-k
 constexpr int64_t kBins = 256;            // one radix digit of 8 bits
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// nseg: segments of 65536 covering the index range [0, n).
+constexpr int64_t segments(int64_t n) { return ceil_div(n, kSegment); }
 
 // k = max(1, ceil(ratio * n)), at most n; ratio >= 1 gives n. A product within
 // a relative 1e-9 of an integer counts as that integer, so that 0.07 * 100
@@ -84,10 +93,12 @@ inline int64_t topk_count(int64_t n, double ratio) {
   return std::clamp<int64_t>(k, 1, n);
 }
 
-// Bytes of one payload, the closed form (docs/COMPRESSION.md):
-//   20 + 4k [k < n] + 4 ceil(k/B) [quant != none] + {4k | k | ceil(k/2)}, rounded up to a multiple of 4.
+// Bytes of one payload, the closed form (docs/COMPRESSION.md), nseg = ceil(n / 65536):
+//   20 + [k < n] (4 nseg + 4 ceil(k/2)) + [quant != none] 4 ceil(k/B) + {4k | k | ceil(k/2)},
+// rounded up to a multiple of 4. The index section is nseg uint32 counts and k
+// uint16 low bits padded to 4 bytes (2k rounded up to 4 = 4 ceil(k/2)).
 inline int64_t payload_bytes(int64_t n, int64_t k, Quant quant, int64_t block) {
-  const int64_t index = k < n ? 4 * k : 0;
+  const int64_t index = k < n ? 4 * segments(n) + 4 * ceil_div(k, 2) : 0;
   const int64_t scales = quant == Quant::none ? 0 : 4 * ceil_div(k, block);
   const int64_t values = quant == Quant::none ? 4 * k : quant == Quant::int8 ? k : ceil_div(k, 2);
   return (kHeaderBytes + index + scales + values + 3) / 4 * 4;
@@ -103,15 +114,17 @@ struct Header {
 // Byte offsets of the sections, laid out one after the other (encode and
 // decode both walk this; payload_bytes is the closed form it is tested against).
 struct Layout {
-  int64_t indices = 0, scales = 0, values = 0;  // section starts
-  int64_t used = 0, end = 0;                    // end of the values, and the padded size
+  int64_t counts = 0, low = 0, scales = 0, values = 0;  // section starts (counts == low: no indices)
+  int64_t used = 0, end = 0;                            // end of the values, and the padded size
 };
 
 inline Layout layout_of(const Header& h) {
   Layout L;
   int64_t off = kHeaderBytes;
-  L.indices = off;
-  if (h.k < h.n) off += h.k * int64_t(sizeof(uint32_t));  // k == n: the indices are 0..n-1, not sent
+  L.counts = off;  // k == n: the indices are 0..n-1, not sent
+  if (h.k < h.n) off += segments(h.n) * int64_t(sizeof(uint32_t));  // nseg entries-per-segment counts
+  L.low = off;
+  if (h.k < h.n) off += ceil_div(h.k, 2) * 2 * int64_t(sizeof(uint16_t));  // k low halves, padded to 4 bytes
   L.scales = off;
   if (h.quant != Quant::none) off += ceil_div(h.k, h.block) * int64_t(sizeof(float));
   L.values = off;
@@ -168,6 +181,18 @@ KOKKOS_INLINE_FUNCTION uint32_t magnitude_key(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
   return bits & 0x7fffffffu;
+}
+
+// How many of a[0 .. len) are below x, for a ascending: the lower bound of x.
+template <class T>
+KOKKOS_INLINE_FUNCTION int64_t count_below(const T* a, int64_t len, int64_t x) {
+  int64_t lo = 0, hi = len;  // a[0 .. lo) < x <= a[hi .. len)
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (int64_t(a[mid]) < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 // Nearest integer to t, ties to the even one (independent of the rounding mode).
@@ -469,7 +494,15 @@ inline void update_residual(Vec<float> residual, Vec<const float> acc, Vec<const
 // 5. payload
 
 // payload (payload_bytes(n, k, quant, block)) from idx (k), val (k) of a bucket
-// of n; returns the bytes written, which is the whole payload.
+// of n; returns the bytes written, which is the whole payload. idx must be
+// strictly increasing and below n, as topk_select leaves it (not checked here:
+// a payload built from other indices is rejected by parse).
+//
+// The index section (k < n):
+//   1. counts (nseg): counts[s] = entries with s * 65536 <= idx < (s + 1) * 65536,
+//      two binary searches in idx per segment, one thread per segment;
+//   2. low (k): idx & 0xffff as uint16, one thread per entry; an odd k gets a
+//      zero uint16 of padding.
 inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const float> val, int64_t n, Quant quant,
                       int64_t block) {
   const int64_t k = idx.extent(0);
@@ -492,10 +525,16 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
         w[0] = w0, w[1] = w1, w[2] = w2, w[3] = w3, w[4] = w4;
       });
   if (k < n) {
-    uint32_t* out = reinterpret_cast<uint32_t*>(base + L.indices);
+    uint32_t* counts = reinterpret_cast<uint32_t*>(base + L.counts);
+    uint16_t* low = reinterpret_cast<uint16_t*>(base + L.low);
+    const uint32_t* ix = idx.data();
     Kokkos::parallel_for(
-        "compress::encode_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
-        KOKKOS_LAMBDA(int64_t j) { out[j] = idx(j); });
+        "compress::encode_counts", Kokkos::RangePolicy<ExecSpace>(0, segments(n)), KOKKOS_LAMBDA(int64_t s) {
+          counts[s] = uint32_t(count_below(ix, k, (s + 1) * kSegment) - count_below(ix, k, s * kSegment));
+        });
+    Kokkos::parallel_for(
+        "compress::encode_low", Kokkos::RangePolicy<ExecSpace>(0, 2 * ceil_div(k, 2)),
+        KOKKOS_LAMBDA(int64_t j) { low[j] = j < k ? uint16_t(ix[j] & 0xffffu) : uint16_t(0); });
   }
   if (quant == Quant::none) {
     float* out = reinterpret_cast<float*>(base + L.values);
@@ -513,11 +552,15 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
   return L.end;
 }
 
-// A payload checked against its header, with pointers into its sections.
+// A payload checked against its header, with pointers into its sections and
+// the indices rebuilt from the segments. The indices live in a buffer this
+// struct owns (reference counted: copies share it, and a copy or move keeps
+// it alive and in place); scales and values point into the payload, which
+// must outlive the Parsed.
 struct Parsed {
   Header h;
-  const uint32_t* indices = nullptr;  // null when k == n (the indices are 0..n-1)
-  const float* scales = nullptr;      // null for quant none
+  Buffer<uint32_t> indices;        // (k) full indices; empty (data() null) when k == n: 0..n-1
+  const float* scales = nullptr;   // null for quant none
   const uint8_t* values = nullptr;
 };
 
@@ -537,7 +580,8 @@ inline Header read_header(Vec<const uint8_t> payload) {
                     Kokkos::subview(payload, Kokkos::make_pair(int64_t(0), kHeaderBytes)));
   if (w[0] != kMagic)
     throw std::runtime_error(fmt::format(
-        "compressed payload has magic 0x{:08x}, expected 0x{:08x} (\"XXC\" version 1): corrupted, or not a payload",
+        "compressed payload has magic 0x{:08x}, expected 0x{:08x} (\"XXC\" version 2): corrupted, an older "
+        "format, or not a payload",
         w[0], kMagic));
   if (w[3] > uint32_t(Quant::int4))
     throw std::runtime_error(
@@ -557,7 +601,12 @@ inline Header read_header(Vec<const uint8_t> payload) {
 }
 
 // read_header, plus: the bucket is n long (n_expected < 0: any), and the
-// indices are strictly increasing and below n (a pass over k).
+// index section is consistent; then the indices are rebuilt in p.indices.
+//   1. start (nseg + 1) = exclusive scan of the counts; the total must be k.
+//   2. One thread per entry j: its segment s is the last with start[s] <= j
+//      (binary search), its index s * 65536 + low[j]; it must be below n, and
+//      above entry j - 1 when j - 1 is in the same segment (indices of later
+//      segments are larger by construction), so the indices strictly increase.
 inline Parsed parse(Vec<const uint8_t> payload, int64_t n_expected = -1) {
   Parsed p;
   p.h = read_header(payload);
@@ -569,15 +618,36 @@ inline Parsed parse(Vec<const uint8_t> payload, int64_t n_expected = -1) {
   p.values = base + L.values;
   if (p.h.quant != Quant::none) p.scales = reinterpret_cast<const float*>(base + L.scales);
   if (p.h.k < p.h.n) {
-    const uint32_t* ix = reinterpret_cast<const uint32_t*>(base + L.indices);
-    const int64_t n = p.h.n;
+    const int64_t n = p.h.n, k = p.h.k, nseg = segments(n);
+    const uint32_t* counts = reinterpret_cast<const uint32_t*>(base + L.counts);
+    const uint16_t* low = reinterpret_cast<const uint16_t*>(base + L.low);
+    Buffer<int64_t> start(Kokkos::view_alloc("compress::segment_start", Kokkos::WithoutInitializing), nseg + 1);
+    int64_t total = 0;
+    Kokkos::parallel_scan(
+        "compress::scan_counts", Kokkos::RangePolicy<ExecSpace>(0, nseg + 1),
+        KOKKOS_LAMBDA(int64_t s, int64_t & sum, bool final) {
+          if (final) start(s) = sum;
+          if (s < nseg) sum += int64_t(counts[s]);
+        },
+        total);
+    if (total != k)
+      throw std::runtime_error(fmt::format(
+          "compressed payload: the {} index segment counts sum to {}, the header says k = {}: corrupted", nseg,
+          total, k));
+    Buffer<uint32_t> ix(Kokkos::view_alloc("compress::indices", Kokkos::WithoutInitializing), k);
     int64_t bad = 0;
     Kokkos::parallel_reduce(
-        "compress::check_indices", Kokkos::RangePolicy<ExecSpace>(0, p.h.k),
-        KOKKOS_LAMBDA(int64_t j, int64_t & b) { b += int64_t(ix[j]) >= n || (j > 0 && ix[j] <= ix[j - 1]); }, bad);
+        "compress::decode_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
+        KOKKOS_LAMBDA(int64_t j, int64_t & b) {
+          const int64_t s = count_below(start.data(), nseg, j + 1) - 1;  // start[s] <= j < start[s + 1]
+          const int64_t i = s * kSegment + int64_t(low[j]);
+          ix(j) = uint32_t(i);
+          b += i >= n || (j > start(s) && low[j] <= low[j - 1]);
+        },
+        bad);
     if (bad)
       throw std::runtime_error(fmt::format(
-          "compressed payload: {} of {} indices are out of order or not below n = {}: corrupted", bad, p.h.k, n));
+          "compressed payload: {} of {} indices are out of order or not below n = {}: corrupted", bad, k, n));
     p.indices = ix;
   }
   return p;
@@ -590,9 +660,9 @@ inline void decode(Vec<uint32_t> idx, Vec<float> val, Vec<const uint8_t> payload
   if (int64_t(idx.extent(0)) != k || int64_t(val.extent(0)) != k)
     throw std::invalid_argument(
         fmt::format("compress::decode: payload holds k = {}, outputs are {} and {}", k, idx.extent(0), val.extent(0)));
-  const uint32_t* ix = p.indices;
+  const uint32_t* ix = p.indices.data();
   Kokkos::parallel_for(
-      "compress::decode_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
+      "compress::decode_copy_indices", Kokkos::RangePolicy<ExecSpace>(0, k),
       KOKKOS_LAMBDA(int64_t j) { idx(j) = ix ? ix[j] : uint32_t(j); });
   switch (p.h.quant) {
     case Quant::none: dequantize_as<Quant::none>(val, p.scales, p.values, block); break;
@@ -606,7 +676,7 @@ inline void decode(Vec<uint32_t> idx, Vec<float> val, Vec<const uint8_t> payload
 
 template <Quant Q>
 void add_as(Vec<float> out, const Parsed& p, bool assign) {
-  const uint32_t* ix = p.indices;
+  const uint32_t* ix = p.indices.data();
   const float* scales = p.scales;
   const uint8_t* values = p.values;
   const int64_t block = p.h.block;

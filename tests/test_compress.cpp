@@ -2,7 +2,8 @@
 // top-k against std::sort, payload sizes against the formula and hand counts,
 // RATIO 1 without quantization against the plain sum bit for bit, error
 // feedback conservation per element, the quantization bound and rounding,
-// determinism, and rejection of corrupted payloads.
+// determinism, indices across several 65536-entry segments (empty and full
+// ones, the 65535 / 65536 boundary), and rejection of corrupted payloads.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <array>
@@ -202,15 +203,24 @@ TEST_CASE("compress: topk_count and payload_bytes by hand", "[kernels][compress]
   CHECK(c::topk_count(1000, 1.0) == 1000);
   CHECK(c::topk_count(1000, 2.5) == 1000);
   CHECK_THROWS_AS(c::topk_count(1000, 0.0), std::invalid_argument);
-  // header 20 | indices 4k unless k == n | scales 4 ceil(k/B) | values | pad to 4
-  CHECK(c::payload_bytes(1000, 10, Quant::none, 64) == 20 + 40 + 40);
-  CHECK(c::payload_bytes(1000, 10, Quant::int8, 64) == 76);    // 20 + 40 + 4 + 10 = 74
-  CHECK(c::payload_bytes(1000, 10, Quant::int4, 64) == 72);    // 20 + 40 + 4 + 5 = 69
+  // header 20 | unless k == n: counts 4 ceil(n / 65536) + low halves 2k padded to 4
+  //           | scales 4 ceil(k/B) | values | pad to 4
+  CHECK(c::payload_bytes(1000, 10, Quant::none, 64) == 20 + (4 + 20) + 40);
+  CHECK(c::payload_bytes(1000, 10, Quant::int8, 64) == 60);     // 20 + (4 + 20) + 4 + 10 = 58
+  CHECK(c::payload_bytes(1000, 10, Quant::int4, 64) == 56);     // 20 + (4 + 20) + 4 + 5 = 53
   CHECK(c::payload_bytes(1000, 1000, Quant::none, 64) == 4020);
   CHECK(c::payload_bytes(1000, 1000, Quant::int4, 64) == 584);  // 20 + 64 + 500
-  CHECK(c::payload_bytes(1000, 129, Quant::int8, 64) == 680);   // 20 + 516 + 12 + 129 = 677
-  CHECK(c::payload_bytes(1000, 129, Quant::int4, 64) == 616);   // 20 + 516 + 12 + 65 = 613
-  CHECK(c::payload_bytes(10, 3, Quant::int4, 2) == 44);         // 20 + 12 + 8 + 2 = 42
+  CHECK(c::payload_bytes(1000, 129, Quant::int8, 64) == 428);   // 20 + (4 + 260) + 12 + 129 = 425
+  CHECK(c::payload_bytes(1000, 129, Quant::int4, 64) == 364);   // 20 + (4 + 260) + 12 + 65 = 361
+  CHECK(c::payload_bytes(10, 3, Quant::int4, 2) == 44);         // 20 + (4 + 8) + 8 + 2 = 42
+  // one more segment at 65537
+  CHECK(c::payload_bytes(65536, 10, Quant::none, 64) == 84);  // 20 + (4 + 20) + 40
+  CHECK(c::payload_bytes(65537, 10, Quant::none, 64) == 88);  // 20 + (8 + 20) + 40
+  CHECK(c::payload_bytes(65537, 65537, Quant::int8, 64) == 20 + 4 * 1025 + 65540);  // dense: no index section
+  // a 1 MiB bucket at ratio 0.01, int8: 4 segments; 1,048,576 / 8,068 = 130x fewer bytes than dense fp32
+  CHECK(c::topk_count(262144, 0.01) == 2622);
+  CHECK(c::payload_bytes(262144, 2622, Quant::int8, 64) == 8068);  // 20 + (16 + 5244) + 164 + 2622 = 8066
+  CHECK(c::payload_bytes(1 << 20, 10486, Quant::int8, 64) == 32200);  // 20 + (64 + 20972) + 656 + 10486 = 32198
 }
 
 TEST_CASE("compress: the payload handed over is payload_bytes long", "[kernels][compress]") {
@@ -495,6 +505,15 @@ TEST_CASE("compress: corrupted or truncated payloads are rejected", "[kernels][c
     std::memcpy(b.data() + 4 * word, &value, 4);
     return b;
   };
+  // Layout (n = 1000: one segment): header words 0-4 | count word 5 | low halves
+  // at bytes 24 + 2j | 4 scales at 124 | 50 codes at 140 | 2 bytes pad: 192.
+  REQUIRE(bytes.size() == 192);
+  constexpr int kLow = 24;
+  auto with_low = [&](int j, uint16_t value) {
+    auto b = bytes;
+    std::memcpy(b.data() + kLow + 2 * j, &value, 2);
+    return b;
+  };
   SECTION("decode names what is wrong") {
     REQUIRE(error_of([&] { decode_bytes(bytes); }) == "(no error)");
     CHECK_THAT(error_of([&] { decode_bytes({}); }), Catch::Contains("truncated"));
@@ -514,10 +533,17 @@ TEST_CASE("compress: corrupted or truncated payloads are rejected", "[kernels][c
     CHECK_THAT(error_of([&] { decode_bytes(with_word(2, 51)); }), Catch::Contains("truncated"));  // size no longer fits
     CHECK_THAT(error_of([&] { decode_bytes(with_word(4, 1)); }), Catch::Contains("truncated"));   // 50 scales, not 4
     CHECK_THAT(error_of([&] { decode_bytes(with_word(3, 0)); }), Catch::Contains("block 16 with quant none"));
-    CHECK_THAT(error_of([&] { decode_bytes(with_word(5 + 10, 5000)); }), Catch::Contains("indices are out of order"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_low(10, 5000)); }),
+               Catch::Contains("indices are out of order or not below n = 1000"));
     auto swapped = bytes;  // indices 3 and 4 swapped
-    std::swap_ranges(swapped.begin() + 20 + 12, swapped.begin() + 20 + 16, swapped.begin() + 20 + 16);
+    std::swap_ranges(swapped.begin() + kLow + 6, swapped.begin() + kLow + 8, swapped.begin() + kLow + 8);
     CHECK_THAT(error_of([&] { decode_bytes(swapped); }), Catch::Contains("indices are out of order"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(5, 49)); }),
+               Catch::Contains("segment counts sum to 49, the header says k = 50"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(5, 0xffffffffu)); }),
+               Catch::Contains("segment counts sum to 4294967295"));
+    auto magic1 = with_word(0, 0x01435858u);  // a version-1 payload
+    CHECK_THAT(error_of([&] { decode_bytes(magic1); }), Catch::Contains("\"XXC\" version 2"));
   }
 
   SECTION("decode_sum checks every payload before touching the output") {
@@ -532,4 +558,180 @@ TEST_CASE("compress: corrupted or truncated payloads are rejected", "[kernels][c
     Buffer<float> shorter("test::shorter", n - 1);
     CHECK_THAT(error_of([&] { c::decode_add(V(shorter), CV(good.payload)); }), Catch::Contains("this bucket has 999"));
   }
+}
+
+namespace {
+
+// Indices over n = 400000, seven segments of 65536 (the last 6784 long): a
+// few at both ends of segments 0 and 1 (65535, 65536 and 131071 included),
+// segment 2 empty, segment 3 full, one at the start of 4, 5 empty, the first
+// and last index of 6. Counts {3, 3, 0, 65536, 1, 0, 2}, k = 65545.
+constexpr int64_t kSpanN = 400000;
+std::vector<uint32_t> spanning_indices() {
+  std::vector<uint32_t> ix = {0, 5, 65535, 65536, 65537, 131071};
+  for (uint32_t i = 196608; i < 262144; ++i) ix.push_back(i);
+  for (uint32_t i : {262144u, 393216u, 399999u}) ix.push_back(i);
+  return ix;
+}
+
+struct Decoded {
+  std::vector<uint32_t> idx;
+  std::vector<float> val;
+};
+
+Decoded decode_host(const std::vector<uint8_t>& bytes) {
+  auto p = on_device(bytes);
+  const auto h = c::read_header(CV(p));
+  Buffer<uint32_t> idx("test::idx", h.k);
+  Buffer<float> val("test::val", h.k);
+  c::decode(V(idx), V(val), CV(p));
+  return {on_host(idx), on_host(val)};
+}
+
+uint32_t word_at(const std::vector<uint8_t>& b, int64_t word) {
+  uint32_t w;
+  std::memcpy(&w, b.data() + 4 * word, 4);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("compress: indices spanning several segments round-trip exactly", "[kernels][compress]") {
+  SECTION("empty and full segments, 65535 / 65536 boundaries, every quant") {
+    const auto ix = spanning_indices();
+    const int64_t n = kSpanN, k = ix.size();
+    REQUIRE(k == 65545);
+    REQUIRE(c::segments(n) == 7);
+    std::vector<float> v(k);
+    for (int64_t j = 0; j < k; ++j) v[j] = float(int(j % 255) - 127) * 0.375f + float(j % 7) * 0x1p-10f;
+    auto idx = on_device(ix);
+    auto val = on_device(v);
+    for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
+      CAPTURE(c::quant_name(q));
+      const int64_t bytes = c::payload_bytes(n, k, q, 64);
+      // 20 + (7 counts + 65545 halves and one of padding) + scales + values
+      const int64_t values = q == Quant::none ? 4 * k : q == Quant::int8 ? k : c::ceil_div(k, 2);
+      CHECK(bytes == (20 + (28 + 131092) + (q == Quant::none ? 0 : 4 * 1025) + values + 3) / 4 * 4);
+      Buffer<uint8_t> payload("test::payload", bytes);
+      Kokkos::deep_copy(payload, uint8_t(0xab));
+      REQUIRE(c::encode(V(payload), CV(idx), CV(val), n, q, 64) == bytes);
+      const auto b = on_host(payload);
+      CHECK(word_at(b, 0) == 0x02435858u);  // "XXC" 2
+      const std::vector<uint32_t> counts = {word_at(b, 5),  word_at(b, 6),  word_at(b, 7), word_at(b, 8),
+                                            word_at(b, 9),  word_at(b, 10), word_at(b, 11)};
+      CHECK(counts == std::vector<uint32_t>{3, 3, 0, 65536, 1, 0, 2});
+      uint16_t h[6];
+      std::memcpy(h, b.data() + 48, sizeof(h));
+      CHECK(std::vector<uint16_t>(h, h + 6) == std::vector<uint16_t>{0, 5, 65535, 0, 1, 65535});
+      CHECK(b[48 + 2 * k] == 0);  // the odd k's padding half
+      CHECK(b[48 + 2 * k + 1] == 0);
+      const auto d = decode_host(b);
+      REQUIRE(d.idx == ix);
+      // the values as the sender computes them
+      std::vector<float> expect = v;
+      if (q != Quant::none) {
+        Buffer<float> scale("test::scale", c::ceil_div(k, 64)), back("test::back", k);
+        Buffer<uint8_t> codes("test::codes", values);
+        c::quantize(V(scale), V(codes), CV(val), q, 64);
+        c::dequantize(V(back), CV(scale), CV(codes), q, 64);
+        expect = on_host(back);
+      }
+      REQUIRE(d.val == expect);
+      // decode_add puts each value at its index and nothing elsewhere
+      Buffer<float> out("test::out", n);
+      c::decode_add(V(out), CV(payload));
+      const auto o = on_host(out);
+      std::vector<float> dense(n, 0.0f);
+      for (int64_t j = 0; j < k; ++j) dense[ix[j]] = expect[j];
+      REQUIRE(o == dense);
+    }
+  }
+
+  SECTION("random index sets with densities from empty to full per segment") {
+    std::mt19937_64 gen(2024);
+    for (int64_t n : {65536, 65537, 200003, 300007}) {
+      const int64_t nseg = c::segments(n);
+      for (int trial = 0; trial < 3; ++trial) {
+        CAPTURE(n, trial);
+        std::vector<uint32_t> ix;
+        std::uniform_real_distribution<double> u(0.0, 1.0);
+        for (int64_t s = 0; s < nseg; ++s) {
+          const double p = std::array<double, 5>{0.0, 1.0, 0.001, 0.3, 0.97}[(s + trial) % 5];
+          for (int64_t i = s * 65536; i < std::min(n, (s + 1) * 65536); ++i)
+            if (u(gen) < p) ix.push_back(uint32_t(i));
+        }
+        if (ix.empty() || int64_t(ix.size()) == n) ix = {uint32_t(n - 1)};
+        const int64_t k = ix.size();
+        std::vector<float> v(k);
+        for (int64_t j = 0; j < k; ++j) v[j] = float(j) * 0.5f - 3.0f;
+        auto idx = on_device(ix);
+        auto val = on_device(v);
+        Buffer<uint8_t> payload("test::payload", c::payload_bytes(n, k, Quant::none, 64));
+        REQUIRE(c::encode(V(payload), CV(idx), CV(val), n, Quant::none, 64) == int64_t(payload.extent(0)));
+        const auto d = decode_host(on_host(payload));
+        REQUIRE(d.idx == ix);
+        REQUIRE(d.val == v);
+      }
+    }
+  }
+
+  SECTION("through compress: top-k of buckets over one segment") {
+    for (int64_t n : {65537, 200003})
+      for (double ratio : {0.01, 0.3})
+        for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
+          const int64_t k = c::topk_count(n, ratio);
+          CAPTURE(n, ratio, c::quant_name(q), k);
+          const auto g = make_grad(n, uint64_t(n) + 5, Data::ties);
+          auto grad = on_device(g);
+          Buffer<float> residual("test::residual", n);
+          const auto sent = compress_once(residual, grad, c::Settings{ratio, q, 64, true});
+          CHECK(sent.bytes == c::payload_bytes(n, k, q, 64));
+          std::vector<uint32_t> idx;
+          dense_sent(sent.payload, n, &idx);
+          REQUIRE(idx == reference_topk(g, k));
+        }
+  }
+}
+
+TEST_CASE("compress: segment counts are validated", "[kernels][compress]") {
+  const auto ix = spanning_indices();
+  const int64_t n = kSpanN, k = ix.size();
+  std::vector<float> v(k, 1.0f);
+  auto idx = on_device(ix);
+  auto val = on_device(v);
+  Buffer<uint8_t> payload("test::payload", c::payload_bytes(n, k, Quant::int8, 64));
+  c::encode(V(payload), CV(idx), CV(val), n, Quant::int8, 64);
+  const auto bytes = on_host(payload);
+  auto with_counts = [&](std::vector<uint32_t> counts) {  // words 5..11
+    auto b = bytes;
+    std::memcpy(b.data() + 20, counts.data(), 4 * counts.size());
+    return b;
+  };
+  auto decode_bytes = [&](const std::vector<uint8_t>& b) { decode_host(b); };
+  REQUIRE(error_of([&] { decode_bytes(bytes); }) == "(no error)");
+  // not summing to k
+  CHECK_THAT(error_of([&] { decode_bytes(with_counts({3, 3, 1, 65536, 1, 0, 2})); }),
+             Catch::Contains("the 7 index segment counts sum to 65546, the header says k = 65545"));
+  CHECK_THAT(error_of([&] { decode_bytes(with_counts({3, 3, 0, 0, 1, 0, 2})); }),
+             Catch::Contains("sum to 9, the header says k = 65545"));
+  CHECK_THAT(error_of([&] { decode_bytes(with_counts({0xffffffffu, 3, 0, 65536, 1, 0, 2})); }),
+             Catch::Contains("sum to 4295032837"));
+  // summing to k but misplaced: 65535 then 0 in one segment; 65537 entries in one segment
+  CHECK_THAT(error_of([&] { decode_bytes(with_counts({2, 4, 0, 65536, 1, 0, 2})); }),
+             Catch::Contains("indices are out of order"));
+  CHECK_THAT(error_of([&] { decode_bytes(with_counts({3, 3, 0, 65537, 0, 0, 2})); }),
+             Catch::Contains("indices are out of order"));
+  // the last segment is 6784 long: low half 6784 there is index 400000 = n
+  auto past_n = bytes;
+  const uint16_t h = 6784;
+  std::memcpy(past_n.data() + 48 + 2 * (k - 1), &h, 2);
+  CHECK_THAT(error_of([&] { decode_bytes(past_n); }), Catch::Contains("not below n = 400000"));
+  // decode_sum names the rank and leaves the output alone
+  auto bad = on_device(with_counts({3, 3, 0, 65536, 1, 1, 2}));
+  Buffer<float> out("test::out", n);
+  Kokkos::deep_copy(out, 42.0f);
+  CHECK_THAT(error_of([&] { c::decode_sum(V(out), {CV(payload), CV(bad)}); }),
+             Catch::StartsWith("rank 1: ") && Catch::Contains("sum to 65546"));
+  const auto o = on_host(out);
+  CHECK(std::all_of(o.begin(), o.end(), [](float x) { return x == 42.0f; }));
 }
