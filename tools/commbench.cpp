@@ -1,0 +1,520 @@
+// xx_commbench: what gradient synchronisation costs on this machine, printed
+// as nccl-tests' all_reduce_perf prints it. Two kinds of case:
+//   dense   MPI_Allreduce(MPI_SUM) of float32 buffers, out of place.
+//   sparse  the path of docs/COMPRESSION.md for a gradient of N floats:
+//           compress (top-k, int8/int4, feedback off so every iteration does
+//           the same work), exchange the payloads among all ranks over a
+//           PayloadExchange (mpi, ucx), decode_sum.
+//
+// usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]
+//          [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]
+//          [--transport mpi|ucx|both] [--cases dense,sparse] [--timeout S] [--json FILE]
+// Sizes and counts take a K, M or G suffix (powers of 1024), as in nccl-tests.
+// The UCX transport needs UCX_TLS=self,tcp on one host (src/comm/exchange.h).
+//
+// Figures, R ranks, size = count * 4 bytes:
+//   time     max over ranks of the mean over the timed iterations (nccl-tests)
+//   med      median over the timed iterations of the slowest rank's time
+//   algbw    size / time; for sparse, size is the dense gradient the payloads stand for
+//   busbw    algbw * 2(R-1)/R. Dense: nccl-tests' all-reduce bus bandwidth. Sparse:
+//            the bus bandwidth a dense all-reduce of the same size would need to
+//            finish in the same time, so sparse beats dense where its busbw is higher.
+//   payload  bytes of one rank's payload, = payload_bytes(N, k, quant, block)
+//   factor   size / payload
+//   xchg     exchange() alone, as time is (max over ranks of the mean). A barrier
+//            before it, not counted anywhere, keeps a peer's slower compress out of it.
+//   wire     bytes_sent() / xchg: bytes this rank hands the transport per second
+//            ((R-1) payloads, plus 16 bytes per peer over mpi)
+//   #wrong   summed over ranks. Dense: elements that differ from the exact sum
+//            (small integers, exact in any order). Sparse: elements of the decoded
+//            sum that differ bit for bit from the sum each rank computes itself,
+//            compressing every rank's gradient (regenerated from that rank's seed)
+//            and decode_summing in rank order.
+// Exit status: 0 OK, 1 FAILED (a #wrong, or a transport asked for is disabled), 2 bad usage.
+
+// MPI_Allreduce, MPI_Wtime
+#include <mpi.h>
+// Kokkos::ScopeGuard, parallel_for / parallel_reduce
+#include <Kokkos_Core.hpp>
+// fmt::print for the table
+#include <fmt/format.h>
+// --json FILE
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// make_mpi_exchange, make_ucx_exchange: the sparse transports
+#include "comm/exchange.h"
+// normal(seed, i): the gradients, regenerable on any rank
+#include "core/rng.h"
+// Buffer, Vec, ExecSpace
+#include "core/views.h"
+// compress, decode_sum, payload_bytes, topk_count
+#include "kernels/compress.h"
+
+namespace {
+
+using namespace xx;
+namespace cz = xx::kernels::compress;
+using json = nlohmann::ordered_json;
+
+// The transports move host memory, and payloads are handed to them without
+// staging; Debian's Kokkos is host-only. A device build would stage here.
+static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible,
+              "commbench hands Kokkos memory straight to the host transports: stage it for a device build");
+
+constexpr uint64_t kSeed = 0x636f6d6d62656e63ULL;  // "commbenc"
+constexpr int64_t kF32 = sizeof(float);
+
+// ----------------------------------------------------------------------------
+// command line
+
+struct Options {
+  int64_t min_bytes = 4 << 10, max_bytes = 64 << 20, factor = 4;
+  int warmup = 5, iters = 20;
+  std::vector<int64_t> sparse_n = {1 << 20, 16 << 20};
+  std::vector<double> ratios = {0.1, 0.01, 0.001};
+  std::vector<cz::Quant> quants = {cz::Quant::none, cz::Quant::int8, cz::Quant::int4};
+  std::vector<std::string> transports = {"mpi", "ucx"};
+  bool dense = true, sparse = true, ucx_required = false;
+  double timeout_s = 300;  // generous: ranks may share cores
+  std::string json_path;
+};
+
+const char* kUsage =
+    "usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]\n"
+    "         [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]\n"
+    "         [--transport mpi|ucx|both] [--cases dense,sparse] [--timeout S] [--json FILE]\n"
+    "  defaults: -b 4K -e 64M -f 4 -w 5 -n 20 --sparse 1M,16M --ratios 0.1,0.01,0.001\n"
+    "            --quants none,int8,int4 --transport both --cases dense,sparse\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = s.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(s.substr(start, comma - start));
+  out.push_back(s.substr(start));
+  return out;
+}
+
+// "4096", "4K", "16M", "1G" (powers of 1024).
+int64_t parse_size(const std::string& flag, const std::string& s) {
+  size_t used = 0;
+  int64_t v = -1;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = used ? s.substr(used) : "";
+  const int shift = unit == "" ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" || unit == "m" ? 20 : unit == "G" || unit == "g" ? 30 : -1;
+  if (!used || v < 1 || shift < 0) throw UsageError(fmt::format("{} '{}': expected a positive size like 4096, 4K, 16M", flag, s));
+  return v << shift;
+}
+
+int parse_count(const std::string& flag, const std::string& s, int min) {
+  size_t used = 0;
+  int v = -1;
+  try {
+    v = std::stoi(s, &used);
+  } catch (const std::exception&) {
+  }
+  if (!used || used != s.size() || v < min) throw UsageError(fmt::format("{} '{}': expected an integer >= {}", flag, s, min));
+  return v;
+}
+
+double parse_number(const std::string& flag, const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != s.size() || !(v > 0)) throw UsageError(fmt::format("{} '{}': expected a positive number", flag, s));
+  return v;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") throw UsageError("");
+    if (i + 1 >= argc) throw UsageError(fmt::format("{}: expected a value after it (or an unknown flag)", flag));
+    const std::string v = argv[++i];
+    if (flag == "-b") o.min_bytes = parse_size(flag, v);
+    else if (flag == "-e") o.max_bytes = parse_size(flag, v);
+    else if (flag == "-f") o.factor = parse_count(flag, v, 2);
+    else if (flag == "-w") o.warmup = parse_count(flag, v, 0);
+    else if (flag == "-n") o.iters = parse_count(flag, v, 1);
+    else if (flag == "--timeout") o.timeout_s = parse_number(flag, v);
+    else if (flag == "--json") o.json_path = v;
+    else if (flag == "--sparse") {
+      o.sparse_n.clear();
+      for (const auto& s : split(v)) o.sparse_n.push_back(parse_size(flag, s));
+    } else if (flag == "--ratios") {
+      o.ratios.clear();
+      for (const auto& s : split(v)) o.ratios.push_back(parse_number(flag, s));
+    } else if (flag == "--quants") {
+      o.quants.clear();
+      for (const auto& s : split(v)) {
+        if (s == "none") o.quants.push_back(cz::Quant::none);
+        else if (s == "int8") o.quants.push_back(cz::Quant::int8);
+        else if (s == "int4") o.quants.push_back(cz::Quant::int4);
+        else throw UsageError(fmt::format("--quants '{}': expected none, int8 or int4", s));
+      }
+    } else if (flag == "--transport") {
+      if (v == "both") o.transports = {"mpi", "ucx"};
+      else if (v == "mpi" || v == "ucx") o.transports = {v};
+      else throw UsageError(fmt::format("--transport '{}': expected mpi, ucx or both", v));
+      o.ucx_required = v == "ucx";  // asked for by name: disabled is a failure, not a skip
+    } else if (flag == "--cases") {
+      o.dense = o.sparse = false;
+      for (const auto& s : split(v)) {
+        if (s == "dense") o.dense = true;
+        else if (s == "sparse") o.sparse = true;
+        else throw UsageError(fmt::format("--cases '{}': expected dense, sparse or both", s));
+      }
+    } else {
+      throw UsageError(fmt::format("unknown flag '{}'", flag));
+    }
+  }
+  if (o.min_bytes > o.max_bytes) throw UsageError(fmt::format("-b {} is above -e {}", o.min_bytes, o.max_bytes));
+  for (double r : o.ratios)
+    if (r >= 1) throw UsageError(fmt::format("--ratios {}: a ratio must be below 1 (1 is the dense case)", r));
+  for (int64_t n : o.sparse_n)
+    if (n > int64_t(UINT32_MAX)) throw UsageError(fmt::format("--sparse {}: the payload format holds n < 2^32", n));
+  return o;
+}
+
+// ----------------------------------------------------------------------------
+// timing
+
+struct Timing {
+  double time_us = 0, med_us = 0;  // max over ranks of the mean; median of the slowest rank per iteration
+};
+
+// Every rank passes its per-iteration seconds (the same count on every rank).
+Timing reduce_times(std::vector<double> t, MPI_Comm comm) {
+  Timing out;
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / double(t.size());
+  MPI_Allreduce(&mean, &out.time_us, 1, MPI_DOUBLE, MPI_MAX, comm);
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), int(t.size()), MPI_DOUBLE, MPI_MAX, comm);
+  std::sort(t.begin(), t.end());
+  const size_t h = t.size() / 2;
+  out.med_us = 1e6 * (t.size() % 2 ? t[h] : 0.5 * (t[h - 1] + t[h]));
+  out.time_us *= 1e6;
+  return out;
+}
+
+// Seconds of one iteration: all of it, and the exchange alone (0 for dense).
+struct Lap {
+  double total = 0, inner = 0;
+};
+
+// Runs `step` warmup times, then iters times; step() times itself. Ranks
+// start the timed loop together.
+template <class Step>
+std::pair<std::vector<double>, std::vector<double>> timed(const Options& o, MPI_Comm comm, Step&& step) {
+  for (int i = 0; i < o.warmup; ++i) step();
+  MPI_Barrier(comm);
+  std::vector<double> total(o.iters), inner(o.iters);
+  for (int i = 0; i < o.iters; ++i) {
+    const Lap lap = step();
+    total[i] = lap.total, inner[i] = lap.inner;
+  }
+  return {total, inner};
+}
+
+int64_t sum_over_ranks(int64_t v, MPI_Comm comm) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, comm);
+  return v;
+}
+
+double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }
+
+// ----------------------------------------------------------------------------
+// dense all-reduce
+
+// Rank r's value i: a small integer, so the sum over ranks (|sum| <= 8R) is
+// exact in float whatever order the reduction adds in.
+float dense_value(int r, int64_t i) { return float(int((i * 7 + int64_t(r) * 13) % 17) - 8); }
+
+json run_dense(const Options& o, MPI_Comm comm, int rank, int R, int64_t& wrong_total) {
+  if (rank == 0) {
+    fmt::print("#\n# dense all-reduce: MPI_Allreduce(MPI_SUM) of float32, out of place\n");
+    fmt::print("#\n# {:>10} {:>12} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "op",
+               "time", "med", "algbw", "busbw", "#wrong");
+    fmt::print("# {:>10} {:>12} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
+               "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  json rows = json::array();
+  double bus_sum = 0;
+  for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+    const int64_t count = bytes / kF32;
+    if (count < 1) continue;
+    std::vector<float> send(count), recv(count, 0.0f);
+    for (int64_t i = 0; i < count; ++i) send[i] = dense_value(rank, i);
+    auto [total, inner] = timed(o, comm, [&] {
+      const double t0 = MPI_Wtime();
+      MPI_Allreduce(send.data(), recv.data(), int(count), MPI_FLOAT, MPI_SUM, comm);
+      return Lap{MPI_Wtime() - t0, 0};
+    });
+    const Timing t = reduce_times(total, comm);
+    int64_t wrong = 0;  // the result of the last timed iteration
+    for (int64_t i = 0; i < count; ++i) {
+      float expect = 0;
+      for (int r = 0; r < R; ++r) expect += dense_value(r, i);
+      wrong += recv[i] != expect;
+    }
+    wrong = sum_over_ranks(wrong, comm);
+    wrong_total += wrong;
+    const double size = double(count * kF32), algbw = gbps(size, t.time_us), busbw = algbw * 2.0 * (R - 1) / R;
+    bus_sum += busbw;
+    if (rank == 0)
+      fmt::print("  {:>10} {:>12} {:>6} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", count * kF32, count,
+                 "float", "sum", t.time_us, t.med_us, algbw, busbw, wrong);
+    rows.push_back({{"size_bytes", count * kF32}, {"count", count}, {"type", "float"}, {"op", "sum"},
+                    {"time_us", t.time_us}, {"med_us", t.med_us}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw},
+                    {"wrong", wrong}});
+  }
+  if (rank == 0 && !rows.empty()) fmt::print("# Avg bus bandwidth (dense) : {:.3f} GB/s\n", bus_sum / double(rows.size()));
+  return rows;
+}
+
+// ----------------------------------------------------------------------------
+// sparse exchange
+
+// Rank r's gradient: standard normal values, a pure function of (r, i).
+void fill_gradient(Vec<float> g, int r) {
+  const uint64_t seed = mix_seed(kSeed, uint64_t(r));
+  Kokkos::parallel_for(
+      "commbench::gradient", Kokkos::RangePolicy<ExecSpace>(0, g.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { g(i) = float(normal(seed, uint64_t(i))); });
+}
+
+// Elements whose bits differ (so -0 vs 0 and NaNs count too).
+int64_t count_differing(Vec<const float> a, Vec<const float> b) {
+  int64_t bad = 0;
+  Kokkos::parallel_reduce(
+      "commbench::compare", Kokkos::RangePolicy<ExecSpace>(0, a.extent(0)),
+      KOKKOS_LAMBDA(int64_t i, int64_t & w) {
+        uint32_t x, y;
+        std::memcpy(&x, &a(i), sizeof(x));
+        std::memcpy(&y, &b(i), sizeof(y));
+        w += x != y;
+      },
+      bad);
+  return bad;
+}
+
+template <class T> Vec<T> V(const Buffer<T>& b) { return Vec<T>(b.data(), b.extent(0)); }
+template <class T> Vec<const T> CV(const Buffer<T>& b) { return Vec<const T>(b.data(), b.extent(0)); }
+Vec<uint8_t> bytes_of(std::vector<std::byte>& p) { return Vec<uint8_t>(reinterpret_cast<uint8_t*>(p.data()), p.size()); }
+Vec<const uint8_t> bytes_of(const std::vector<std::byte>& p) {
+  return Vec<const uint8_t>(reinterpret_cast<const uint8_t*>(p.data()), p.size());
+}
+
+struct SparseCase {
+  double ratio;
+  cz::Quant quant;
+};
+
+void print_sparse_header(const char* transport) {
+  fmt::print("#\n# sparse exchange over {}: time = compress (top-k, feedback off) + exchange + decode_sum, timed\n"
+             "# apart with a barrier (not counted) before the exchange; algbw and busbw count the dense bytes\n"
+             "# the payloads stand for (size = count * 4)\n",
+             transport);
+  fmt::print("#\n# {:>10} {:>12} {:>6} {:>12} {:>10} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>7}\n", "size",
+             "count", "type", "kind", "payload", "factor", "time", "med", "xchg", "algbw", "busbw", "wire", "#wrong");
+  fmt::print("# {:>10} {:>12} {:>6} {:>12} {:>10} {:>7} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>7}\n", "(B)",
+             "(elements)", "", "(ratio:q)", "(B)", "", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", "");
+}
+
+// The sparse rows of every transport; payloads and expected sums are built once per N.
+json run_sparse(const Options& o, const std::vector<std::unique_ptr<PayloadExchange>>& xs, MPI_Comm comm, int rank,
+                int R, int64_t& wrong_total) {
+  std::vector<SparseCase> cases;
+  for (double ratio : o.ratios)
+    for (cz::Quant q : o.quants) cases.push_back({ratio, q});
+  std::vector<int> group(R);
+  std::iota(group.begin(), group.end(), 0);
+  json rows = json::array();
+  std::vector<std::vector<std::string>> lines(xs.size());  // table rows, per transport
+  std::vector<double> bus_sum(xs.size(), 0.0);
+  std::vector<uint64_t> tags(xs.size(), 1);  // a fresh tag per round, per transport
+  for (const int64_t N : o.sparse_n) {
+    const double max_ratio = *std::max_element(o.ratios.begin(), o.ratios.end());
+    cz::Workspace ws(N, cz::topk_count(N, max_ratio));
+    Buffer<float> grad("commbench::grad", N);          // (N) this rank's gradient
+    Buffer<float> residual("commbench::residual", N);  // (N) written, not read: feedback is off
+    Buffer<float> sum("commbench::sum", N);            // (N) decode_sum of what came over the wire
+    Buffer<float> expect("commbench::expect", N);      // (N) the same sum, computed here
+    fill_gradient(V(grad), rank);
+
+    // The payload of every rank for every case, made here from its seed:
+    // expected[c][r]. One gradient at a time; only the payloads are kept.
+    std::vector<std::vector<std::vector<std::byte>>> expected(cases.size(), std::vector<std::vector<std::byte>>(R));
+    {
+      Buffer<float> other("commbench::other_grad", N);
+      for (int r = 0; r < R; ++r) {
+        if (r != rank) fill_gradient(V(other), r);
+        for (size_t c = 0; c < cases.size(); ++c) {
+          const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false, 0, 0};
+          auto& p = expected[c][r];
+          p.resize(cz::payload_bytes(N, cz::topk_count(N, s.ratio), s.quant, s.block));
+          cz::compress(bytes_of(p), V(residual), r == rank ? CV(grad) : CV(other), s, ws);
+        }
+      }
+    }
+
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false, 0, 0};
+      const int64_t k = cz::topk_count(N, s.ratio), payload = cz::payload_bytes(N, k, s.quant, s.block);
+      std::vector<Vec<const uint8_t>> views(R);
+      for (int r = 0; r < R; ++r) views[r] = bytes_of(expected[c][r]);
+      cz::decode_sum(V(expect), views);
+      for (size_t x = 0; x < xs.size(); ++x) {
+        PayloadExchange& ex = *xs[x];
+        std::vector<std::byte> mine(payload);
+        int64_t sent = 0;
+        // One iteration: compress into the send buffer, exchange, decode_sum,
+        // each phase timed. The barrier (not counted) keeps a peer's slower
+        // compress out of this rank's exchange time, so xchg is the transport's.
+        auto [total, inner] = timed(o, comm, [&] {
+          const double t0 = MPI_Wtime();
+          cz::compress(bytes_of(mine), V(residual), CV(grad), s, ws);
+          Kokkos::fence();  // the payload is complete before the transport reads it
+          const double t1 = MPI_Wtime();
+          MPI_Barrier(comm);
+          const double t2 = MPI_Wtime();
+          const auto got = ex.exchange(group, mine, tags[x]++, o.timeout_s);
+          const double t3 = MPI_Wtime();
+          sent = ex.bytes_sent();
+          for (int r = 0; r < R; ++r) views[r] = bytes_of(got[r]);
+          cz::decode_sum(V(sum), views);
+          Kokkos::fence();
+          const double xchg = t3 - t2;
+          return Lap{(t1 - t0) + xchg + (MPI_Wtime() - t3), xchg};
+        });
+        const Timing t = reduce_times(total, comm), tx = reduce_times(inner, comm);
+        const int64_t wrong = sum_over_ranks(count_differing(CV(sum), CV(expect)), comm);
+        wrong_total += wrong;
+        const double size = double(N * kF32), algbw = gbps(size, t.time_us), busbw = algbw * 2.0 * (R - 1) / R;
+        const double wire = gbps(double(sent), tx.time_us), factor = size / double(payload);
+        const std::string kind = fmt::format("{}:{}", s.ratio, cz::quant_name(s.quant));
+        bus_sum[x] += busbw;
+        lines[x].push_back(fmt::format(
+            "  {:>10} {:>12} {:>6} {:>12} {:>10} {:>7.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>8.3f} {:>7}",
+            N * kF32, N, "float", kind, payload, factor, t.time_us, t.med_us, tx.time_us, algbw, busbw, wire, wrong));
+        rows.push_back({{"transport", ex.name()}, {"size_bytes", N * kF32}, {"count", N}, {"type", "float"},
+                        {"ratio", s.ratio}, {"quant", cz::quant_name(s.quant)}, {"k", k}, {"payload_bytes", payload},
+                        {"bytes_sent", sent}, {"factor", factor}, {"time_us", t.time_us}, {"med_us", t.med_us},
+                        {"xchg_us", tx.time_us}, {"xchg_med_us", tx.med_us}, {"algbw_gbps", algbw},
+                        {"busbw_gbps", busbw}, {"wire_gbps", wire}, {"wrong", wrong}});
+      }
+    }
+  }
+  // One table per transport, printed after all of them ran so the tables stay whole.
+  if (rank == 0) {
+    for (size_t x = 0; x < xs.size(); ++x) {
+      print_sparse_header(xs[x]->name());
+      for (const auto& line : lines[x]) fmt::print("{}\n", line);
+      if (!lines[x].empty())
+        fmt::print("# Avg bus bandwidth (sparse, {}) : {:.3f} GB/s\n", xs[x]->name(), bus_sum[x] / double(lines[x].size()));
+    }
+  }
+  return rows;
+}
+
+// ----------------------------------------------------------------------------
+// main program
+
+int run(int argc, char** argv, MPI_Comm comm) {
+  int rank = 0, R = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &R);
+  Options o;
+  try {
+    o = parse_options(argc, argv);  // same arguments on every rank: all agree without talking
+  } catch (const UsageError& e) {
+    if (rank == 0) fmt::print(stderr, "{}{}{}", e.what(), *e.what() ? "\n" : "", kUsage);
+    return std::string(e.what()).empty() ? 0 : 2;
+  }
+  bool ok = true;
+  // Transports are built collectively, the same list on every rank.
+  std::vector<std::unique_ptr<PayloadExchange>> xs;
+  if (o.sparse) {
+    for (const auto& name : o.transports) {
+      auto x = name == "mpi" ? make_mpi_exchange(comm) : make_ucx_exchange(comm);
+      if (x->enabled()) {
+        xs.push_back(std::move(x));
+        continue;
+      }
+      if (rank == 0) fmt::print("# {} transport disabled: {}\n", name, x->disabled_reason());
+      if (o.ucx_required) ok = false;  // asked for by name
+    }
+  }
+  if (rank == 0) {
+    std::string names;
+    for (const auto& x : xs) names += std::string(names.empty() ? "" : ",") + x->name();
+    fmt::print("# xx_commbench: {} ranks, {} warmup + {} timed iterations, sparse transports: {}\n", R, o.warmup,
+               o.iters, names.empty() || !o.sparse ? "none" : names);
+    fmt::print("# time = max over ranks of the mean; med = median over iterations of the slowest rank;\n"
+               "# algbw = size / time; busbw = algbw * 2(R-1)/R (nccl-tests all-reduce);\n"
+               "# payload = bytes of one rank's payload; factor = size / payload; xchg = exchange() alone;\n"
+               "# wire = bytes_sent() / xchg; #wrong summed over ranks (bit-exact against a local recomputation)\n");
+  }
+  int64_t wrong = 0;
+  json doc = {{"ranks", R}, {"warmup", o.warmup}, {"iters", o.iters}};
+  if (o.dense) doc["dense"] = run_dense(o, comm, rank, R, wrong);
+  if (o.sparse && !xs.empty()) doc["sparse"] = run_sparse(o, xs, comm, rank, R, wrong);
+  ok = ok && wrong == 0;
+  doc["wrong"] = wrong;
+  doc["ok"] = ok;
+  if (rank == 0) {
+    fmt::print("#\n# Out of bounds values : {} {}{}\n", wrong, ok ? "OK" : "FAILED",
+               ok || wrong ? "" : " (a transport asked for by name is disabled)");
+    if (!o.json_path.empty()) {
+      std::ofstream f(o.json_path);
+      f << doc.dump(2) << "\n";
+      if (!f) fmt::print(stderr, "xx_commbench: cannot write {}\n", o.json_path), ok = false;
+    }
+  }
+  MPI_Barrier(comm);  // the UCX destructor flushes endpoints: every rank lets go at about the same time
+  xs.clear();
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      code = run(argc, argv, MPI_COMM_WORLD);
+    } catch (const std::exception& e) {
+      // An exchange that timed out or a payload that failed to parse: name it and stop every rank.
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      std::fprintf(stderr, "xx_commbench: rank %d: %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  MPI_Finalize();
+  return code;
+}
