@@ -97,8 +97,8 @@ struct ScheduleConfig {
   double mult = 1.0;            // sgdr: M, each cycle is M times as long as the one before
   int64_t every = 1;            // step: S, steps per decay level
   double factor = 0.1;          // step: F, the lr is multiplied by F once per level
-  double jitter = 0.0;          // sgdr, step: J, each restart's peak (each level) times a factor in [1-J, 1+J] from the seed
-  std::string restart_from = "last";  // sgdr: a restart continues from the last weights, or from the cycle's best validation point
+  double jitter = 0.0;          // sgdr, step: J, each restart's peak (level) times a seeded factor in [1-J, 1+J]
+  std::string restart_from = "last";  // sgdr: a restart goes on from the last weights or the cycle's best val_loss
 };
 
 // sync dense [bucket_mb X]

@@ -163,7 +163,7 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
 
   msg = check(kBase + "schedule cosine lr_min 0.1\nrun 1\n", 3,
               "unknown keyword 'lr_min' for 'schedule cosine' (expected one of: warmup, min_lr, total) (did you mean 'min_lr'?)");
-  check(kBase + "schedule linear\nrun 1\n", 3, "unknown kind 'linear' for 'schedule' (expected one of: cosine)");
+  check(kBase + "schedule linear\nrun 1\n", 3, "unknown kind 'linear' for 'schedule' (expected one of: cosine, sgdr, step)");
   check("model dense vocab 256 dim\n", 1, "keyword 'dim' needs a value (expected an integer)");
   check("model dense vocab 256 dim abc layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value 'abc' for 'dim' (expected an integer)");
   check("model dense vocab 256 dim 12x layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value '12x' for 'dim'");

@@ -1,16 +1,9 @@
 #include "train/optimizer.h"
 #include <cmath>
+#include <stdexcept>
 #include "kernels/adamw.h"
 
 namespace xx {
-
-double learning_rate(const OptimizerConfig& opt, const ScheduleConfig& schedule, int64_t step) {
-  if (schedule.warmup > 0 && step <= schedule.warmup) return opt.lr * double(step) / double(schedule.warmup);
-  const int64_t span = schedule.total - schedule.warmup;
-  if (span <= 0) return opt.lr;
-  const double progress = std::clamp(double(step - schedule.warmup) / double(span), 0.0, 1.0);
-  return schedule.min_lr + 0.5 * (opt.lr - schedule.min_lr) * (1.0 + std::cos(M_PI * progress));
-}
 
 double clip_factor(double norm, double clip) {
   if (clip <= 0 || !(norm > clip)) return 1.0;

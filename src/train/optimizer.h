@@ -1,15 +1,13 @@
-// AdamW over the flat parameter buffer, global-norm clipping, and the
-// learning-rate schedule (linear warmup, then cosine to min_lr).
+// AdamW over the flat parameter buffer and global-norm clipping. The
+// learning-rate schedule (cosine, sgdr, step) is Schedule in train/schedule.h.
 #pragma once
 #include <cstdint>
 #include "config.h"
 #include "core/views.h"
 #include "model/params.h"
+#include "train/schedule.h"
 
 namespace xx {
-
-// Learning rate for optimizer step `step` (1-based).
-double learning_rate(const OptimizerConfig& opt, const ScheduleConfig& schedule, int64_t step);
 
 // Factor that scales gradients of global norm `norm` down to `clip` (1 when below or when clip is 0).
 double clip_factor(double norm, double clip);

@@ -301,7 +301,7 @@ double Trainer::train_step() {
   // so is the norm and the update; under local each rank clips its own.
   const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
                                                                                model_->grads().extent(0))));
-  const double lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_ + 1);
+  const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
   balance_experts();
   ++step_;
