@@ -18,6 +18,20 @@ inline double squared_distance(Vec<const float> params, Vec<const float> mean) {
   return s;
 }
 
+// compress target update: the change one optimizer step made on this rank
+// (delta = after - before), and the step actually taken, before + the group's
+// averaged, compressed delta.
+inline void update_delta(Vec<float> delta, Vec<const float> after, Vec<const float> before) {
+  Kokkos::parallel_for(
+      "sync::update_delta", Kokkos::RangePolicy<ExecSpace>(0, delta.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { delta(i) = after(i) - before(i); });
+}
+inline void apply_delta(Vec<float> params, Vec<const float> before, Vec<const float> delta) {
+  Kokkos::parallel_for(
+      "sync::apply_delta", Kokkos::RangePolicy<ExecSpace>(0, params.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { params(i) = before(i) + delta(i); });
+}
+
 // Outer step on the pseudo-gradient delta = anchor - mean (DiLoCo):
 //   momentum = mu * momentum + delta
 //   anchor  -= lr * (nesterov ? delta + mu * momentum : momentum)

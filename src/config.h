@@ -122,7 +122,8 @@ struct TopologyConfig {
 
 // compress off
 //        | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M]
-//                     [min_size N] [warmup STEPS] [block B] [transport auto|ucx|mpi]
+//                     [min_size N] [warmup STEPS] [block B] [target gradient|update]
+//                     [transport auto|ucx|mpi]
 // Gradient compression under sync dense|accumulate (docs/COMMUNICATION.md).
 struct CompressConfig {
   std::string kind = "off";        // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
@@ -134,6 +135,10 @@ struct CompressConfig {
   int64_t warmup = 0;              // steps over which the ratio falls from 1 to RATIO (exponentially)
   int64_t block = 64;              // values per quantization scale
   std::string transport = "auto";  // sparse exchange: auto (UCX if it starts, else MPI), ucx, mpi
+  // What is compressed and averaged: the gradient (Deep Gradient Compression),
+  // or the change this rank's own optimizer step made (for AdamW, whose
+  // per-element normalisation undoes sparse gradients; see docs/COMMUNICATION.md).
+  std::string target = "gradient";
 };
 
 // output dir PATH [log_every N] [progress auto|on|off]

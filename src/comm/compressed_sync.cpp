@@ -35,11 +35,19 @@ CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, c
     if (t.size >= cfg.min_size) add(sparse_ranges_, t.offset, t.size), sparse_n_ += t.size;
     else add(dense_ranges_, t.offset, t.size), dense_n_ += t.size;
   }
+  // Buckets never span two tensors: top-k picks within each tensor (as Deep
+  // Gradient Compression does per layer), so a tensor with small gradients
+  // is not starved by one with large ones. Large tensors split into buckets
+  // of bucket_mb.
   const int64_t per_bucket = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
   int64_t largest = 0;
-  for (int64_t b = 0; b < sparse_n_; b += per_bucket) {
-    buckets_.push_back({b, std::min(sparse_n_, b + per_bucket)});
-    largest = std::max(largest, buckets_.back().end - b);
+  for (int64_t at = 0; const auto& t : layout.tensors()) {
+    if (t.size < cfg.min_size) continue;
+    for (int64_t b = 0; b < t.size; b += per_bucket) {
+      buckets_.push_back({at + b, at + std::min(t.size, b + per_bucket)});
+      largest = std::max(largest, buckets_.back().end - buckets_.back().begin);
+    }
+    at += t.size;
   }
   packed_ = Buffer<float>("CompressedSync::packed", sparse_n_);
   dense_ = Buffer<float>("CompressedSync::dense", dense_n_ + sparse_n_);

@@ -328,11 +328,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           real("momentum", &c.compress.momentum, within(0, 1, false, true)),
           integer("min_size", &c.compress.min_size, at_least(0)), integer("warmup", &c.compress.warmup, at_least(0)),
           integer("block", &c.compress.block, at_least(1)),
+          choice("target", &c.compress.target, {"gradient", "update"}),
           choice("transport", &c.compress.transport, {"auto", "ucx", "mpi"})},
          {},
          {}}},
        "compress off | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
-       "[block B] [transport auto|ucx|mpi]"},
+       "[block B] [target gradient|update] [transport auto|ucx|mpi]"},
       {"output",
        nullptr,
        "",

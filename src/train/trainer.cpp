@@ -103,7 +103,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
       input_error("{}: compress topk with topology ring (expected topology full or clusters)", p.where);
     if (topk && (c.ratio != topk->ratio || c.quant != topk->quant || c.feedback != topk->feedback ||
                  c.momentum != topk->momentum || c.min_size != topk->min_size || c.warmup != topk->warmup ||
-                 c.block != topk->block || c.transport != topk->transport))
+                 c.block != topk->block || c.transport != topk->transport || c.target != topk->target))
       input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
                   p.where);
     topk = &c;
@@ -118,7 +118,14 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     sync_->use_device_allreduce([this](float* p, int64_t n, MPI_Comm g, CommStats& st) {
       comm_ops_->dense().execute(p, n, g, st);
     });
-  if (topk) compressed_ = std::make_unique<CompressedSync>(model_->layout(), model_->grads(), *topk, cfg_.sync.bucket_mb);
+  if (topk && topk->target == "update") {
+    update_before_ = Buffer<float>("Trainer::update_before", model_->layout().total());
+    update_delta_ = Buffer<float>("Trainer::update_delta", model_->layout().total());
+  }
+  if (topk)
+    compressed_ = std::make_unique<CompressedSync>(model_->layout(),
+                                                   topk->target == "update" ? update_delta_ : model_->grads(), *topk,
+                                                   cfg_.sync.bucket_mb);
   topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
@@ -266,6 +273,7 @@ double Trainer::train_step() {
   // Gradients are all-reduced in buckets during the backward, within the
   // group; the ring gossips after it.
   const bool compress = cfg_.compress.kind == "topk";
+  const bool compress_update = compress && cfg_.compress.target == "update";
   const bool overlap = !local && !topology_->is_ring() && !compress;
   model_->zero_grads();
   sync_->begin(topology_->group());
@@ -288,7 +296,10 @@ double Trainer::train_step() {
   }
   step_comm_ = CommStats{};
   if (overlap) sync_->finish(micro), step_comm_ = sync_->stats();
-  if (compress) compressed_->reduce(topology_->members(), topology_->group(), step_, micro, *comm_ops_, step_comm_);
+  if (compress && !compress_update)
+    compressed_->reduce(topology_->members(), topology_->group(), step_, micro, *comm_ops_, step_comm_);
+  if (compress_update && micro > 1)  // the local mean; the ranks' updates are averaged below
+    kernels::scale_inplace<float>(Vec<float>(model_->grads().data(), model_->grads().extent(0)), 1.0f / float(micro));
   if (!local && topology_->is_ring()) {
     auto& g = model_->grads();
     if (micro > 1) kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), 1.0f / float(micro));
@@ -298,11 +309,23 @@ double Trainer::train_step() {
   MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
   last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
   // Under dense and accumulate the gradients are identical on every rank now,
-  // so is the norm and the update; under local each rank clips its own.
+  // so is the norm and the update; under local and compress target update
+  // each rank clips its own.
   const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
                                                                                model_->grads().extent(0))));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
+  if (compress_update) Kokkos::deep_copy(update_before_, model_->params());
   optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+  if (compress_update) {
+    // Every rank stepped its own AdamW; the group averages the compressed
+    // changes (what was not sent stays in the residual) and applies the mean.
+    const int64_t P = model_->params().extent(0);
+    Vec<float> params(model_->params().data(), P), delta(update_delta_.data(), P);
+    Vec<const float> before(update_before_.data(), P);
+    kernels::update_delta(delta, params, before);
+    compressed_->reduce(topology_->members(), topology_->group(), step_, 1, *comm_ops_, step_comm_);
+    kernels::apply_delta(params, before, delta);
+  }
   balance_experts();
   ++step_;
   if (local && step_ % cfg_.sync.every == 0) average_parameters(false);

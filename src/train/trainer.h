@@ -71,6 +71,7 @@ class Trainer {
   std::unique_ptr<Communicator> comm_ops_;  // which transport serves which traffic
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<CompressedSync> compressed_;  // compress topk in the deck
+  Buffer<float> update_before_, update_delta_;  // compress target update: parameters before the step, the change
   std::unique_ptr<Topology> topology_;
   int64_t phase_start_ = 0;
   std::unique_ptr<BatchLoader> loader_;
