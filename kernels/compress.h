@@ -54,21 +54,14 @@ inline const char* quant_name(Quant q) {
 // Largest code magnitude: int8 codes lie in [-127, 127], int4 in [-7, 7].
 constexpr int32_t quant_max(Quant q) { return q == Quant::int8 ? 127 : q == Quant::int4 ? 7 : 0; }
 
-// The deck command `compress topk RATIO [quant none|int8|int4] [feedback on|off]
-// [min_size N] [warmup STEPS]` as a plain struct.
+// How one bucket is compressed. Which buckets are compressed at all (min_size,
+// the warmup ramp, buckets not worth it) is src/comm/compressed_sync.h's call.
 struct Settings {
-  double ratio = 0.01;        // k = topk_count(n, ratio); ratio >= 1 sends the bucket dense
+  double ratio = 0.01;        // k = topk_count(n, ratio); ratio >= 1 sends every entry, without indices
   Quant quant = Quant::none;  // how the selected values travel
   int64_t block = 64;         // B: values per fp32 scale (int8, int4)
   bool feedback = true;       // keep what was not sent, add it to the next step's gradient
-  int64_t min_size = 0;       // buckets shorter than this go dense (see applies())
-  int64_t warmup = 0;         // the first `warmup` steps (counted from 0) go dense
 };
-
-// Whether a bucket of n floats at `step` is compressed (else: dense all-reduce).
-inline bool applies(const Settings& s, int64_t n, int64_t step) {
-  return s.ratio < 1 && n >= s.min_size && step >= s.warmup;
-}
 
 constexpr uint32_t kMagic = 0x02435858u;  // the bytes 'X' 'X' 'C' 2: format version 2
 constexpr int64_t kHeaderBytes = 20;      // five uint32: magic, n, k, quant, block

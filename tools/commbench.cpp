@@ -371,7 +371,7 @@ json run_sparse(const Options& o, const std::vector<std::unique_ptr<PayloadExcha
       for (int r = 0; r < R; ++r) {
         if (r != rank) fill_gradient(V(other), r);
         for (size_t c = 0; c < cases.size(); ++c) {
-          const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false, 0, 0};
+          const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false};
           auto& p = expected[c][r];
           p.resize(cz::payload_bytes(N, cz::topk_count(N, s.ratio), s.quant, s.block));
           cz::compress(bytes_of(p), V(residual), r == rank ? CV(grad) : CV(other), s, ws);
@@ -380,7 +380,7 @@ json run_sparse(const Options& o, const std::vector<std::unique_ptr<PayloadExcha
     }
 
     for (size_t c = 0; c < cases.size(); ++c) {
-      const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false, 0, 0};
+      const cz::Settings s{cases[c].ratio, cases[c].quant, 64, false};
       const int64_t k = cz::topk_count(N, s.ratio), payload = cz::payload_bytes(N, k, s.quant, s.block);
       std::vector<Vec<const uint8_t>> views(R);
       for (int r = 0; r < R; ++r) views[r] = bytes_of(expected[c][r]);
