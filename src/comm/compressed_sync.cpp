@@ -17,6 +17,18 @@ cx::Quant quant_of(const std::string& q) {
 
 Vec<float> part(const Buffer<float>& b, int64_t begin, int64_t end) { return Vec<float>(b.data() + begin, end - begin); }
 
+// The ranges of the flat buffer, one after the other in packed, and back.
+enum class Direction { pack, unpack };
+void copy_ranges(const Buffer<float>& flat, const Buffer<float>& packed,
+                 const std::vector<std::pair<int64_t, int64_t>>& ranges, Direction d) {
+  for (int64_t at = 0; const auto& [offset, size] : ranges) {
+    const Vec<float> f = part(flat, offset, offset + size), p = part(packed, at, at + size);
+    if (d == Direction::pack) Kokkos::deep_copy(p, f);
+    else Kokkos::deep_copy(f, p);
+    at += size;
+  }
+}
+
 }  // namespace
 
 CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, const CompressConfig& cfg,
@@ -27,9 +39,9 @@ CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, c
   settings_.block = cfg.block;
   settings_.feedback = cfg.feedback;
   // Pack the tensors by size class, merging neighbours in the flat buffer.
-  auto add = [](std::vector<Range>& to, int64_t offset, int64_t size) {
-    if (!to.empty() && to.back().offset + to.back().size == offset) to.back().size += size;
-    else to.push_back({offset, size});
+  auto add = [](std::vector<std::pair<int64_t, int64_t>>& to, int64_t offset, int64_t size) {
+    if (!to.empty() && to.back().first + to.back().second == offset) to.back().second += size;
+    else to.emplace_back(offset, size);
   };
   for (const auto& t : layout.tensors()) {
     if (t.size >= cfg.min_size) add(sparse_ranges_, t.offset, t.size), sparse_n_ += t.size;
@@ -88,10 +100,8 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
   s.ratio = ratio;
 
   // 1. pack
-  for (int64_t at = 0; const auto& r : sparse_ranges_)
-    Kokkos::deep_copy(part(packed_, at, at + r.size), part(grads_, r.offset, r.offset + r.size)), at += r.size;
-  for (int64_t at = 0; const auto& r : dense_ranges_)
-    Kokkos::deep_copy(part(dense_, at, at + r.size), part(grads_, r.offset, r.offset + r.size)), at += r.size;
+  copy_ranges(grads_, packed_, sparse_ranges_, Direction::pack);
+  copy_ranges(grads_, dense_, dense_ranges_, Direction::pack);
   // Momentum correction (DGC): the local momentum u = m u + g is what gets
   // accumulated and sent; u is cleared where it was sent.
   Buffer<float> send = packed_;
@@ -102,27 +112,28 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
   }
 
   // 2. compress, or flush into the dense part
-  std::vector<const Bucket*> sparse;
-  std::vector<int64_t> offsets;  // of each compressed bucket's payload
+  struct Sent {
+    const Bucket* b;
+    int64_t k, offset, size;  // entries sent; the payload's place in the step's message
+  };
+  std::vector<Sent> sparse;
   int64_t bytes = 0, dense_n = dense_n_;
   std::vector<std::pair<const Bucket*, int64_t>> flushed;  // bucket, its place in dense_
   for (const auto& b : buckets_) {
     const int64_t n = b.end - b.begin;
     if (compressed(b, ratio)) {
-      sparse.push_back(&b);
-      offsets.push_back(bytes);
-      bytes += cx::payload_bytes(n, cx::topk_count(n, ratio), s.quant, s.block);
+      const int64_t k = cx::topk_count(n, ratio), size = cx::payload_bytes(n, k, s.quant, s.block);
+      sparse.push_back({&b, k, bytes, size});
+      bytes += size;
     } else {
       flushed.push_back({&b, dense_n});
       dense_n += n;
     }
   }
   payload_.resize(bytes);
-  for (size_t i = 0; i < sparse.size(); ++i) {
-    const Bucket& b = *sparse[i];
-    const int64_t n = b.end - b.begin, k = cx::topk_count(n, ratio);
-    Vec<uint8_t> out(reinterpret_cast<uint8_t*>(payload_.data()) + offsets[i],
-                     cx::payload_bytes(n, k, s.quant, s.block));
+  for (const auto& [bp, k, offset, size] : sparse) {
+    const Bucket& b = *bp;
+    Vec<uint8_t> out(reinterpret_cast<uint8_t*>(payload_.data()) + offset, size);
     cx::compress(out, part(residual_, b.begin, b.end), part(send, b.begin, b.end), s, ws_);
     if (cfg_.momentum > 0) {
       Vec<float> u = part(momentum_, b.begin, b.end);
@@ -161,14 +172,11 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
         throw std::runtime_error(fmt::format("step {}: compressed gradients from rank {} are {} bytes, expected {} "
                                              "(do the ranks run the same deck?)",
                                              step + 1, members[r], got[r].size(), bytes));
-    for (size_t i = 0; i < sparse.size(); ++i) {
-      const Bucket& b = *sparse[i];
-      const int64_t size = cx::payload_bytes(b.end - b.begin, cx::topk_count(b.end - b.begin, ratio), s.quant, s.block);
+    for (const auto& [bp, k, offset, size] : sparse) {
       std::vector<Vec<const uint8_t>> payloads;
-      for (int r = 0; r < R; ++r)
-        payloads.emplace_back(reinterpret_cast<const uint8_t*>(got[r].data()) + offsets[i], size);
+      for (int r = 0; r < R; ++r) payloads.emplace_back(reinterpret_cast<const uint8_t*>(got[r].data()) + offset, size);
       try {
-        cx::decode_sum(part(packed_, b.begin, b.end), payloads);
+        cx::decode_sum(part(packed_, bp->begin, bp->end), payloads);
       } catch (const std::runtime_error& e) {  // decode_sum names the index in the group
         throw std::runtime_error(fmt::format("step {}: compressed gradients, group {}: {}", step + 1,
                                              detail::rank_list(members), e.what()));
@@ -182,10 +190,8 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
   // 5. unpack and average
   for (const auto& [bp, at] : flushed)
     Kokkos::deep_copy(part(packed_, bp->begin, bp->end), part(dense_, at, at + (bp->end - bp->begin)));
-  for (int64_t at = 0; const auto& r : sparse_ranges_)
-    Kokkos::deep_copy(part(grads_, r.offset, r.offset + r.size), part(packed_, at, at + r.size)), at += r.size;
-  for (int64_t at = 0; const auto& r : dense_ranges_)
-    Kokkos::deep_copy(part(grads_, r.offset, r.offset + r.size), part(dense_, at, at + r.size)), at += r.size;
+  copy_ranges(grads_, packed_, sparse_ranges_, Direction::unpack);
+  copy_ranges(grads_, dense_, dense_ranges_, Direction::unpack);
   if (R * micro_steps > 1)
     kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(R * micro_steps));
   ExecSpace().fence();

@@ -52,9 +52,6 @@ class CompressedSync {
   std::string describe() const;
 
  private:
-  struct Range {
-    int64_t offset, size;  // in the flat gradient
-  };
   struct Bucket {
     int64_t begin, end;  // in the packed sparse part
   };
@@ -63,7 +60,7 @@ class CompressedSync {
   CompressConfig cfg_;
   kernels::compress::Settings settings_;
   Buffer<float> grads_;
-  std::vector<Range> sparse_ranges_, dense_ranges_;
+  std::vector<std::pair<int64_t, int64_t>> sparse_ranges_, dense_ranges_;  // (offset, size) in the flat gradient
   int64_t sparse_n_ = 0, dense_n_ = 0;
   std::vector<Bucket> buckets_;
   Buffer<float> packed_;         // (sparse_n_) the sparse part of the gradient, then its group sum
