@@ -139,6 +139,7 @@ struct CompressConfig {
   // or the change this rank's own optimizer step made (for AdamW, whose
   // per-element normalisation undoes sparse gradients; see docs/COMMUNICATION.md).
   std::string target = "gradient";
+  bool operator==(const CompressConfig&) const = default;
 };
 
 // output dir PATH [log_every N] [progress auto|on|off]

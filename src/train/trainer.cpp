@@ -101,9 +101,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
                   "gradients)", p.where);
     if (p.config.topology.kind == "ring")
       input_error("{}: compress topk with topology ring (expected topology full or clusters)", p.where);
-    if (topk && (c.ratio != topk->ratio || c.quant != topk->quant || c.feedback != topk->feedback ||
-                 c.momentum != topk->momentum || c.min_size != topk->min_size || c.warmup != topk->warmup ||
-                 c.block != topk->block || c.transport != topk->transport || c.target != topk->target))
+    if (topk && c != *topk)
       input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
                   p.where);
     topk = &c;
