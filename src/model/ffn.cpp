@@ -65,6 +65,17 @@ void FeedForward<T>::swiglu_backward(Mat<T> dx, Mat<const T> dout, Mat<const T> 
 }
 
 template <class T>
+std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const {
+  std::vector<int32_t> out(E_, 0);
+  if (!moe_) return out;
+  auto token_of = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), token_of_);
+  auto label = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), labels);
+  for (int64_t x = 0; x < E_; ++x)
+    for (int64_t r = offsets_host_[x]; r < offsets_host_[x] + counts_host_[x]; ++r) out[x] += label(token_of(r)) >= 0;
+  return out;
+}
+
+template <class T>
 void FeedForward<T>::forward(Mat<T> out, Mat<const T> xn) {
   if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), mat(a_, N_, F_));
   if (!moe_) return;

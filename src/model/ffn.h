@@ -22,6 +22,9 @@ class FeedForward {
   bool is_moe() const { return moe_; }
   double aux_loss() const { return aux_loss_; }                 // balance loss of the last forward (aux mode)
   const std::vector<int32_t>& expert_counts() const { return counts_host_; }  // tokens per routed expert, last forward
+  // Tokens per routed expert in the last forward, counting only tokens whose
+  // label is not negative (MTP positions past a window's end carry -1).
+  std::vector<int32_t> labelled_expert_counts(Tokens labels) const;
   Buffer<float>& bias() { return bias_; }                       // top-k selection bias (bias mode)
   // bias_e += gamma * sign(mean load - load_e), from the load summed over all ranks
   void update_bias(const std::vector<double>& global_load, double gamma);

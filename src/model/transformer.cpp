@@ -124,8 +124,11 @@ std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers(
 template <class T>
 bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (t.expert < 0) return false;
-  const auto& block = t.layer < cfg_.layers ? *blocks_[t.layer] : *mtp_[t.layer - cfg_.layers].block;
-  return const_cast<Block<T>&>(block).ffn().expert_counts()[t.expert] == 0;
+  if (t.layer < cfg_.layers) return const_cast<Block<T>&>(*blocks_[t.layer]).ffn().expert_counts()[t.expert] == 0;
+  // An MTP expert whose tokens all sit past the window's end (no label) gets
+  // no gradient either: those positions reach no loss.
+  const auto& m = mtp_[t.layer - cfg_.layers];
+  return m.block->ffn().labelled_expert_counts(Tokens(m.target.data(), N_))[t.expert] == 0;
 }
 
 template <class T>
