@@ -72,6 +72,41 @@ void write_tensor(hid_t group, const TensorInfo& t, const float* data) {
   check(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset), "write " + t.name);
 }
 
+// A named double vector under /train (chunked, fletcher32 like the tensors).
+void write_series(hid_t group, const std::string& name, const std::vector<double>& values) {
+  const hsize_t n = values.size(), chunk = std::max<hsize_t>(1, std::min<hsize_t>(n, 1 << 17));
+  H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  check(H5Pset_chunk(plist, 1, &chunk), "set chunk");
+  check(H5Pset_fletcher32(plist), "set fletcher32");
+  H5 ds(H5Dcreate2(group, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
+  if (ds < 0) throw std::runtime_error("HDF5: cannot create dataset /train/" + name);
+  if (n > 0) check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
+}
+
+// Every dataset directly under /train, by name.
+std::map<std::string, std::vector<double>> read_series(hid_t group, const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  H5G_info_t info;
+  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/train'", path);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {0};
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
+    H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
+    if (ds < 0) continue;
+    H5 space(H5Dget_space(ds), H5Sclose);
+    if (H5Sget_simple_extent_ndims(space) != 1)
+      input_error("{}: dataset '/train/{}' is not one-dimensional (expected a vector of doubles)", path, name);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space, &n, nullptr);
+    auto& v = out[name];
+    v.resize(n);
+    if (n > 0 && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      input_error("{}: dataset '/train/{}' cannot be read (checksum mismatch or corrupt data)", path, name);
+  }
+  return out;
+}
+
 template <class V>
 V read_attr(hid_t obj, const char* name, hid_t type, const std::string& path) {
   if (H5Aexists(obj, name) <= 0) input_error("{}: attribute '{}' is missing (expected a xuanxue checkpoint)", path, name);
@@ -164,6 +199,8 @@ std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, 
       write_attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
       write_attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
       write_attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
+      write_attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
+      for (const auto& [name, values] : data.series) write_series(train, name, values);
     }
     H5Fflush(file, H5F_SCOPE_GLOBAL);
     write_attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
@@ -224,6 +261,8 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     s.seed = read_attr<uint64_t>(train, "seed", H5T_NATIVE_UINT64, path);
     s.world_size = read_attr<int>(train, "world_size", H5T_NATIVE_INT, path);
     s.last_loss = read_attr<double>(train, "loss", H5T_NATIVE_DOUBLE, path);
+    s.chaos_seed = read_attr<uint64_t>(train, "chaos_seed", H5T_NATIVE_UINT64, path);
+    data.series = read_series(train, path);
   }
   return data;
 }

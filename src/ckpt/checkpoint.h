@@ -22,12 +22,16 @@ struct TrainState {
   uint64_t seed = 0;            // run seed; every random stream derives from it
   int world_size = 1;
   double last_loss = 0;
+  uint64_t chaos_seed = 0;      // data shuffle chaos|independent: the drawn seed (0: none), for replay
 };
 
 // Host copies of the tensors, laid out like the flat parameter buffer.
 struct CheckpointData {
   std::vector<float> params, adam_m, adam_v;
   std::map<std::string, std::vector<float>> buffers;  // model state outside the parameters (MoE gate biases)
+  // Named training state in double (LR restarts, loss scale, loss weights):
+  // datasets /train/<name>; every one present in the file is read back.
+  std::map<std::string, std::vector<double>> series;
   TrainState state;
   std::string deck;  // resolved deck text
 };
