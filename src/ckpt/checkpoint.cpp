@@ -261,7 +261,8 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     s.seed = read_attr<uint64_t>(train, "seed", H5T_NATIVE_UINT64, path);
     s.world_size = read_attr<int>(train, "world_size", H5T_NATIVE_INT, path);
     s.last_loss = read_attr<double>(train, "loss", H5T_NATIVE_DOUBLE, path);
-    s.chaos_seed = read_attr<uint64_t>(train, "chaos_seed", H5T_NATIVE_UINT64, path);
+    // (absent in checkpoints from before shuffle chaos: 0, no chaos seed)
+    if (H5Aexists(train, "chaos_seed") > 0) s.chaos_seed = read_attr<uint64_t>(train, "chaos_seed", H5T_NATIVE_UINT64, path);
     data.series = read_series(train, path);
   }
   return data;
