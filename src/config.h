@@ -63,6 +63,8 @@ struct ModelConfig {
 };
 
 // data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q]
+//      [shuffle fixed|chaos|independent] [chaos_seed S] [common F] [common_rate R]
+// docs/DATA.md: shuffle modes, chaos seed replay, the common pool.
 struct DataConfig {
   std::string format = "bytes";  // bytes: raw text, one token per byte; shard: see docs/DATA.md
   std::string path;
@@ -70,6 +72,10 @@ struct DataConfig {
   int batch = 8;                 // B, sequences per rank per step
   int workers = 2;               // prefetch threads
   int queue = 4;                 // ready batches held ahead of the trainer
+  std::string shuffle = "fixed";  // fixed: run seed; chaos: a drawn seed, shared; independent: per-rank streams
+  uint64_t chaos_seed = 0;        // chaos, independent: replay this seed (0: draw one at start-up)
+  double common = 0.0;            // fraction of the training windows in the common pool (0: no pool)
+  double common_rate = 0.1;       // with a pool: fraction of each rank's samples drawn from it
 };
 
 // optimizer adamw lr X [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X]
@@ -165,6 +171,25 @@ struct GradCheckConfig {
   std::string missing = "error";
 };
 
+// precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]
+// Master weights and AdamW state stay fp32; the weights the forward reads, the
+// residual stream, the logits and the gradients carry the type's values (round
+// to nearest even; emulated in float storage on the CPU; docs/DYNAMICS.md).
+// One precision per deck.
+struct PrecisionConfig {
+  std::string kind = "fp32";        // fp32 | bf16 | fp16
+  std::string loss_scale = "auto";  // auto: dynamic for fp16, 1 (none) for bf16; dynamic; or a static scale S > 0
+  int64_t scale_window = 1000;      // dynamic: clean steps before the scale doubles
+};
+
+// lossagg off | mean | robust [trim F] | softmax T | uncertainty
+// How the ranks' losses are weighted in the gradient average (docs/DYNAMICS.md).
+struct LossAggConfig {
+  std::string kind = "off";   // off: plain average, no gather; mean: token-weighted; robust; softmax; uncertainty
+  double trim = 0.25;         // robust: at most this fraction of the ranks is trimmed as outliers
+  double temperature = 1.0;   // softmax: T, w_r proportional to tokens_r * exp(loss_r / T)
+};
+
 struct Config {
   uint64_t seed = 1234;
   double peak_gflops = 0.0;  // 0: measure one core's SGEMM on the model's shapes at start-up
@@ -179,6 +204,8 @@ struct Config {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   GradCheckConfig grad_check;
+  LossAggConfig lossagg;
+  PrecisionConfig precision;
 };
 
 }  // namespace xx

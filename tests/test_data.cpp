@@ -17,6 +17,8 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "data/seeding.h"
+#include "deck/deck.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -383,4 +385,251 @@ TEST_CASE("loader: destructor returns promptly while workers wait", "[data]") {
     loader.reset();
     CHECK(clock::now() - t0 < std::chrono::milliseconds(500));
   }
+}
+
+// ---------------------------------------------------------------------------
+// shuffle fixed|chaos|independent and the common pool (docs/DATA.md)
+
+namespace {
+
+SamplerOptions shuffle_options(Shuffle mode, uint64_t seed, double common = 0, double rate = 0) {
+  SamplerOptions o;
+  o.shuffle = mode;
+  o.seed = seed;
+  o.common = common;
+  o.common_rate = rate;
+  return o;
+}
+
+std::vector<int64_t> stream(DistributedSampler s, int64_t count) {
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < count; ++k) out.push_back(s.window(k));
+  return out;
+}
+
+// Shard samples of one epoch over `world` simulated ranks: every shard window
+// at least once, and duplicates only as padding (fewer than W).
+void check_epoch_partition(int64_t n, int world, const SamplerOptions& options, int64_t epoch) {
+  std::vector<int64_t> seen;
+  std::set<int64_t> pool;
+  for (int r = 0; r < world; ++r) {
+    DistributedSampler s(n, world, r, options);
+    pool.insert(s.pool_windows().begin(), s.pool_windows().end());
+    int64_t taken = 0;
+    for (int64_t k = 0; taken < s.per_rank_per_epoch() * (epoch + 1); ++k) {
+      const Sample x = s.sample(k);
+      if (x.pool_slot >= 0) continue;
+      if (s.epoch(k) == epoch) seen.push_back(x.window);
+      ++taken;
+    }
+  }
+  const int64_t shard = n - int64_t(pool.size());
+  std::set<int64_t> distinct(seen.begin(), seen.end());
+  INFO("windows " << n << ", world " << world << ", epoch " << epoch << ", pool " << pool.size());
+  CHECK(int64_t(distinct.size()) == shard);
+  CHECK(int64_t(seen.size()) - shard == ((shard + world - 1) / world) * world - shard);
+  for (int64_t w : distinct) CHECK(pool.count(w) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("shuffle fixed: the same windows as before the shuffle modes", "[data]") {
+  // Computed by the sampler as it was before shuffle modes and the pool
+  // existed (N 37, W 3, seed 99): fixed must not move a single window.
+  const std::vector<std::vector<int64_t>> before = {
+      {8, 4, 5, 10, 28, 17, 19, 14, 0, 27, 26, 31, 1, 11, 27, 25, 36, 12, 0, 26, 30, 31, 2, 32, 14, 6, 31, 1, 17, 7},
+      {24, 11, 29, 21, 25, 34, 7, 2, 22, 9, 30, 13, 8, 15, 19, 34, 35, 8, 10, 16, 9, 3, 13, 18, 29, 11, 32, 36, 12, 8},
+      {35, 32, 23, 33, 16, 12, 6, 18, 20, 3, 15, 36, 24, 17, 7, 23, 24, 33, 4, 20, 5, 1, 28, 21, 22, 15, 0, 33, 13, 34}};
+  for (int r = 0; r < 3; ++r) {
+    CHECK(stream(DistributedSampler(37, 3, r, 99), 30) == before[r]);
+    CHECK(stream(DistributedSampler(37, 3, r, shuffle_options(Shuffle::fixed, 99)), 30) == before[r]);
+  }
+  DistributedSampler s(37, 3, 0, 99);
+  CHECK(s.pool_windows().empty());
+  for (int64_t k = 0; k < 100; ++k) CHECK(s.sample(k).pool_slot == -1);
+}
+
+TEST_CASE("shuffle chaos: a seed gives one reproducible stream, complete and disjoint per epoch", "[data]") {
+  for (int world : {1, 2, 4})
+    for (int64_t n : {7, 12, 48, 101})
+      for (int64_t e : {0, 1}) check_epoch_partition(n, world, shuffle_options(Shuffle::chaos, 0xc4a05), e);
+  const auto a = stream(DistributedSampler(101, 4, 3, shuffle_options(Shuffle::chaos, 77)), 200);
+  CHECK(stream(DistributedSampler(101, 4, 3, shuffle_options(Shuffle::chaos, 77)), 200) == a);  // replay
+  CHECK(stream(DistributedSampler(101, 4, 3, shuffle_options(Shuffle::chaos, 78)), 200) != a);  // another seed
+  // chaos is fixed's partition driven by the chaos seed instead of the run seed.
+  CHECK(stream(DistributedSampler(101, 4, 3, 77), 200) == a);
+}
+
+TEST_CASE("shuffle independent: per-rank streams, reproducible, each a sequence of full passes", "[data]") {
+  const int64_t n = 50;
+  std::vector<std::vector<int64_t>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    DistributedSampler s(n, 4, r, shuffle_options(Shuffle::independent, 5));
+    CHECK(s.per_rank_per_epoch() == n);
+    ranks.push_back(stream(s, 3 * n));
+    CHECK(stream(DistributedSampler(n, 4, r, shuffle_options(Shuffle::independent, 5)), 3 * n) == ranks.back());
+    CHECK(stream(DistributedSampler(n, 4, r, shuffle_options(Shuffle::independent, 6)), 3 * n) != ranks.back());
+    // Every window once in each pass of N samples, a new order each pass.
+    for (int64_t pass = 0; pass < 3; ++pass) {
+      std::set<int64_t> once(ranks.back().begin() + pass * n, ranks.back().begin() + (pass + 1) * n);
+      CHECK(int64_t(once.size()) == n);
+    }
+    CHECK(!std::equal(ranks.back().begin(), ranks.back().begin() + n, ranks.back().begin() + n));
+  }
+  for (int a = 0; a < 4; ++a)
+    for (int b = a + 1; b < 4; ++b) CHECK(ranks[a] != ranks[b]);
+  // Overlap is allowed: the first N/W samples of two ranks share some windows
+  // by chance (with these seeds they do), where chaos would share none.
+  std::set<int64_t> first(ranks[0].begin(), ranks[0].begin() + n / 4);
+  int64_t shared = 0;
+  for (int64_t i = 0; i < n / 4; ++i) shared += first.count(ranks[1][i]);
+  CHECK(shared > 0);
+}
+
+TEST_CASE("common pool: size, mixing rate, disjoint shards, every rank walks the whole pool", "[data]") {
+  const int64_t n = 101;
+  for (Shuffle mode : {Shuffle::fixed, Shuffle::chaos, Shuffle::independent}) {
+    INFO("shuffle " << shuffle_name(mode));
+    const auto options = shuffle_options(mode, 31, 0.2, 0.25);
+    DistributedSampler s0(n, 4, 0, options), s1(n, 4, 1, options);
+    REQUIRE(s0.pool_windows().size() == 20);  // round(101 * 0.2)
+    CHECK(s0.pool_windows() == s1.pool_windows());
+    CHECK(std::is_sorted(s0.pool_windows().begin(), s0.pool_windows().end()));
+    // A seeded choice, not a slice of the corpus.
+    CHECK(s0.pool_windows().back() - s0.pool_windows().front() > 20);
+    // Exactly floor(k * rate) pool samples among the first k, evenly spread.
+    std::vector<int64_t> slots0, slots1;
+    for (int64_t k = 0; k < 1000; ++k) {
+      const Sample a = s0.sample(k), b = s1.sample(k);
+      CHECK(s0.pool_draws_before(k) == k / 4);
+      CHECK((a.pool_slot >= 0) == (k % 4 == 3));
+      if (a.pool_slot >= 0) {
+        CHECK(a.window == s0.pool_windows()[a.pool_slot]);
+        slots0.push_back(a.pool_slot);
+        slots1.push_back(b.pool_slot);
+      } else {
+        CHECK(!std::binary_search(s0.pool_windows().begin(), s0.pool_windows().end(), a.window));
+      }
+    }
+    // Each rank sees every pool window once per 20 pool draws, in its own order.
+    for (int64_t cycle = 0; cycle < 5; ++cycle)
+      CHECK(std::set<int64_t>(slots0.begin() + cycle * 20, slots0.begin() + (cycle + 1) * 20).size() == 20);
+    CHECK(slots0 != slots1);
+    // Deterministic: random access equals the sequential stream, and a replay is identical.
+    const auto forward = stream(DistributedSampler(n, 4, 2, options), 300);
+    DistributedSampler random_access(n, 4, 2, options);
+    for (int64_t k = 299; k >= 0; k -= 13) CHECK(random_access.window(k) == forward[k]);
+    if (mode != Shuffle::independent)
+      for (int64_t e : {0, 1, 2}) check_epoch_partition(n, 4, options, e);
+  }
+  // A rate that is not a power of two: floor(k * 0.1) pool samples before k.
+  DistributedSampler tenth(200, 2, 0, shuffle_options(Shuffle::chaos, 3, 0.1, 0.1));
+  int64_t pooled = 0;
+  for (int64_t k = 0; k < 1000; ++k) pooled += tenth.sample(k).pool_slot >= 0;
+  CHECK(pooled == 100);
+  // The pool must leave at least one shard window.
+  CHECK_THROWS_AS(DistributedSampler(10, 2, 0, shuffle_options(Shuffle::fixed, 1, 0.96, 0.1)), std::invalid_argument);
+  CHECK(DistributedSampler(10, 2, 0, shuffle_options(Shuffle::fixed, 1, 0.01, 0.1)).pool_windows().size() == 1);
+}
+
+TEST_CASE("loader: pool samples from the shared copy equal the corpus windows", "[data]") {
+  LoaderFixture f;
+  const auto options = shuffle_options(Shuffle::chaos, 11, 0.25, 0.3);
+  DistributedSampler s(f.split.train_windows, 3, 1, options);
+  // The node's copy, as CommonPool lays it out: seq+1 tokens per slot.
+  std::vector<int32_t> copy;
+  for (int64_t w : s.pool_windows())
+    for (int64_t t = 0; t <= f.seq; ++t) copy.push_back(f.corpus.token(w * f.seq + t));
+  const PoolTokens pool{copy.data(), int64_t(s.pool_windows().size()), f.seq};
+  for (int workers : {0, 2}) {
+    BatchLoader from_pool(f.corpus, s, 0, f.batch, f.seq, workers, 3, 0, pool);
+    BatchLoader resumed(f.corpus, s, 0, f.batch, f.seq, workers, 3, 9, pool);
+    std::vector<Batch> ref;
+    for (int64_t i = 0; i < 20; ++i) ref.push_back(from_pool.next());
+    for (int64_t i = 9; i < 20; ++i) CHECK(resumed.next().inputs == ref[i].inputs);
+    BatchLoader again(f.corpus, s, 0, f.batch, f.seq, 0, 1, 0);  // no copy: pool windows from the corpus
+    for (int64_t i = 0; i < 20; ++i) {
+      const Batch b = again.next();
+      CHECK(b.inputs == ref[i].inputs);
+      CHECK(b.targets == ref[i].targets);
+    }
+  }
+  // The pool rows really come from the copy: zero it and they read zero.
+  std::fill(copy.begin(), copy.end(), 0);
+  BatchLoader zeroed(f.corpus, s, 0, f.batch, f.seq, 0, 1, 0, pool);
+  DistributedSampler probe = s;
+  int64_t zero_rows = 0;
+  for (int64_t i = 0; i < 10; ++i) {
+    const Batch b = zeroed.next();
+    for (int64_t j = 0; j < f.batch; ++j) {
+      const bool pooled = probe.sample(i * f.batch + j).pool_slot >= 0;
+      const bool zero = std::all_of(b.inputs.begin() + j * f.seq, b.inputs.begin() + (j + 1) * f.seq,
+                                    [](int32_t t) { return t == 0; });
+      CHECK(pooled == zero);
+      zero_rows += zero;
+    }
+  }
+  CHECK(zero_rows == 12);  // floor(40 * 0.3)
+  const PoolTokens wrong_seq{copy.data(), pool.windows, f.seq + 1};
+  CHECK_THROWS_AS(BatchLoader(f.corpus, s, 0, f.batch, f.seq, 0, 1, 0, wrong_seq), std::invalid_argument);
+}
+
+TEST_CASE("chaos seed: deck, draw, resume and their conflicts", "[data]") {
+  DataConfig d;
+  CHECK(choose_chaos_seed(MPI_COMM_SELF, d, "", 0, "deck:1") == 0);  // fixed
+  d.shuffle = "chaos";
+  const uint64_t drawn = choose_chaos_seed(MPI_COMM_SELF, d, "", 0, "deck:1");
+  CHECK(drawn != 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(choose_chaos_seed(MPI_COMM_SELF, d, "", 0, "deck:1") != drawn);  // the clock moved
+  d.chaos_seed = 4242;
+  CHECK(choose_chaos_seed(MPI_COMM_SELF, d, "", 0, "deck:1") == 4242);   // replay
+  CHECK(choose_chaos_seed(MPI_COMM_SELF, d, "ck.h5", 4242, "deck:1") == 4242);
+  CHECK_THROWS_WITH(choose_chaos_seed(MPI_COMM_SELF, d, "ck.h5", 17, "deck:1"),
+                    Catch::Contains("deck:1") && Catch::Contains("differs from the checkpoint's 17"));
+  d.chaos_seed = 0;
+  CHECK(choose_chaos_seed(MPI_COMM_SELF, d, "ck.h5", 17, "deck:1") == 17);  // a resume continues its stream
+  CHECK_THROWS_WITH(choose_chaos_seed(MPI_COMM_SELF, d, "ck.h5", 0, "deck:1"),
+                    Catch::Contains("ck.h5") && Catch::Contains("shuffle fixed run"));
+  d.shuffle = "fixed";
+  CHECK_THROWS_AS(choose_chaos_seed(MPI_COMM_SELF, d, "ck.h5", 17, "deck:1"), InputError);
+  // Independent and chaos take the chaos seed; fixed keeps the run seed.
+  d.shuffle = "independent";
+  CHECK(sampler_options(d, 5, 99).seed == 99);
+  d.shuffle = "fixed";
+  CHECK(sampler_options(d, 5, 99).seed == 5);
+}
+
+TEST_CASE("deck: data shuffle, chaos_seed, common and common_rate", "[data]") {
+  TempDir tmp;
+  auto program = [&](const std::string& data_line, std::map<std::string, std::string> vars = {}) {
+    std::ofstream(tmp.file("d.deck")) << "variable chaos_seed 0\n"
+                                         "model dense vocab 256 dim 8 layers 1 heads 2 ffn 16 seq 8\n"
+                                      << data_line << "\nrun 1\n";
+    return build_program(read_deck(tmp.file("d.deck"), vars), false);
+  };
+  const auto plain = program("data bytes x.txt").phases[0].config.data;
+  CHECK(plain.shuffle == "fixed");
+  CHECK(plain.common == 0.0);
+  CHECK(plain.common_rate == 0.1);
+  const auto d = program("data bytes x.txt shuffle chaos chaos_seed ${chaos_seed} common 0.1 common_rate 0.2",
+                         {{"chaos_seed", "18446744073709551615"}})
+                     .phases[0].config.data;
+  CHECK(d.shuffle == "chaos");
+  CHECK(d.chaos_seed == 18446744073709551615ULL);  // any 64-bit seed replays
+  CHECK(d.common == 0.1);
+  CHECK(d.common_rate == 0.2);
+  auto error = [&](const std::string& line) {
+    try {
+      program(line);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error("data bytes x.txt shuffle random"), Catch::Contains("d.deck:3") && Catch::Contains("fixed, chaos, independent"));
+  CHECK_THAT(error("data bytes x.txt common 1"), Catch::Contains("d.deck:3") && Catch::Contains("'common'"));
+  CHECK_THAT(error("data bytes x.txt common 0.1 common_rate 0"), Catch::Contains("'common_rate'"));
+  CHECK_THAT(error("data bytes x.txt chaos_seed -3"), Catch::Contains("'chaos_seed'"));
+  CHECK_THAT(error("data bytes x.txt chaos_seed 5"), Catch::Contains("d.deck:3") && Catch::Contains("shuffle fixed"));
 }

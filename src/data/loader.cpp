@@ -1,12 +1,13 @@
 // Prefetching batch loader. Protocol between workers and the trainer:
 //   1. a worker waits until fewer than `queue` batches are claimed but not yet
 //      taken (next_claim_ - next_take_ < queue_), or until stop_;
-//   2. it claims index i = next_claim_++ and asks the sampler for the windows
+//   2. it claims index i = next_claim_++ and asks the sampler for the samples
 //      of batch i, both under mu_ (the sampler caches one epoch, not thread-safe);
 //   3. it fills the batch without the lock and files it under done_[i];
 //   4. next() waits for done_[next_take_], removes it and frees a slot.
 // The content of batch i depends only on i, so thread timing cannot change it.
 #include "data/loader.h"
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -34,9 +35,10 @@ Batch make_batch(const Corpus& corpus, const std::vector<int64_t>& windows, int6
 }
 
 BatchLoader::BatchLoader(const Corpus& corpus, DistributedSampler sampler, int64_t first_window, int batch,
-                         int64_t seq, int workers, int queue, int64_t start_batch)
+                         int64_t seq, int workers, int queue, int64_t start_batch, PoolTokens pool)
     : corpus_(corpus),
       sampler_(std::move(sampler)),
+      pool_(pool),
       first_window_(first_window),
       batch_(batch),
       seq_(seq),
@@ -54,6 +56,10 @@ BatchLoader::BatchLoader(const Corpus& corpus, DistributedSampler sampler, int64
                             std::to_string(first_window + sampler_.windows()) + " of " + std::to_string(seq) +
                             "+1 tokens need more than the " + std::to_string(corpus.size()) + " tokens of " +
                             corpus.path());
+  if (pool.tokens && (pool.seq != seq || pool.windows != int64_t(sampler_.pool_windows().size())))
+    throw std::invalid_argument("BatchLoader: pool of " + std::to_string(pool.windows) + " windows of seq " +
+                                std::to_string(pool.seq) + " (expected the sampler's " +
+                                std::to_string(sampler_.pool_windows().size()) + " of seq " + std::to_string(seq) + ")");
   try {
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
   } catch (...) {
@@ -77,25 +83,50 @@ BatchLoader::~BatchLoader() {
   for (auto& t : threads_) t.join();
 }
 
-std::vector<int64_t> BatchLoader::windows_of(int64_t index) {
-  std::vector<int64_t> w(batch_);
-  for (int64_t j = 0; j < batch_; ++j) w[j] = sampler_.window(index * batch_ + j);
-  return w;
+std::vector<Sample> BatchLoader::samples_of(int64_t index) {
+  std::vector<Sample> samples(batch_);
+  for (int64_t j = 0; j < batch_; ++j) samples[j] = sampler_.sample(index * batch_ + j);
+  return samples;
+}
+
+// Pool samples come from the node's shared copy when there is one; the
+// constructor checked that every sampler window lies inside the corpus.
+Batch BatchLoader::build(const std::vector<Sample>& samples, int64_t index) const {
+  Batch b;
+  b.index = index;
+  b.inputs.resize(samples.size() * seq_);   // (B*T)
+  b.targets.resize(samples.size() * seq_);  // (B*T)
+  for (size_t i = 0; i < samples.size(); ++i) {
+    int32_t* inputs = b.inputs.data() + i * seq_;
+    int32_t* targets = b.targets.data() + i * seq_;
+    if (pool_.tokens && samples[i].pool_slot >= 0) {
+      const int32_t* w = pool_.window(samples[i].pool_slot);  // seq+1 tokens
+      std::copy(w, w + seq_, inputs);
+      std::copy(w + 1, w + seq_ + 1, targets);
+      continue;
+    }
+    const int64_t start = (first_window_ + samples[i].window) * seq_;
+    for (int64_t t = 0; t < seq_; ++t) {
+      inputs[t] = corpus_.token(start + t);
+      targets[t] = corpus_.token(start + t + 1);
+    }
+  }
+  return b;
 }
 
 void BatchLoader::work() {
   try {
     for (;;) {
       int64_t index;
-      std::vector<int64_t> windows;
+      std::vector<Sample> samples;
       {
         std::unique_lock lock(mu_);
         space_.wait(lock, [&] { return stop_ || next_claim_ - next_take_ < queue_; });
         if (stop_) return;
         index = next_claim_++;
-        windows = windows_of(index);
+        samples = samples_of(index);
       }
-      Batch b = make_batch(corpus_, windows, first_window_, seq_, index);
+      Batch b = build(samples, index);
       {
         std::lock_guard lock(mu_);
         done_.emplace(index, std::move(b));
@@ -113,7 +144,7 @@ void BatchLoader::work() {
 
 Batch BatchLoader::next() {
   if (threads_.empty()) {
-    Batch b = make_batch(corpus_, windows_of(next_take_), first_window_, seq_, next_take_);
+    Batch b = build(samples_of(next_take_), next_take_);
     ++next_take_;
     return b;
   }

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+#include "data/common_pool.h"
 #include "data/corpus.h"
 #include "data/sampler.h"
 
@@ -24,9 +25,11 @@ struct Batch {
 class BatchLoader {
  public:
   // Batches of `batch` windows of `seq`+1 tokens from `first_window` onwards;
-  // the sampler picks windows in [0, sampler windows).
+  // the sampler picks windows in [0, sampler windows). Pool samples are read
+  // from `pool` when given (the shared copy), else from the corpus: the
+  // tokens are the same either way.
   BatchLoader(const Corpus& corpus, DistributedSampler sampler, int64_t first_window, int batch, int64_t seq,
-              int workers, int queue, int64_t start_batch);
+              int workers, int queue, int64_t start_batch, PoolTokens pool = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -36,9 +39,11 @@ class BatchLoader {
 
  private:
   void work();
-  std::vector<int64_t> windows_of(int64_t index);  // sampler windows of batch `index`; caller holds mu_
+  std::vector<Sample> samples_of(int64_t index);  // sampler samples of batch `index`; caller holds mu_
+  Batch build(const std::vector<Sample>& samples, int64_t index) const;
   const Corpus& corpus_;
   DistributedSampler sampler_;  // guarded by mu_
+  PoolTokens pool_;
   int64_t first_window_, batch_, seq_;
   int queue_;
   std::mutex mu_;

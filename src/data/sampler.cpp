@@ -2,6 +2,9 @@
 // is integer arithmetic on a splitmix64 stream, so every rank on every
 // platform computes the same permutation from the same seed.
 #include "data/sampler.h"
+#include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,6 +14,10 @@ namespace xx {
 namespace {
 
 constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+// Tags that keep the seeds of the pool choice, the pool order and the
+// independent streams apart from the epoch seeds and from each other.
+constexpr uint64_t kPoolTag = 0x706f6f6c5f736565ULL;  // "pool_see"
+constexpr uint64_t kRankTag = 0x72616e6b5f737472ULL;  // "rank_str"
 
 // splitmix64 finalizer: a bijective mix of 64 bits.
 uint64_t mix64(uint64_t z) {
@@ -51,25 +58,100 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
   return p;
 }
 
+Shuffle parse_shuffle(const std::string& word) {
+  if (word == "fixed") return Shuffle::fixed;
+  if (word == "chaos") return Shuffle::chaos;
+  if (word == "independent") return Shuffle::independent;
+  throw std::invalid_argument("shuffle '" + word + "' (expected fixed, chaos or independent)");
+}
+
+const char* shuffle_name(Shuffle s) {
+  switch (s) {
+    case Shuffle::fixed: return "fixed";
+    case Shuffle::chaos: return "chaos";
+    case Shuffle::independent: return "independent";
+  }
+  return "?";
+}
+
 DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, uint64_t seed)
-    : windows_(windows), per_rank_(0), world_(world), rank_(rank), seed_(seed) {
+    : DistributedSampler(windows, world, rank, SamplerOptions{Shuffle::fixed, seed, 0.0, 0.0}) {}
+
+DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, const SamplerOptions& options)
+    : windows_(windows), world_(world), rank_(rank), options_(options) {
   if (windows < 1 || world < 1 || rank < 0 || rank >= world)
     throw std::invalid_argument("DistributedSampler: windows " + std::to_string(windows) + ", world " +
                                 std::to_string(world) + ", rank " + std::to_string(rank) +
                                 " (expected windows >= 1 and 0 <= rank < world)");
-  per_rank_ = (windows + world - 1) / world;
+  if (!(options.common >= 0 && options.common < 1) || !(options.common_rate >= 0 && options.common_rate < 1))
+    throw std::invalid_argument("DistributedSampler: common " + std::to_string(options.common) + ", common_rate " +
+                                std::to_string(options.common_rate) + " (expected both in [0, 1))");
+  shard_count_ = windows;
+  if (options.common > 0) {
+    // Pool size: round half away from zero, at least one window.
+    const int64_t pool = std::max<int64_t>(1, int64_t(std::llround(double(windows) * options.common)));
+    if (pool >= windows)
+      throw std::invalid_argument("common " + (std::ostringstream() << options.common).str() + " puts all " +
+                                  std::to_string(windows) +
+                                  " training windows in the pool (expected a smaller fraction, leaving at least one "
+                                  "window for the shards)");
+    // A seeded choice rather than a slice: corpora are often sorted (by file,
+    // by date), and a slice would make the pool one corner of the data.
+    const std::vector<int64_t> order = permutation(windows, mix64(options.seed ^ kPoolTag));
+    pool_.assign(order.begin(), order.begin() + pool);
+    std::sort(pool_.begin(), pool_.end());
+    std::vector<char> in_pool(size_t(windows), 0);
+    for (int64_t w : pool_) in_pool[size_t(w)] = 1;
+    shard_.reserve(size_t(windows - pool));
+    for (int64_t w = 0; w < windows; ++w)
+      if (!in_pool[size_t(w)]) shard_.push_back(w);
+    shard_count_ = windows - pool;
+    rate_q32_ = uint64_t(std::llround(std::ldexp(options.common_rate, 32)));
+  }
+  per_rank_ = options.shuffle == Shuffle::independent ? shard_count_ : (shard_count_ + world - 1) / world;
 }
 
-int64_t DistributedSampler::window(int64_t k) {
-  if (k < 0) throw std::invalid_argument("DistributedSampler: sample " + std::to_string(k) + " (expected >= 0)");
-  const int64_t e = epoch(k);
+int64_t DistributedSampler::pool_draws_before(int64_t k) const {
+  return int64_t(((unsigned __int128)uint64_t(k) * rate_q32_) >> 32);
+}
+
+int64_t DistributedSampler::shard_window(int64_t s) {
+  const int64_t e = s / per_rank_;
   if (e != cached_epoch_) {
-    perm_ = permutation(windows_, epoch_seed(seed_, e));
+    // fixed and chaos: one permutation per epoch shared by all ranks;
+    // independent: this rank's own, from a seed that mixes in the rank.
+    const uint64_t seed = options_.shuffle == Shuffle::independent
+                              ? mix64(options_.seed ^ mix64(uint64_t(rank_) + kRankTag))
+                              : options_.seed;
+    perm_ = permutation(shard_count_, epoch_seed(seed, e));
     cached_epoch_ = e;
   }
-  // Position in the padded permutation; past the end it wraps to the start.
-  const int64_t pos = rank_ + (k % per_rank_) * world_;
-  return perm_[pos % windows_];
+  // independent: the whole permutation in order. Otherwise the position in the
+  // padded permutation; past the end it wraps to the start.
+  const int64_t pos = options_.shuffle == Shuffle::independent ? s % per_rank_ : rank_ + (s % per_rank_) * world_;
+  const int64_t index = perm_[pos % shard_count_];
+  return shard_.empty() ? index : shard_[index];
+}
+
+int64_t DistributedSampler::pool_slot(int64_t j) {
+  // Every rank walks the whole pool once per cycle, each in its own order.
+  const int64_t pool = int64_t(pool_.size());
+  const int64_t cycle = j / pool;
+  if (cycle != cached_cycle_) {
+    pool_perm_ = permutation(pool, epoch_seed(mix64(options_.seed ^ mix64(uint64_t(rank_) + kPoolTag)), cycle));
+    cached_cycle_ = cycle;
+  }
+  return pool_perm_[j % pool];
+}
+
+Sample DistributedSampler::sample(int64_t k) {
+  if (k < 0) throw std::invalid_argument("DistributedSampler: sample " + std::to_string(k) + " (expected >= 0)");
+  const int64_t pooled = pool_draws_before(k);
+  if (!pool_.empty() && pool_draws_before(k + 1) > pooled) {
+    const int64_t slot = pool_slot(pooled);
+    return {pool_[slot], slot};
+  }
+  return {shard_window(k - pooled), -1};
 }
 
 }  // namespace xx

@@ -185,9 +185,17 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                    {path("path", &c.data.path)},
                    {real("valid", &c.data.valid_fraction, within(0, 0.5, true, false)),
                     integer("batch", &c.data.batch, at_least(1)), integer("workers", &c.data.workers, within(0, 64)),
-                    integer("queue", &c.data.queue, at_least(1))},
+                    integer("queue", &c.data.queue, at_least(1)),
+                    choice("shuffle", &c.data.shuffle, {"fixed", "chaos", "independent"}),
+                    integer("chaos_seed", &c.data.chaos_seed, at_least(0)),
+                    real("common", &c.data.common, within(0, 1, false, true)),
+                    real("common_rate", &c.data.common_rate, within(0, 1, true, true))},
                    {},
-                   {}};
+                   [&c](const std::string& where) {
+                     if (c.data.shuffle == "fixed" && c.data.chaos_seed != 0)
+                       input_error("{}: 'chaos_seed' {} with shuffle fixed (expected shuffle chaos or independent; "
+                                   "fixed shuffles with the run seed)", where, c.data.chaos_seed);
+                   }};
   };
   // `model dense` checks its head shape at its own line; deepseek waits for
   // the attention line, and every model is checked again at each run.
@@ -203,6 +211,22 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                    {"vocab", "dim", "layers", "heads", "ffn", "seq"},
                    [&c, dense](const std::string& where) {
                      if (dense) check_model(c.model, where);
+                   }};
+  };
+  // bf16 and fp16 take the same keywords; loss_scale is a word or a number.
+  auto precision_variant = [&](std::string kind) {
+    Option scale{"loss_scale", &c.precision.loss_scale, {}, {}, "dynamic or a number > 0"};
+    return Variant{std::move(kind),
+                   {},
+                   {scale, integer("scale_window", &c.precision.scale_window, at_least(1))},
+                   {},
+                   [&c](const std::string& where) {
+                     const std::string& s = c.precision.loss_scale;
+                     if (s == "auto" || s == "dynamic") return;
+                     const auto v = parse_number<double>(s);
+                     if (!v || !(*v > 0))
+                       input_error("{}: bad value '{}' for 'loss_scale' (expected dynamic or a number > 0){}", where,
+                                   s, suggest(s, {"dynamic"}));
                    }};
   };
   auto& a = c.model.attention;
@@ -261,7 +285,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        &c.data.format,
        "format",
        {data_variant("bytes"), data_variant("shard")},
-       "data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q]"},
+       "data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
+       "[chaos_seed S] [common F] [common_rate R]"},
       {"optimizer",
        nullptr,
        "kind",
@@ -354,6 +379,20 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "",
        {{"", {}, {choice("missing", &c.grad_check.missing, {"warn", "error", "off"})}, {"missing"}, {}}},
        "grad_check missing warn|error|off"},
+      {"precision",
+       &c.precision.kind,
+       "kind",
+       {{"fp32", {}, {}, {}, {}}, precision_variant("bf16"), precision_variant("fp16")},
+       "precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]"},
+      {"lossagg",
+       &c.lossagg.kind,
+       "kind",
+       {{"off", {}, {}, {}, {}},
+        {"mean", {}, {}, {}, {}},
+        {"robust", {}, {real("trim", &c.lossagg.trim, within(0, 0.5, false, true))}, {}, {}},
+        {"softmax", {real("temperature", &c.lossagg.temperature, above(0))}, {}, {}, {}},
+        {"uncertainty", {}, {}, {}, {}}},
+       "lossagg off | mean | robust [trim F] | softmax T | uncertainty"},
       {"run", nullptr, "", {{"", {integer("steps", &steps, at_least(1))}, {}, {}, {}}}, "run N"},
   };
 }

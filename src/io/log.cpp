@@ -15,12 +15,15 @@ RunLog::RunLog(const std::string& run_dir, int rank, bool append, bool quiet)
   if (!log_) throw std::runtime_error("cannot open " + (rank_dir / "log.txt").string());
   if (rank == 0) {
     // A fresh run keeps an earlier run's metrics as metrics.jsonl.1, .2, ...
-    const auto metrics = std::filesystem::path(run_dir) / "metrics.jsonl";
-    if (!append && std::filesystem::exists(metrics)) {
+    // (and its lr_history.jsonl likewise)
+    for (const char* name : {"metrics.jsonl", "lr_history.jsonl"}) {
+      const auto path = std::filesystem::path(run_dir) / name;
+      if (append || !std::filesystem::exists(path)) continue;
       int n = 1;
-      while (std::filesystem::exists(metrics.string() + "." + std::to_string(n))) ++n;
-      std::filesystem::rename(metrics, metrics.string() + "." + std::to_string(n));
+      while (std::filesystem::exists(path.string() + "." + std::to_string(n))) ++n;
+      std::filesystem::rename(path, path.string() + "." + std::to_string(n));
     }
+    const auto metrics = std::filesystem::path(run_dir) / "metrics.jsonl";
     metrics_.open(metrics, std::ios::out | mode);
     if (!metrics_) throw std::runtime_error("cannot open " + run_dir + "/metrics.jsonl");
   }
@@ -37,6 +40,16 @@ void RunLog::console(const std::string& line) {
 
 void RunLog::metrics(const nlohmann::json& record) {
   if (rank_ == 0) metrics_ << record.dump() << '\n' << std::flush;
+}
+
+void RunLog::restart(const nlohmann::json& record) {
+  if (rank_ != 0) return;
+  if (!restarts_.is_open()) {
+    const auto path = std::filesystem::path(dir_) / "lr_history.jsonl";
+    restarts_.open(path, std::ios::out | std::ios::app);  // a fresh run moved an old one away
+    if (!restarts_) throw std::runtime_error("cannot open " + path.string());
+  }
+  restarts_ << record.dump() << '\n' << std::flush;
 }
 
 }  // namespace xx

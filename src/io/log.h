@@ -15,13 +15,14 @@ class RunLog {
   void rank(const std::string& line);     // this rank's log only
   void console(const std::string& line);  // rank 0: stdout and its log
   void metrics(const nlohmann::json& record);
+  void restart(const nlohmann::json& record);  // rank 0: one line of RUN_DIR/lr_history.jsonl per warm restart
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   int rank_;
   bool quiet_;
-  std::ofstream log_, metrics_;
+  std::ofstream log_, metrics_, restarts_;
 };
 
 }  // namespace xx

@@ -117,10 +117,15 @@ void FeedForward<T>::forward(Mat<T> out, Mat<const T> xn) {
     for (int64_t x = 0; x < E_; ++x) {
       const double f = double(E_) / double(K_ * N_) * counts_host_[x];
       aux_loss_ += e.balance_coef * f * double(hmean(x));
-      grad(x) = T(e.balance_coef * f / double(N_));
+      grad(x) = T(loss_scale_ * e.balance_coef * f / double(N_));
     }
   }
   Kokkos::deep_copy(score_grad_, grad);
+}
+
+template <class T>
+void FeedForward<T>::scale_balance_gradient(double factor) {
+  if (moe_) k::scale_inplace<T>(Vec<T>(score_grad_.data(), E_), T(factor));
 }
 
 template <class T>

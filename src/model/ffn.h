@@ -21,6 +21,8 @@ class FeedForward {
 
   bool is_moe() const { return moe_; }
   double aux_loss() const { return aux_loss_; }                 // balance loss of the last forward (aux mode)
+  void set_loss_scale(double s) { loss_scale_ = s; }          // the aux gradient is seeded with coef * scale
+  void scale_balance_gradient(double factor);                  // lossagg: after the forward, before the backward
   const std::vector<int32_t>& expert_counts() const { return counts_host_; }  // tokens per routed expert, last forward
   // Tokens per routed expert in the last forward, counting only tokens whose
   // label is not negative (MTP positions past a window's end carry -1).
@@ -49,6 +51,7 @@ class FeedForward {
   Buffer<float> bias_;
   std::vector<int32_t> counts_host_, offsets_host_;
   double aux_loss_ = 0;
+  double loss_scale_ = 1;  // mixed precision: loss scaling (Transformer::set_loss_scale)
 };
 
 }  // namespace xx

@@ -4,6 +4,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
+#include "kernels/precision.h"
 #include "kernels/rmsnorm.h"
 
 namespace xx {
@@ -112,6 +113,17 @@ void Transformer<T>::zero_grads() {
 }
 
 template <class T>
+void Transformer<T>::set_loss_scale(double scale) {
+  loss_scale_ = scale;
+  for (auto& [name, f] : moe_layers()) f->set_loss_scale(scale);
+}
+
+template <class T>
+void Transformer<T>::round_activation(T* data, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) k::round_inplace(Vec<float>(data, n), precision_);
+}
+
+template <class T>
 std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers() {
   std::vector<std::pair<std::string, FeedForward<T>*>> out;
   for (size_t l = 0; l < blocks_.size(); ++l)
@@ -136,9 +148,14 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
   k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  for (int l = 0; l < L; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  round_activation(resid_[0].data(), N_ * C);
+  for (int l = 0; l < L; ++l) {
+    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+    round_activation(resid_[l + 1].data(), N_ * C);
+  }
   k::rmsnorm_forward<T>(mat(xf_, N_, C), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
   k::linear_forward<T>(mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
+  round_activation(logits_.data(), N_ * V);
   k::cross_entropy_forward<T>(Vec<T>(losses_.data(), N_), mat(logits_, N_, V), targets);
   loss.main = k::sum<T>(Vec<const T>(losses_.data(), N_)) / double(N_);
 
@@ -157,8 +174,10 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
     k::concat_columns_forward<T>(mat(m.cat, N_, 2 * C), mat(m.hn, N_, C), mat(m.en, N_, C));
     k::linear_forward<T>(mat(m.x0, N_, C), mat(m.cat, N_, 2 * C), m.proj.mat(C, 2 * C));
     m.block->forward(mat(m.h, N_, C), mat(m.x0, N_, C));
+    round_activation(m.h.data(), N_ * C);
     k::rmsnorm_forward<T>(mat(m.hf, N_, C), Vec<T>(m.rstd_f.data(), N_), mat(m.h, N_, C), m.norm.vec(C), cfg_.norm_eps);
     k::linear_forward<T>(mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
+    round_activation(m.logits.data(), N_ * V);
     k::cross_entropy_forward<T>(Vec<T>(m.losses.data(), N_), mat(m.logits, N_, V), target);
     if (m.labelled > 0) loss.mtp += k::sum<T>(Vec<const T>(m.losses.data(), N_)) / double(m.labelled);
     h_prev = m.h;
@@ -175,10 +194,15 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   auto notify = [&](int64_t offset) {
     if (ready) ready(offset);
   };
+  // lossagg: the balance loss's seed was set in the forward, before its weight was known
+  if (loss_weights_.aux != 1)
+    for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
   // main head and final norm; dlogits overwrite the logits in place
   auto dnorm = ws_.mat("dnorm", N_, C);
   auto dresid = ws_.mat("dresid", N_, C);
-  k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets, T(1.0 / double(N_)));
+  k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets,
+                               T(loss_scale_ * loss_weights_.main / double(N_)));
+  round_activation(logits_.data(), N_ * V);
   k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
   k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(resid_[L], N_, C), norm_.vec(C),
                          Vec<const T>(rstdf_.data(), N_));
@@ -188,8 +212,10 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   for (int d = int(mtp_.size()) - 1; d >= 0; --d) {
     auto& m = mtp_[d];
     const Buffer<T>& h_prev = d == 0 ? resid_[L] : mtp_[d - 1].h;
-    const T dloss = m.labelled > 0 ? T(cfg_.mtp.weight / double(mtp_.size()) / double(m.labelled)) : T(0);
+    const double seed = loss_scale_ * loss_weights_.mtp * cfg_.mtp.weight;
+    const T dloss = m.labelled > 0 ? T(seed / double(mtp_.size()) / double(m.labelled)) : T(0);
     k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
+    round_activation(m.logits.data(), N_ * V);
     k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
     auto dbranch = ws_.mat("mtp_dbranch", N_, C);
     k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
@@ -209,8 +235,10 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   }
   notify(layout_.layer_begin(L));
 
+  round_activation(dresid.data(), N_ * C);
   for (int l = L - 1; l >= 0; --l) {
     blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
+    round_activation(dresid.data(), N_ * C);
     notify(layout_.layer_begin(l));
   }
   k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);

@@ -11,6 +11,7 @@
 #include <vector>
 #include "config.h"
 #include "core/views.h"
+#include "kernels/precision.h"
 #include "model/attention.h"
 #include "model/ffn.h"
 #include "model/params.h"
@@ -20,6 +21,12 @@ namespace xx {
 // The parts of the loss; total = main + mtp_weight * mtp + aux.
 struct LossParts {
   double total = 0, main = 0, mtp = 0, aux = 0;
+};
+
+// Multipliers on each loss's backward seed (lossagg: rank and per-loss
+// weights); 1 leaves every bit as it was.
+struct LossWeights {
+  double main = 1, mtp = 1, aux = 1;
 };
 
 // x_out = x_in + attention(norm(x_in)); then x_out += ffn(norm(x_out)).
@@ -68,6 +75,17 @@ class Transformer {
   // final, so the caller can start reducing those buckets.
   void backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready = {});
 
+  // Mixed precision (deck: precision). The forward rounds the residual stream
+  // after the embedding and after every block, and the logits, to this type;
+  // the backward rounds the logit gradients and the gradient between blocks.
+  // Float only: a Transformer<double> ignores it.
+  void set_precision(kernels::Precision p) { precision_ = p; }
+  // Loss scaling: the backward starts from d(scale * loss) (main, MTP and aux
+  // seeds alike); 1 leaves every bit as it was.
+  void set_loss_scale(double scale);
+  // Multi-view loss aggregation: set after the forward, read by the next backward.
+  void set_loss_weights(const LossWeights& w) { loss_weights_ = w; }
+
   // MoE: the feed-forward layers with routed experts and their name prefixes
   // ("layers.3.", "mtp.0."), main blocks first.
   std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers();
@@ -95,6 +113,10 @@ class Transformer {
   std::vector<MtpModule> mtp_;
   std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)
   Buffer<T> xf_, rstdf_, logits_, losses_;
+  kernels::Precision precision_ = kernels::Precision::fp32;
+  double loss_scale_ = 1.0;
+  LossWeights loss_weights_;
+  void round_activation(T* data, int64_t n);  // to precision_, in place (float only)
 };
 
 }  // namespace xx

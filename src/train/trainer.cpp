@@ -1,10 +1,15 @@
 #include "train/trainer.h"
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fmt/format.h>
 #include "core/error.h"
 #include "core/peak.h"
+#include "core/rng.h"
+#include "data/seeding.h"
 #include "kernels/elementwise.h"
+#include "kernels/precision.h"
 #include "kernels/sync.h"
 
 namespace xx {
@@ -32,6 +37,38 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
 
 void copy_tokens(Kokkos::View<int32_t*, MemSpace>& dst, const std::vector<int32_t>& src) {
   Kokkos::deep_copy(dst, Kokkos::View<const int32_t*, Kokkos::HostSpace, Unmanaged>(src.data(), src.size()));
+}
+
+// poison_batches_for_testing: tokens drawn uniformly from the vocabulary.
+std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t stream) {
+  std::vector<int32_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = int32_t(uniform01(stream, i) * vocab) % vocab;
+  return out;
+}
+
+// Rank 0's vector to every rank (sizes first).
+template <class T>
+void bcast_vector(std::vector<T>& v, MPI_Datatype type, MPI_Comm comm) {
+  int64_t n = int64_t(v.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, comm);
+  v.resize(n);
+  MPI_Bcast(v.data(), int(n), type, 0, comm);
+}
+
+// Rank 0's map of named vectors to every rank.
+template <class T>
+void bcast_map(std::map<std::string, std::vector<T>>& m, MPI_Datatype type, MPI_Comm comm) {
+  std::vector<std::string> names;
+  for (const auto& [name, v] : m) names.push_back(name);
+  int64_t count = int64_t(names.size());
+  MPI_Bcast(&count, 1, MPI_INT64_T, 0, comm);
+  names.resize(count);
+  for (auto& name : names) {
+    std::vector<char> chars(name.begin(), name.end());
+    bcast_vector(chars, MPI_CHAR, comm);
+    name.assign(chars.begin(), chars.end());
+    bcast_vector(m[name], type, comm);
+  }
 }
 
 // Rank 0 reads a file-based thing; every rank learns the outcome. An
@@ -68,7 +105,8 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
         m.ffn != cfg_.model.ffn || m.vocab != cfg_.model.vocab || m.seq != cfg_.model.seq)
       input_error("{}: the model differs from the first run's (expected one model per deck)", p.where);
     if (d.path != cfg_.data.path || d.format != cfg_.data.format || d.batch != cfg_.data.batch ||
-        d.valid_fraction != cfg_.data.valid_fraction)
+        d.valid_fraction != cfg_.data.valid_fraction || d.shuffle != cfg_.data.shuffle ||
+        d.chaos_seed != cfg_.data.chaos_seed || d.common != cfg_.data.common || d.common_rate != cfg_.data.common_rate)
       input_error("{}: the data differs from the first run's (expected one data set per deck)", p.where);
   }
 
@@ -111,6 +149,24 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch);
   model_->init(cfg_.seed);
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
+  // Mixed precision: one setting per deck (the scaler's state spans phases).
+  for (const auto& p : program.phases) {
+    if (p.config.precision.kind != cfg_.precision.kind || p.config.precision.loss_scale != cfg_.precision.loss_scale ||
+        p.config.precision.scale_window != cfg_.precision.scale_window)
+      input_error("{}: the precision differs from the first run's (expected one precision line per deck)", p.where);
+    if (p.config.precision.kind != "fp32" && p.config.compress.kind == "topk")
+      input_error("{}: precision {} with compress topk (expected precision fp32: a skipped inf/NaN step would "
+                  "poison the error-feedback residual)", p.where, p.config.precision.kind);
+  }
+  precision_ = kernels::precision_from_name(cfg_.precision.kind);
+  if (precision_ != kernels::Precision::fp32) {
+    model_->set_precision(precision_);
+    master_ = Buffer<float>("Trainer::master_params", model_->layout().total());
+    const std::string& s = cfg_.precision.loss_scale;
+    const bool fp16 = precision_ == kernels::Precision::fp16;
+    scaler_ = std::make_unique<LossScaler>(
+        LossScaler::from_setting(s == "auto" ? (fp16 ? "dynamic" : "1") : s, cfg_.precision.scale_window));
+  }
   sync_ = std::make_unique<GradientSync>(comm_, model_->grads(), cfg_.sync.bucket_mb);
   if (std::string(comm_ops_->dense().name()) != "mpi")
     sync_->use_device_allreduce([this](float* p, int64_t n, MPI_Comm g, CommStats& st) {
@@ -127,6 +183,36 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
+  // Loss aggregation: weighing ranks needs their gradients averaged over all
+  // of them, once, by an all-reduce; per-loss weights (uncertainty) work anywhere.
+  for (const auto& p : program.phases) {
+    const auto& agg = p.config.lossagg;
+    if (agg.kind != "robust" && agg.kind != "softmax") continue;
+    if (p.config.sync.kind == "local")
+      input_error("{}: lossagg {} with sync local (expected sync dense or accumulate: each rank's own AdamW would "
+                  "undo its weight)", p.where, agg.kind);
+    if (p.config.topology.kind != "full")
+      input_error("{}: lossagg {} with topology {} (expected topology full: the weights are over all ranks)",
+                  p.where, agg.kind, p.config.topology.kind);
+    if (p.config.compress.kind == "topk" && p.config.compress.target == "update")
+      input_error("{}: lossagg {} with compress target update (expected target gradient: each rank's own AdamW "
+                  "would undo its weight)", p.where, agg.kind);
+  }
+  for (const auto& p : program.phases)
+    if (p.config.lossagg.kind != "off" && !lossagg_) {
+      const auto& m = cfg_.model;
+      const bool aux = m.moe.balance == "aux" && m.moe.balance_coef > 0 && !model_->moe_layers().empty();
+      const std::array<bool, LossAggregator::kKinds> active = {true, m.mtp.depth > 0, aux};  // main, mtp, aux
+      lossagg_ = std::make_unique<LossAggregator>(comm_, active);
+    }
+  for (const auto& p : program.phases)
+    if (Schedule(p.config.optimizer, p.config.schedule, p.config.seed).restart_from_best() &&
+        best_.params.extent(0) == 0) {
+      const int64_t P = model_->layout().total();
+      best_.params = Buffer<float>("Trainer::best_params", P);
+      best_.adam_m = Buffer<float>("Trainer::best_adam_m", P);
+      best_.adam_v = Buffer<float>("Trainer::best_adam_v", P);
+    }
   if (!resume_path.empty()) restore(resume_path);
 
   for (const auto& p : program.phases)
@@ -136,9 +222,20 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     }
   log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet);
   if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
-  loader_ = std::make_unique<BatchLoader>(corpus_, DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed),
-                                          0, cfg_.data.batch, cfg_.model.seq, cfg_.data.workers, cfg_.data.queue,
-                                          start_batch_);
+  // The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
+  const std::string& data_where = program.phases.front().where;
+  chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, data_where);
+  DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_,
+                                                sampler_options(cfg_.data, cfg_.seed, chaos_seed_), data_where);
+  if (!sampler.pool_windows().empty())
+    pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
+  if (cfg_.data.shuffle != "fixed" || pool_) log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
+  if (rank_ == 0)
+    write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()), world_);
+  const int64_t samples_per_epoch = sampler.per_rank_per_epoch();
+  loader_ = std::make_unique<BatchLoader>(corpus_, std::move(sampler), 0, cfg_.data.batch, cfg_.model.seq,
+                                          cfg_.data.workers, cfg_.data.queue, start_batch_,
+                                          pool_ ? pool_->tokens() : PoolTokens{});
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
   peak_gflops_ = cfg_.peak_gflops;
   if (peak_gflops_ <= 0) {
@@ -146,8 +243,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, comm_);
   }
   log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,
-                         split_.train_windows, split_.valid_windows,
-                         DistributedSampler(split_.train_windows, world_, rank_, cfg_.seed).per_rank_per_epoch()));
+                         split_.train_windows, split_.valid_windows, samples_per_epoch));
 }
 
 Trainer::~Trainer() = default;
@@ -185,6 +281,7 @@ void Trainer::restore(const std::string& path) {
       input_error("{}: written by {} ranks, resumed on {} (expected the same world size)", path,
                   data.state.world_size, world_);
   });
+  // Rank 0 read and checked the file; every rank gets all of it.
   const int64_t total = model_->layout().total();
   if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
   MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
@@ -192,23 +289,51 @@ void Trainer::restore(const std::string& path) {
   MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
   MPI_Bcast(&data.state.sampler_batches, 1, MPI_INT64_T, 0, comm_);
-  start_batch_ = data.state.sampler_batches;
-  for (auto& [prefix, ffn] : model_->moe_layers()) {
-    auto& bias = data.buffers[prefix + "ffn.gate_bias"];
-    bias.resize(ffn->bias().extent(0));
-    MPI_Bcast(bias.data(), int(bias.size()), MPI_FLOAT, 0, comm_);
-    from_host(ffn->bias(), bias);
-  }
+  MPI_Bcast(&data.state.chaos_seed, 1, MPI_UINT64_T, 0, comm_);
+  for (const auto& [name, size] : model_buffers()) bcast_vector(data.buffers[name], MPI_FLOAT, comm_);
+  bcast_map(data.series, MPI_DOUBLE, comm_);
+
   from_host(model_->params(), data.params);
   from_host(optimizer_->m(), data.adam_m);
   from_host(optimizer_->v(), data.adam_v);
-  optimizer_->set_steps_taken(data.state.step);
+  for (auto& [prefix, ffn] : model_->moe_layers()) from_host(ffn->bias(), data.buffers[prefix + "ffn.gate_bias"]);
+  start_batch_ = data.state.sampler_batches;
+  chaos_seed_ = data.state.chaos_seed;  // the constructor checks it against the deck
   step_ = last_saved_ = data.state.step;
+  // AdamW's own count (bias correction) lags the step after skipped steps and
+  // restart_from best; checkpoints from before it lack it.
+  const auto& series = data.series;
+  optimizer_->set_steps_taken(series.count("adam_steps") ? int64_t(series.at("adam_steps").at(0)) : step_);
+  if (scaler_ && series.count("loss_scale")) scaler_->restore(series.at("loss_scale"));
+  if (lossagg_ && series.count(LossAggregator::kLogVarSeries))
+    lossagg_->set_log_var(series.at(LossAggregator::kLogVarSeries));
+  // sgdr: the restarts so far and, under restart_from best, the cycle's best state
+  restarts_.clear();
+  if (series.count("lr_restarts"))
+    for (size_t i = 0, n = series.at("lr_restarts").size(); i + 5 <= n; i += 5) {
+      const auto* r = series.at("lr_restarts").data() + i;
+      restarts_.push_back({int64_t(r[0]), r[1], r[2], int(r[3]), int64_t(r[4])});
+    }
+  if (best_.params.extent(0) > 0 && series.count("restart_best")) {
+    const auto& b = series.at("restart_best");
+    best_.step = int64_t(b.at(0)), best_.val_loss = b.at(1), best_.adam_steps = int64_t(b.at(2));
+    from_host(best_.params, data.buffers["restart_best.params"]);
+    from_host(best_.adam_m, data.buffers["restart_best.adam_m"]);
+    from_host(best_.adam_v, data.buffers["restart_best.adam_v"]);
+    for (auto& [prefix, ffn] : model_->moe_layers())
+      best_.gate_bias[prefix] = data.buffers["restart_best." + prefix + "ffn.gate_bias"];
+  }
 }
 
 std::map<std::string, int64_t> Trainer::model_buffers() {
   std::map<std::string, int64_t> out;
   for (auto& [prefix, ffn] : model_->moe_layers()) out[prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
+  if (best_.params.extent(0) > 0) {  // restart_from best keeps the cycle's best state
+    for (const char* name : {"params", "adam_m", "adam_v"})
+      out[std::string("restart_best.") + name] = model_->layout().total();
+    for (auto& [prefix, ffn] : model_->moe_layers())
+      out["restart_best." + prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
+  }
   return out;
 }
 
@@ -275,23 +400,46 @@ double Trainer::train_step() {
   const bool overlap = !local && !topology_->is_ring() && !compress;
   model_->zero_grads();
   sync_->begin(topology_->group());
+  // Mixed precision: the forward and backward read the weights rounded to the
+  // type, and the backward starts from the scaled loss.
+  use_working_weights();
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_) model_->set_loss_scale(loss_scale);
   LossParts mean;
   for (int m = 0; m < micro; ++m) {
     const Batch batch = loader_->next();
     copy_tokens(inputs_, batch.inputs);
     copy_tokens(targets_, batch.targets);
+    if (rank_ == poison_rank_) {
+      const uint64_t stream = mix_seed(cfg_.seed, 0xbad, uint64_t(step_ * micro + m));
+      copy_tokens(inputs_, random_tokens(batch.inputs.size(), cfg_.model.vocab, stream));
+      copy_tokens(targets_, random_tokens(batch.targets.size(), cfg_.model.vocab, stream + 1));
+    }
     const LossParts parts = model_->forward(inputs_, targets_);
+    // Loss aggregation: every rank's losses weigh its seeds for this backward.
+    LossWeights seeds;
+    if (lossagg_ && cfg_.lossagg.kind != "off")
+      seeds = lossagg_->weigh(cfg_.lossagg, {parts.main, cfg_.model.mtp.weight * parts.mtp, parts.aux},
+                              double(inputs_.extent(0)));
+    model_->set_loss_weights(seeds);
     mean.total += parts.total / micro, mean.main += parts.main / micro;
     mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
     const bool last = m + 1 == micro;
     int64_t final_from = model_->layout().total();
     model_->backward(inputs_, targets_, [&](int64_t offset) {
       if (!last) return;
-      check_missing_gradients(offset, final_from);  // before the sum hides one rank's miss
+      if (fault_step_ == step_ + 1 && fault_rank_ == rank_ && final_from == model_->layout().total())
+        Kokkos::deep_copy(Kokkos::subview(model_->grads(), final_from - 1), std::numeric_limits<float>::infinity());
+      // before the sum hides one rank's miss; a rank lossagg robust trimmed has none by design
+      if (seeds.main != 0) check_missing_gradients(offset, final_from);
+      // Each rank's gradients are in the type once final, before they travel
+      // (after the check: an fp16 underflow to zero is not a missing path).
+      kernels::round_inplace(Vec<float>(model_->grads().data() + offset, final_from - offset), precision_);
       final_from = offset;
       if (overlap) sync_->ready(offset);
     });
   }
+  restore_master_weights();
   step_comm_ = CommStats{};
   if (overlap) sync_->finish(micro), step_comm_ = sync_->stats();
   if (compress && !compress_update)
@@ -303,17 +451,28 @@ double Trainer::train_step() {
     if (micro > 1) kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), 1.0f / float(micro));
     topology_->average(g.data(), g.extent(0), step_comm_);
   }
+  if (lossagg_ && cfg_.lossagg.kind != "off" && world_ > 1)  // one loss gather per micro-batch
+    step_comm_.rounds += micro, step_comm_.bytes_sent += micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
+  // Loss scaling: skip the step on every rank when any rank's gradients hold
+  // an inf or NaN; otherwise unscale, so clipping sees the true gradients.
+  const bool skip = scaler_ && scaler_->update(gradients_overflowed());
+  if (!skip && loss_scale != 1.0)
+    kernels::scale_inplace<float>(Vec<float>(model_->grads().data(), model_->grads().extent(0)),
+                                  float(1.0 / loss_scale));
   double parts[4] = {mean.total, mean.main, mean.mtp, mean.aux}, sums[4];
   MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
   last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
   // Under dense and accumulate the gradients are identical on every rank now,
   // so is the norm and the update; under local and compress target update
   // each rank clips its own.
-  const double norm = std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
-                                                                               model_->grads().extent(0))));
+  const double norm = skip ? std::numeric_limits<double>::quiet_NaN()
+                          : std::sqrt(kernels::sum_squares<float>(Vec<const float>(model_->grads().data(),
+                                                                                   model_->grads().extent(0))));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   if (compress_update) Kokkos::deep_copy(update_before_, model_->params());
-  optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+  if (!skip)  // a skipped step leaves the weights and AdamW's moments and step count alone
+    optimizer_->step(model_->params(), model_->grads(), cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+  if (lossagg_) lossagg_->end_step(skip ? 0.0 : lr);  // uncertainty: SGD on the log-variances
   if (compress_update) {
     // Every rank stepped its own AdamW; the group averages the compressed
     // changes (what was not sent stays in the residual) and applies the mean.
@@ -331,6 +490,27 @@ double Trainer::train_step() {
   last_norm_ = norm;
   last_lr_ = lr;
   return last_loss_.total;
+}
+
+// Mixed precision: the forward and backward read weights rounded to the type;
+// AdamW updates the fp32 master copy. No-ops under fp32.
+void Trainer::use_working_weights() {
+  if (precision_ == kernels::Precision::fp32) return;
+  Kokkos::deep_copy(master_, model_->params());
+  kernels::round_inplace(Vec<float>(model_->params().data(), model_->params().extent(0)), precision_);
+}
+
+void Trainer::restore_master_weights() {
+  if (precision_ != kernels::Precision::fp32) Kokkos::deep_copy(model_->params(), master_);
+}
+
+// After the gradients are final (averaged, or this rank's own under sync
+// local): one flag, the max over all ranks, so every rank skips together.
+bool Trainer::gradients_overflowed() {
+  ExecSpace().fence();
+  int mine = kernels::has_nonfinite(Vec<const float>(model_->grads().data(), model_->grads().extent(0))) ? 1 : 0, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm_);
+  return any != 0;
 }
 
 // sync local: measure how far the ranks drifted apart, then average their
@@ -392,6 +572,7 @@ double Trainer::evaluate() {
   // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
   const int64_t B = cfg_.data.batch;
   double sum = 0;
+  use_working_weights();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
     std::vector<int64_t> windows(B);
     for (int64_t b = 0; b < B; ++b) windows[b] = ((int64_t(j) * world_ + rank_) * B + b) % split_.valid_windows;
@@ -400,7 +581,58 @@ double Trainer::evaluate() {
     copy_tokens(targets_, batch.targets);
     sum += model_->forward(inputs_, targets_).main;
   }
+  restore_master_weights();
   return allreduce_sum(sum, comm_) / double(world_ * cfg_.eval.batches);
+}
+
+// The schedule of the phase that takes 1-based step `step`; none past the deck's end.
+std::optional<Schedule> Trainer::schedule_of(int64_t step) const {
+  int64_t end = 0;
+  for (const auto& p : program_.phases)
+    if (step <= (end += p.steps)) return Schedule(p.config.optimizer, p.config.schedule, cfg_.seed);
+  return std::nullopt;
+}
+
+// restart_from best: the state at the cycle's lowest validation loss so far.
+void Trainer::note_validation(double val) {
+  if (!Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).restart_from_best()) return;
+  if (best_.step >= 0 && !(val < best_.val_loss)) return;
+  Kokkos::deep_copy(best_.params, model_->params());
+  Kokkos::deep_copy(best_.adam_m, optimizer_->m());
+  Kokkos::deep_copy(best_.adam_v, optimizer_->v());
+  for (auto& [prefix, ffn] : model_->moe_layers()) best_.gate_bias[prefix] = to_host(ffn->bias());
+  best_.step = step_, best_.val_loss = val, best_.adam_steps = optimizer_->steps_taken();
+}
+
+// A cycle ended at step_; the next step starts the next one at its peak.
+// Records (step, lr, val_loss, cycle) in RUN_DIR/lr_history.jsonl and, under
+// restart_from best, goes back to the cycle's best validation point (the
+// step counter, the LR schedule and the data stream go on).
+void Trainer::warm_restart(const Schedule& schedule, double val) {
+  if (!std::isfinite(val)) {
+    val = evaluate();
+    note_validation(val);
+  }
+  Restart r;
+  r.step = step_ + 1, r.lr = schedule.lr(r.step), r.val_loss = val, r.cycle = schedule.cycle(r.step);
+  if (schedule.restart_from_best() && best_.step >= 0 && best_.step != step_) {
+    Kokkos::deep_copy(model_->params(), best_.params);
+    Kokkos::deep_copy(optimizer_->m(), best_.adam_m);
+    Kokkos::deep_copy(optimizer_->v(), best_.adam_v);
+    for (auto& [prefix, ffn] : model_->moe_layers()) from_host(ffn->bias(), best_.gate_bias[prefix]);
+    optimizer_->set_steps_taken(best_.adam_steps);
+    r.restored_from = best_.step;
+  }
+  nlohmann::json record = {{"step", r.step}, {"lr", r.lr}, {"val_loss", r.val_loss}, {"cycle", r.cycle}};
+  if (r.restored_from >= 0) record["restored_from"] = r.restored_from, record["restored_val_loss"] = best_.val_loss;
+  log_->restart(record);
+  log_->console(fmt::format("step {:>6} | warm restart: cycle {} at lr {:.2e} (val_loss {:.4f}){}", step_, r.cycle,
+                            r.lr, val,
+                            r.restored_from >= 0 ? fmt::format(", back to step {} (val_loss {:.4f})",
+                                                               r.restored_from, best_.val_loss)
+                                                 : ""));
+  restarts_.push_back(r);
+  best_.step = -1;  // a new cycle, a new best
 }
 
 void Trainer::save_checkpoint(double loss) {
@@ -415,10 +647,24 @@ void Trainer::save_checkpoint(double loss) {
   for (auto& [prefix, ffn] : model_->moe_layers()) data.buffers[prefix + "ffn.gate_bias"] = to_host(ffn->bias());
   data.state.step = step_;
   data.state.sampler_batches = loader_->position();
+  data.state.chaos_seed = chaos_seed_;
   data.state.epoch = cfg_.data.batch * loader_->position() / std::max<int64_t>(1, split_.train_windows);
   data.state.seed = cfg_.seed;
   data.state.world_size = world_;
   data.state.last_loss = loss;
+  data.series["adam_steps"] = {double(optimizer_->steps_taken())};
+  for (const auto& r : restarts_)
+    data.series["lr_restarts"].insert(data.series["lr_restarts"].end(),
+                                      {double(r.step), r.lr, r.val_loss, double(r.cycle), double(r.restored_from)});
+  if (best_.params.extent(0) > 0) {  // restart_from best: the cycle's best state so far (step -1: none yet)
+    data.series["restart_best"] = {double(best_.step), best_.val_loss, double(best_.adam_steps)};
+    data.buffers["restart_best.params"] = to_host(best_.params);
+    data.buffers["restart_best.adam_m"] = to_host(best_.adam_m);
+    data.buffers["restart_best.adam_v"] = to_host(best_.adam_v);
+    for (const auto& [prefix, bias] : best_.gate_bias) data.buffers["restart_best." + prefix + "ffn.gate_bias"] = bias;
+  }
+  if (scaler_) data.series["loss_scale"] = scaler_->state();
+  if (lossagg_) data.series[LossAggregator::kLogVarSeries] = lossagg_->log_var();
   data.deck = program_.deck_text;
   const std::string path = write_checkpoint((fs::path(cfg_.output.dir) / "ckpt").string(), model_->layout(), data);
   log_->console(fmt::format("checkpoint {}", path));
@@ -442,6 +688,7 @@ void Trainer::run() {
     cfg_.checkpoint = phase.config.checkpoint;
     cfg_.output.log_every = phase.config.output.log_every;
     cfg_.grad_check = phase.config.grad_check;
+    cfg_.lossagg = phase.config.lossagg;
     phase_start_ = phase_end - phase.steps;
     cfg_.topology = phase.config.topology;
     cfg_.compress = phase.config.compress;
@@ -482,6 +729,31 @@ void Trainer::run() {
         if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
         if (consensus_ >= 0) record["consensus_distance"] = consensus_;
         if (cfg_.compress.kind == "topk") record["compress_ratio"] = compressed_->ratio_at(step_ - 1);
+        if (scaler_) {
+          record["loss_scale"] = scaler_->scale();
+          record["skipped_steps"] = scaler_->skipped();
+          record["overflows"] = scaler_->overflows();
+        }
+        if (lossagg_ && cfg_.lossagg.kind != "off") {
+          // the last micro-batch's weights; `loss` above stays the plain mean
+          const auto& w = lossagg_->rank_weights();
+          record["lossagg_weight_min"] = *std::min_element(w.begin(), w.end());
+          record["lossagg_weight_max"] = *std::max_element(w.begin(), w.end());
+          if (w.size() <= 64) {
+            record["lossagg_weights"] = w;
+            std::vector<double> main(w.size());
+            for (size_t r = 0; r < w.size(); ++r) main[r] = lossagg_->gathered_losses()[r * LossAggregator::kKinds];
+            record["lossagg_rank_loss_main"] = main;
+          }
+          if (cfg_.lossagg.kind == "uncertainty") {
+            const auto lw = lossagg_->loss_weights();
+            record["lossagg_loss_weight_main"] = lw[0];
+            if (lossagg_->active()[1]) record["lossagg_loss_weight_mtp"] = lw[1];
+            if (lossagg_->active()[2]) record["lossagg_loss_weight_aux"] = lw[2];
+          }
+          log_->rank(fmt::format("step {} lossagg {} weight {:.6g} seed multiplier {:.6g}", step_, cfg_.lossagg.kind,
+                                 w[rank_], lossagg_->own_multiplier()));
+        }
         std::string extra;
         if (!expert_load_.empty()) {
           // expert load across routed experts (all MoE layers, all ranks): min and max
@@ -502,8 +774,10 @@ void Trainer::run() {
                                loader_->position(), c.bytes_sent, c.rounds, c.seconds));
         interval_seconds = 0, interval_steps = 0, interval_tokens = 0;
       }
+      double val = std::numeric_limits<double>::quiet_NaN();
       if (eval_now) {
-        const double val = evaluate();
+        val = evaluate();
+        note_validation(val);
         record["step"] = step_;
         record["val_loss"] = val;
         record["val_ppl"] = std::exp(val);
@@ -511,6 +785,7 @@ void Trainer::run() {
                                   std::exp(val)));
       }
       if (!record.empty()) log_->metrics(record);
+      if (const auto next = schedule_of(step_ + 1); next && next->is_restart(step_ + 1)) warm_restart(*next, val);
       // Under sync local the ranks agree only right after a sync: a checkpoint
       // (rank 0's copy) waits for one, and every phase ends with one.
       checkpoint_due_ |= (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 #include <map>
+#include <optional>
 #include "ckpt/checkpoint.h"
 #include "comm/compressed_sync.h"
 #include "comm/grad_sync.h"
@@ -16,6 +17,8 @@
 #include "deck/deck.h"
 #include "io/log.h"
 #include "model/transformer.h"
+#include "train/loss_scale.h"
+#include "train/lossagg.h"
 #include "train/optimizer.h"
 
 namespace xx {
@@ -50,6 +53,16 @@ class Trainer {
   const CommStats& last_comm() const { return step_comm_; }  // communication of the last step
   double consensus_distance() const { return consensus_; }   // at the last sync local, -1 before
   const CompressedSync* compressed() const { return compressed_.get(); }  // null without compress topk
+  const LossScaler* loss_scaler() const { return scaler_.get(); }         // null under precision fp32
+  const LossAggregator* lossagg() const { return lossagg_.get(); }       // null when no phase sets lossagg
+  // Testing hook (kept out of the deck): rank `rank` trains on random tokens
+  // instead of its batches (a bad shard), for the lossagg robust tests.
+  void poison_batches_for_testing(int rank) { poison_rank_ = rank; }
+
+  // Testing hook (kept out of the deck): at optimizer step `step` (1-based,
+  // as logged) rank `rank` sets one gradient entry to inf after its backward,
+  // before the gradients are averaged. Issue 6/6's `fault nan` can reuse it.
+  void inject_gradient_fault(int64_t step, int rank) { fault_step_ = step, fault_rank_ = rank; }
 
  private:
   double evaluate();
@@ -74,6 +87,8 @@ class Trainer {
   Buffer<float> update_before_, update_delta_;  // compress target update: parameters before the step, the change
   std::unique_ptr<Topology> topology_;
   int64_t phase_start_ = 0;
+  uint64_t chaos_seed_ = 0;                // shuffle chaos|independent: the run's seed (checkpointed), else 0
+  std::unique_ptr<CommonPool> pool_;       // data common F: the node's shared copy; outlives loader_
   std::unique_ptr<BatchLoader> loader_;
   Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
   int64_t step_ = 0, last_saved_ = -1;
@@ -92,6 +107,38 @@ class Trainer {
   int64_t start_batch_ = 0;            // loader position to resume from
   bool checkpoint_due_ = false;        // sync local: a checkpoint waits for the next sync
   std::vector<double> losses_;
+  // sgdr warm restarts (train/schedule.h): each restart's record, and under
+  // restart_from best the best validation point of the current cycle.
+  struct Restart {
+    int64_t step = 0;             // the first step of the new cycle (1-based)
+    double lr = 0, val_loss = 0;  // the new peak; validation loss at the end of the cycle that ended
+    int cycle = 0;
+    int64_t restored_from = -1;   // restart_from best: the step training went back to (-1: none)
+  };
+  struct CycleBest {
+    int64_t step = -1;  // -1: no validation in this cycle yet
+    double val_loss = 0;
+    int64_t adam_steps = 0;
+    Buffer<float> params, adam_m, adam_v;
+    std::map<std::string, std::vector<float>> gate_bias;  // MoE selection biases by layer prefix
+  };
+  void note_validation(double val);  // restart_from best: remember the cycle's best state
+  void warm_restart(const Schedule& next, double val);  // after the last step of a cycle, before the next one
+  std::optional<Schedule> schedule_of(int64_t step) const;
+  std::vector<Restart> restarts_;
+  CycleBest best_;
+  // Mixed precision (deck: precision; docs/DYNAMICS.md).
+  kernels::Precision precision_ = kernels::Precision::fp32;
+  Buffer<float> master_;                // fp32 master weights while params hold their rounded copy
+  std::unique_ptr<LossScaler> scaler_;  // bf16, fp16; null under fp32
+  void use_working_weights();           // master_ = params, then params rounded to the type
+  void restore_master_weights();        // params = master_
+  bool gradients_overflowed();          // inf or NaN in any rank's gradients (one all-reduce)
+  int64_t fault_step_ = -1;             // inject_gradient_fault
+  int fault_rank_ = -1;
+  // Multi-view loss aggregation (deck: lossagg; docs/DYNAMICS.md).
+  std::unique_ptr<LossAggregator> lossagg_;
+  int poison_rank_ = -1;  // poison_batches_for_testing
 };
 
 }  // namespace xx
