@@ -125,8 +125,15 @@ TEST_CASE("the ratio ramps from near dense to RATIO over the warmup", "[compress
   REQUIRE(c.ratio_at(1000) == 0.001);
   // At ratio 0.93 an index-value payload outweighs the dense bucket: the
   // first steps send it dense; by the end of the warmup it is compressed.
-  REQUIRE(c.compressed_buckets(0) == 0);
-  REQUIRE(c.compressed_buckets(100) == c.buckets());
+  REQUIRE(c.compressed_buckets(0, 2) == 0);
+  REQUIRE(c.compressed_buckets(100, 2) == c.buckets());
+  // Each rank sends R-1 payloads: in a larger group the ramp switches later.
+  int switch_2 = 0, switch_8 = 0;
+  while (c.compressed_buckets(switch_2, 2) < c.buckets()) ++switch_2;
+  while (switch_8 < 100 && c.compressed_buckets(switch_8, 8) < c.buckets()) ++switch_8;
+  REQUIRE(switch_8 > switch_2);
+  for (int64_t step = 0; step <= 100; ++step) REQUIRE(c.compressed_buckets(step, 8) <= c.compressed_buckets(step, 2));
+  REQUIRE(c.compressed_buckets(100, 8) > 0);  // the large tensors still pay 7 payloads
 }
 
 TEST_CASE("compress topk refuses sync local and topology ring", "[compress][deck]") {

@@ -73,16 +73,20 @@ double CompressedSync::ratio_at(int64_t step) const {
   return std::pow(cfg_.ratio, double(step + 1) / double(cfg_.warmup + 1));
 }
 
-bool CompressedSync::compressed(const Bucket& b, double ratio) const {
+// Worth it when what this rank sends, one payload to each of the other R-1
+// members, is less than the dense bucket it would hand to the all-reduce.
+bool CompressedSync::compressed(const Bucket& b, double ratio, int group_size) const {
   const int64_t n = b.end - b.begin;
   if (cfg_.ratio >= 1) return true;  // asked for: every entry through the sparse path
-  return cx::payload_bytes(n, cx::topk_count(n, ratio), settings_.quant, settings_.block) <
+  const int64_t peers = std::max(1, group_size - 1);
+  return peers * cx::payload_bytes(n, cx::topk_count(n, ratio), settings_.quant, settings_.block) <
          n * int64_t(sizeof(float));
 }
 
-int CompressedSync::compressed_buckets(int64_t step) const {
+int CompressedSync::compressed_buckets(int64_t step, int group_size) const {
   const double r = ratio_at(step);
-  return int(std::count_if(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return compressed(b, r); }));
+  return int(std::count_if(buckets_.begin(), buckets_.end(),
+                           [&](const Bucket& b) { return compressed(b, r, group_size); }));
 }
 
 std::string CompressedSync::describe() const {
@@ -121,7 +125,7 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
   std::vector<std::pair<const Bucket*, int64_t>> flushed;  // bucket, its place in dense_
   for (const auto& b : buckets_) {
     const int64_t n = b.end - b.begin;
-    if (compressed(b, ratio)) {
+    if (compressed(b, ratio, R)) {
       const int64_t k = cx::topk_count(n, ratio), size = cx::payload_bytes(n, k, s.quant, s.block);
       sparse.push_back({&b, k, bytes, size});
       bytes += size;

@@ -43,8 +43,8 @@ class CompressedSync {
               CommStats& stats);
 
   double ratio_at(int64_t step) const;  // the ramped ratio
-  // Buckets compressed at `step`, out of buckets().
-  int compressed_buckets(int64_t step) const;
+  // Buckets compressed at `step` in a group of `group_size` ranks, out of buckets().
+  int compressed_buckets(int64_t step, int group_size) const;
   int buckets() const { return int(buckets_.size()); }
   int64_t sparse_size() const { return sparse_n_; }  // values in the sparse part
   const Buffer<float>& residual() const { return residual_; }
@@ -55,7 +55,7 @@ class CompressedSync {
   struct Bucket {
     int64_t begin, end;  // in the packed sparse part
   };
-  bool compressed(const Bucket& b, double ratio) const;
+  bool compressed(const Bucket& b, double ratio, int group_size) const;
 
   CompressConfig cfg_;
   kernels::compress::Settings settings_;
