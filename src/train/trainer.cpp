@@ -483,7 +483,7 @@ double Trainer::train_step() {
     compressed_->reduce(topology_->members(), topology_->group(), step_, 1, *comm_ops_, step_comm_);
     kernels::apply_delta(params, before, delta);
   }
-  balance_experts();
+  if (!skip) balance_experts();  // a skipped step moves no selection bias either
   ++step_;
   if (local && step_ % cfg_.sync.every == 0) average_parameters(false);
   ExecSpace().fence();
