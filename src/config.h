@@ -160,10 +160,17 @@ struct EvalConfig {
   int batches = 8;
 };
 
-// checkpoint every N
+// checkpoint [every N] [at_end yes|no] [mode full|diff] [codec lossless|int8|topk] [ratio R] [block B] [keep K]
+// (docs/CHECKPOINT.md). Every rank's own state goes in /ranks/<r>: as it is
+// (full) or as its difference from the ranks' average (diff, by the codec).
 struct CheckpointConfig {
   int64_t every = 0;  // 0: only at the end of each run
   bool at_end = true;
+  std::string mode = "full";       // full | diff
+  std::string codec = "lossless";  // diff: lossless (XOR, bit-exact) | int8 (per-block scale) | topk (largest R)
+  double ratio = 0.01;             // codec topk: R, the fraction kept
+  int64_t block = 64;              // codec int8: values per scale
+  int64_t keep = 0;                // keep the newest K checkpoint files (0: all)
 };
 
 // grad_check missing warn|error|off

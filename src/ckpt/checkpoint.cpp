@@ -7,7 +7,9 @@
 #include <fstream>
 #include <regex>
 #include <fmt/format.h>
+#include "core/crc32c.h"
 #include "core/error.h"
+#include "kernels/ckpt_codec.h"
 
 namespace xx {
 namespace fs = std::filesystem;
@@ -56,56 +58,6 @@ void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   check(H5Awrite(attr, type, value.data()), std::string("write attribute ") + name);
 }
 
-// One dataset per tensor, with its real shape, chunked so fletcher32 can guard it.
-void write_tensor(hid_t group, const TensorInfo& t, const float* data) {
-  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-  H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-  H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  std::vector<hsize_t> chunk = dims;
-  // Keep chunks under ~1 MiB: shrink the leading dimension.
-  const hsize_t row = t.size / std::max<int64_t>(1, t.shape[0]);
-  chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1u << 18) / std::max<hsize_t>(1, row)));
-  check(H5Pset_chunk(plist, int(chunk.size()), chunk.data()), "set chunk");
-  check(H5Pset_fletcher32(plist), "set fletcher32");
-  H5 ds(H5Dcreate2(group, t.name.c_str(), H5T_NATIVE_FLOAT, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
-  if (ds < 0) throw std::runtime_error("HDF5: cannot create dataset " + t.name);
-  check(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset), "write " + t.name);
-}
-
-// A named double vector under /train (chunked, fletcher32 like the tensors).
-void write_series(hid_t group, const std::string& name, const std::vector<double>& values) {
-  const hsize_t n = values.size(), chunk = std::max<hsize_t>(1, std::min<hsize_t>(n, 1 << 17));
-  H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  check(H5Pset_chunk(plist, 1, &chunk), "set chunk");
-  check(H5Pset_fletcher32(plist), "set fletcher32");
-  H5 ds(H5Dcreate2(group, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
-  if (ds < 0) throw std::runtime_error("HDF5: cannot create dataset /train/" + name);
-  if (n > 0) check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
-}
-
-// Every dataset directly under /train, by name.
-std::map<std::string, std::vector<double>> read_series(hid_t group, const std::string& path) {
-  std::map<std::string, std::vector<double>> out;
-  H5G_info_t info;
-  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/train'", path);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    char name[256] = {0};
-    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
-    H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
-    if (ds < 0) continue;
-    H5 space(H5Dget_space(ds), H5Sclose);
-    if (H5Sget_simple_extent_ndims(space) != 1)
-      input_error("{}: dataset '/train/{}' is not one-dimensional (expected a vector of doubles)", path, name);
-    hsize_t n = 0;
-    H5Sget_simple_extent_dims(space, &n, nullptr);
-    auto& v = out[name];
-    v.resize(n);
-    if (n > 0 && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-      input_error("{}: dataset '/train/{}' cannot be read (checksum mismatch or corrupt data)", path, name);
-  }
-  return out;
-}
 
 template <class V>
 V read_attr(hid_t obj, const char* name, hid_t type, const std::string& path) {
@@ -129,6 +81,16 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& pat
   return value;
 }
 
+// Version 2 files carry a crc32c attribute on every dataset: the checksum
+// of the values as written, verified on top of HDF5's fletcher32.
+void verify_crc(hid_t ds, const void* data, size_t bytes, const std::string& where, const std::string& path) {
+  if (H5Aexists(ds, "crc32c") <= 0) return;  // version 1
+  const auto want = read_attr<uint32_t>(ds, "crc32c", H5T_NATIVE_UINT32, path);
+  const uint32_t got = crc32c(data, bytes);
+  if (got != want)
+    input_error("{}: dataset '{}' fails its checksum (crc32c {:08x}, expected {:08x})", path, where, got, want);
+}
+
 void read_tensor(hid_t group, const std::string& group_name, const TensorInfo& t, float* data,
                  const std::string& path) {
   const std::string where = group_name + "/" + t.name;
@@ -145,7 +107,54 @@ void read_tensor(hid_t group, const std::string& group_name, const TensorInfo& t
                 fmt::join(shape, ", "), fmt::join(t.shape, ", "));
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
     input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+  verify_crc(ds, data + t.offset, size_t(t.size) * sizeof(float), where, path);
 }
+
+// A 1-D dataset of `expect` values (-1: any), its crc32c attribute verified.
+template <class T>
+std::vector<T> read_vector(hid_t group, const std::string& name, hid_t type, int64_t expect, const std::string& where,
+                           const std::string& path) {
+  if (H5Lexists(group, name.c_str(), H5P_DEFAULT) <= 0)
+    input_error("{}: dataset '{}' is missing (expected by the deck's run)", path, where);
+  H5 ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+  H5 space(H5Dget_space(ds), H5Sclose);
+  hsize_t n = 0;
+  if (H5Sget_simple_extent_ndims(space) != 1)
+    input_error("{}: dataset '{}' is not one-dimensional (expected a flat vector)", path, where);
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  if (expect >= 0 && int64_t(n) != expect)
+    input_error("{}: dataset '{}' has {} values (expected {})", path, where, n, expect);
+  std::vector<T> v(n);
+  if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    input_error("{}: dataset '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+  verify_crc(ds, v.data(), v.size() * sizeof(T), where, path);
+  return v;
+}
+
+// Every dataset directly under /train, by name.
+std::map<std::string, std::vector<double>> read_series(hid_t group, const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  H5G_info_t info;
+  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/train'", path);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {0};
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
+    H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
+    if (ds < 0) continue;
+    H5 space(H5Dget_space(ds), H5Sclose);
+    if (H5Sget_simple_extent_ndims(space) != 1)
+      input_error("{}: dataset '/train/{}' is not one-dimensional (expected a vector of doubles)", path, name);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(space, &n, nullptr);
+    auto& v = out[name];
+    v.resize(n);
+    if (n > 0 && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+      input_error("{}: dataset '/train/{}' cannot be read (checksum mismatch or corrupt data)", path, name);
+    verify_crc(ds, v.data(), v.size() * sizeof(double), std::string("/train/") + name, path);
+  }
+  return out;
+}
+
 
 }  // namespace
 
@@ -161,35 +170,206 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(), true);
 }
 
-std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
+namespace {
+
+// The collective writer: every rank of `comm` calls every HDF5 function in
+// the same order with the same arguments (metadata is collective in parallel
+// HDF5); a dataset's data comes from one rank (`owner`), the others select
+// nothing, in one collective transfer (filters such as fletcher32 need it).
+class Writer {
+ public:
+  Writer(MPI_Comm comm, const std::string& path) : comm_(comm) {
+    MPI_Comm_rank(comm, &rank_);
+    H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "set MPI-IO file access");
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (file_ < 0) throw std::runtime_error("HDF5: cannot create " + path);
+    dxpl_ = H5Pcreate(H5P_DATASET_XFER);
+    check(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), "set collective transfer");
+  }
+  ~Writer() {
+    if (dxpl_ >= 0) H5Pclose(dxpl_);
+    if (file_ >= 0) H5Fclose(file_);
+  }
+  hid_t file() const { return file_; }
+  int rank() const { return rank_; }
+
+  // Dataset `name` in `group` of `type` and shape `dims`, chunked, fletcher32,
+  // optionally shuffle + deflate; data from `owner` (nullptr elsewhere);
+  // attribute crc32c = the checksum of the bytes, which every rank passes.
+  void dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
+               const void* data, uint32_t crc, bool deflate = false) {
+    H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+    H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    hsize_t total = 1;
+    for (auto d : dims) total *= d;
+    std::vector<hsize_t> chunk = dims;
+    const hsize_t row = dims.empty() || dims[0] == 0 ? 1 : total / dims[0];
+    if (!chunk.empty()) chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1u << 18) / std::max<hsize_t>(1, row)));
+    if (total > 0) {
+      check(H5Pset_chunk(plist, int(chunk.size()), chunk.data()), "set chunk");
+      if (deflate) check(H5Pset_shuffle(plist), "set shuffle"), check(H5Pset_deflate(plist, 1), "set deflate");
+      check(H5Pset_fletcher32(plist), "set fletcher32");
+    }
+    H5 ds(H5Dcreate2(group, name.c_str(), type, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
+    if (ds < 0) throw std::runtime_error("HDF5: cannot create dataset " + name);
+    if (total > 0) {
+      H5 mem(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+      H5 file(H5Dget_space(ds), H5Sclose);
+      if (rank_ != owner) H5Sselect_none(mem), H5Sselect_none(file);
+      check(H5Dwrite(ds, type, mem, file, dxpl_, rank_ == owner ? data : nullptr), "write " + name);
+    }
+    // The owner's checksum: attributes are collective, and only the owner's bytes were written.
+    MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
+    write_attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  hid_t file_ = -1, dxpl_ = -1;
+};
+
+// Bytes `data` points to as one CRC-32C.
+template <class T>
+uint32_t crc_of(const std::vector<T>& v) {
+  return crc32c(v.data(), v.size() * sizeof(T));
+}
+
+// One rank's tensor (params, adam_m or adam_v) as stored: the arrays a codec
+// turns it into, by dataset name suffix ("" for full and lossless).
+struct Encoded {
+  std::string codec;  // full, lossless, int8, topk
+  std::vector<float> floats;       // full; int8 scales; topk kept values
+  std::vector<uint32_t> words;     // lossless XOR; topk indices
+  std::vector<int8_t> codes;       // int8
+};
+
+// `lossless` forces the lossless codec (int8 refused a block on some rank).
+Encoded encode(const std::vector<float>& value, const std::vector<float>& base, const CheckpointFormat& f,
+               bool lossless = false) {
+  namespace cc = kernels::ckpt_codec;
+  Encoded e;
+  const int64_t n = int64_t(value.size());
+  if (f.mode == "full") {
+    e.codec = "full", e.floats = value;
+    return e;
+  }
+  // The codec kernels run in the default execution space: host here.
+  Vec<const float> v(value.data(), n), b(base.data(), n);
+  if (f.codec.kind == cc::Codec::int8 && !lossless) {
+    e.codes.resize(n), e.floats.resize(cc::scale_count(n, f.codec.block));
+    const auto result = cc::int8_encode(Vec<int8_t>(e.codes.data(), n), Vec<float>(e.floats.data(), e.floats.size()),
+                                        v, b, f.codec.block);
+    if (result.ok()) return e.codec = "int8", e;
+    e.codes.clear(), e.floats.clear();  // a non-finite difference: this tensor goes lossless
+  } else if (f.codec.kind == cc::Codec::topk && !lossless) {
+    const int64_t k = cc::kept_count(n, f.codec.ratio);
+    cc::TopkWorkspace ws(n, k);
+    e.words.resize(k), e.floats.resize(k);
+    cc::topk_encode(Vec<uint32_t>(e.words.data(), k), Vec<float>(e.floats.data(), k), v, b, ws);
+    return e.codec = "topk", e;
+  }
+  e.words.resize(n);
+  cc::lossless_encode<float>(Vec<uint32_t>(e.words.data(), n), v, b);
+  e.codec = "lossless";
+  return e;
+}
+
+}  // namespace
+
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format) {
   quiet_hdf5();
-  fs::create_directories(dir);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
   const std::string name = fmt::format("step_{:08d}.h5", data.state.step);
   const std::string path = (fs::path(dir) / name).string(), tmp = path + ".tmp";
+  if (rank == 0) fs::create_directories(dir);
+  MPI_Barrier(comm);
+  // Every rank encodes its own state; sizes and checksums are shared, since
+  // creating datasets and attributes is collective.
+  struct Part {
+    std::string name;
+    hid_t type;
+    int64_t count;
+    const void* data;
+    uint32_t crc;
+    std::string codec;
+  };
+  std::vector<Encoded> encoded;
+  std::vector<Part> parts;  // this rank's datasets, in the same order on every rank
+  if (mine) {
+    const std::vector<float>* base[3] = {&data.params, &data.adam_m, &data.adam_v};
+    const std::vector<float>* own[3] = {&mine->params, &mine->adam_m, &mine->adam_v};
+    const char* names[3] = {"params", "adam_m", "adam_v"};
+    encoded.reserve(3);
+    for (int i = 0; i < 3; ++i) {
+      auto e = encode(*own[i], *base[i], format);
+      // int8 refuses a non-finite difference; the ranks agree on the fallback,
+      // so every rank writes the same datasets.
+      int refused = format.mode == "diff" && format.codec.kind == kernels::ckpt_codec::Codec::int8 && e.codec != "int8";
+      MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, comm);
+      if (refused && e.codec != "lossless") e = encode(*own[i], *base[i], format, true);
+      const auto& kept = encoded.emplace_back(std::move(e));
+      const std::string n = names[i];
+      auto part = [&](const std::string& suffix, hid_t type, const auto& v) {
+        parts.push_back({n + suffix, type, int64_t(v.size()), v.data(), crc_of(v), kept.codec});
+      };
+      if (kept.codec == "full") part("", H5T_NATIVE_FLOAT, kept.floats);
+      if (kept.codec == "lossless") part("", H5T_NATIVE_UINT32, kept.words);
+      if (kept.codec == "int8") part(".codes", H5T_NATIVE_INT8, kept.codes), part(".scales", H5T_NATIVE_FLOAT, kept.floats);
+      if (kept.codec == "topk") part(".index", H5T_NATIVE_UINT32, kept.words), part(".kept", H5T_NATIVE_FLOAT, kept.floats);
+    }
+    for (const auto& [n, values] : mine->extra)
+      parts.push_back({n, H5T_NATIVE_FLOAT, int64_t(values.size()), values.data(), crc_of(values), "full"});
+  }
+  // Every rank has the same parts (names, types); their sizes and checksums
+  // are shared, since creating datasets and attributes is collective.
+  const int P = int(parts.size());
+  int min_parts = P, max_parts = P;
+  MPI_Allreduce(MPI_IN_PLACE, &min_parts, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Allreduce(MPI_IN_PLACE, &max_parts, 1, MPI_INT, MPI_MAX, comm);
+  if (min_parts != max_parts) throw std::runtime_error("checkpoint: ranks hold different kinds of per-rank state");
+  std::vector<int64_t> mine_meta;
+  for (const auto& p : parts) mine_meta.insert(mine_meta.end(), {p.count, int64_t(p.crc)});
+  std::vector<int64_t> meta(mine_meta.size() * world);
+  MPI_Allgather(mine_meta.data(), int(mine_meta.size()), MPI_INT64_T, meta.data(), int(mine_meta.size()),
+                MPI_INT64_T, comm);
+  std::vector<int64_t> batches(world);
+  const int64_t my_batches = mine ? mine->sampler_batches : data.state.sampler_batches;
+  MPI_Allgather(&my_batches, 1, MPI_INT64_T, batches.data(), 1, MPI_INT64_T, comm);
+
   {
-    H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (file < 0) throw std::runtime_error("HDF5: cannot create " + tmp);
+    Writer w(comm, tmp);
+    const hid_t file = w.file();
     write_string_attr(file, "format", "xuanxue-checkpoint");
     write_attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
     write_string_attr(file, "deck", data.deck);
+    write_string_attr(file, "mode", mine ? format.mode : "full");
+    write_string_attr(file, "codec", mine && format.mode == "diff" ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
+    // The base: rank 0's copy of what every rank passes alike.
+    auto tensors = [&](hid_t group, const std::vector<float>& flat) {
+      for (const auto& t : layout.tensors()) {
+        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+        const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
+        w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc);
+      }
+    };
     {
       H5 model(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      for (const auto& t : layout.tensors()) write_tensor(model, t, data.params.data());
+      tensors(model, data.params);
       H5 opt(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       write_string_attr(opt, "kind", "adamw");
       H5 m(H5Gcreate2(opt, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      for (const auto& t : layout.tensors()) write_tensor(m, t, data.adam_m.data());
+      tensors(m, data.adam_m);
       H5 v(H5Gcreate2(opt, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      for (const auto& t : layout.tensors()) write_tensor(v, t, data.adam_v.data());
+      tensors(v, data.adam_v);
       if (!data.buffers.empty()) {
         H5 buffers(H5Gcreate2(file, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-        for (const auto& [name, values] : data.buffers) {
-          TensorInfo t;
-          t.name = name;
-          t.shape = {int64_t(values.size())};
-          t.size = int64_t(values.size());
-          write_tensor(buffers, t, values.data());
-        }
+        for (const auto& [n, values] : data.buffers)
+          w.dataset(buffers, n, H5T_NATIVE_FLOAT, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
       }
       H5 train(H5Gcreate2(file, "train", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       const auto& s = data.state;
@@ -200,16 +380,44 @@ std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, 
       write_attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
       write_attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
       write_attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
-      for (const auto& [name, values] : data.series) write_series(train, name, values);
+      for (const auto& [n, values] : data.series)
+        w.dataset(train, n, H5T_NATIVE_DOUBLE, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
+    }
+    if (mine) {
+      H5 ranks(H5Gcreate2(file, "ranks", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      for (int r = 0; r < world; ++r) {
+        H5 group(H5Gcreate2(ranks, std::to_string(r).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+        write_attr(group, "sampler_batches", H5T_NATIVE_INT64, batches[r]);
+        for (int i = 0; i < P; ++i) {
+          const int64_t count = meta[size_t(r) * mine_meta.size() + 2 * i];
+          const auto crc = uint32_t(meta[size_t(r) * mine_meta.size() + 2 * i + 1]);
+          const auto& p = parts[i];
+          w.dataset(group, p.name, p.type, {hsize_t(count)}, r, r == w.rank() ? p.data : nullptr, crc,
+                    p.codec != "full");
+        }
+        for (const auto& p : parts)
+          if (p.codec != "full") {
+            const std::string tensor = p.name.substr(0, p.name.find('.'));
+            if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
+              write_string_attr(group, (tensor + ".codec").c_str(), p.codec);
+          }
+      }
     }
     H5Fflush(file, H5F_SCOPE_GLOBAL);
     write_attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
   }
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
-  fsync_path(dir, true);
-  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  if (rank == 0) {
+    fsync_path(tmp, false);
+    fs::rename(tmp, path);
+    fsync_path(dir, true);
+    write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  }
+  MPI_Barrier(comm);
   return path;
+}
+
+std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
+  return write_checkpoint(MPI_COMM_SELF, dir, layout, data, nullptr, {});
 }
 
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
@@ -222,8 +430,8 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   if (read_string_attr(file, "format", path) != "xuanxue-checkpoint")
     input_error("{}: attribute 'format' is not 'xuanxue-checkpoint'", path);
   const int version = read_attr<int>(file, "format_version", H5T_NATIVE_INT, path);
-  if (version != kCheckpointVersion)
-    input_error("{}: format_version {} (expected {})", path, version, kCheckpointVersion);
+  if (version < 1 || version > kCheckpointVersion)
+    input_error("{}: format_version {} (expected 1 to {})", path, version, kCheckpointVersion);
   if (read_attr<int>(file, "complete", H5T_NATIVE_INT, path) != 1)
     input_error("{}: checkpoint is incomplete (attribute 'complete' is not 1)", path);
   CheckpointData data;
@@ -252,6 +460,18 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
       auto& values = data.buffers[name];
       values.resize(size);
       read_tensor(group, "/buffers", t, values.data(), path);
+    }
+    // Optional buffers (the outer optimizer's anchor, ...): whatever else is there.
+    if (H5Lexists(file, "buffers", H5P_DEFAULT) > 0) {
+      H5 group(H5Gopen2(file, "buffers", H5P_DEFAULT), H5Gclose);
+      H5G_info_t info;
+      if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/buffers'", path);
+      for (hsize_t i = 0; i < info.nlinks; ++i) {
+        char name[256] = {0};
+        if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
+        if (data.buffers.count(name)) continue;
+        data.buffers[name] = read_vector<float>(group, name, H5T_NATIVE_FLOAT, -1, std::string("/buffers/") + name, path);
+      }
     }
     H5 train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
     auto& s = data.state;
@@ -289,6 +509,109 @@ std::string latest_checkpoint(const std::string& dir) {
     if (H5Aread(attr, H5T_NATIVE_INT, &complete) >= 0 && complete == 1) return path;
   }
   return "";
+}
+
+}  // namespace xx
+
+namespace xx {
+
+bool has_rank_state(const std::string& path) {
+  quiet_hdf5();
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  return file >= 0 && H5Lexists(file, "ranks", H5P_DEFAULT) > 0;
+}
+
+RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
+                          const std::map<std::string, int64_t>& extra) {
+  namespace cc = kernels::ckpt_codec;
+  quiet_hdf5();
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  const std::string where = fmt::format("/ranks/{}", rank);
+  if (H5Lexists(file, "ranks", H5P_DEFAULT) <= 0 || H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0)
+    input_error("{}: group '{}' is missing (expected the state of rank {})", path, where, rank);
+  H5 group(H5Gopen2(file, where.c_str(), H5P_DEFAULT), H5Gclose);
+  const std::string mode = read_string_attr(file, "mode", path);
+  const int64_t n = layout.total();
+  RankState out;
+  out.sampler_batches = read_attr<int64_t>(group, "sampler_batches", H5T_NATIVE_INT64, path);
+  const std::vector<float>* bases[3] = {&base.params, &base.adam_m, &base.adam_v};
+  std::vector<float>* targets[3] = {&out.params, &out.adam_m, &out.adam_v};
+  const char* names[3] = {"params", "adam_m", "adam_v"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string name = names[i], at = where + "/" + name;
+    auto& value = *targets[i];
+    const auto& b = *bases[i];
+    if (mode == "full") {
+      value = read_vector<float>(group, name, H5T_NATIVE_FLOAT, n, at, path);
+      continue;
+    }
+    const std::string codec = read_string_attr(group, (name + ".codec").c_str(), path);
+    value.assign(n, 0.0f);
+    Vec<float> v(value.data(), n);
+    Vec<const float> bv(b.data(), n);
+    try {
+      if (codec == "lossless") {
+        const auto diff = read_vector<uint32_t>(group, name, H5T_NATIVE_UINT32, n, at, path);
+        cc::lossless_decode<float>(v, Vec<const uint32_t>(diff.data(), n), bv);
+      } else if (codec == "int8") {
+        const auto codes = read_vector<int8_t>(group, name + ".codes", H5T_NATIVE_INT8, n, at + ".codes", path);
+        const auto scales = read_vector<float>(group, name + ".scales", H5T_NATIVE_FLOAT, -1, at + ".scales", path);
+        const int64_t block = scales.empty() ? 1 : (n + int64_t(scales.size()) - 1) / int64_t(scales.size());
+        if (cc::scale_count(n, block) != int64_t(scales.size()))
+          input_error("{}: dataset '{}.scales' has {} values (expected one per block of {} values)", path, at,
+                      scales.size(), n);
+        cc::int8_decode(v, Vec<const int8_t>(codes.data(), n), Vec<const float>(scales.data(), scales.size()), bv,
+                        block);
+      } else if (codec == "topk") {
+        const auto index = read_vector<uint32_t>(group, name + ".index", H5T_NATIVE_UINT32, -1, at + ".index", path);
+        const auto kept =
+            read_vector<float>(group, name + ".kept", H5T_NATIVE_FLOAT, int64_t(index.size()), at + ".kept", path);
+        cc::topk_decode(v, Vec<const uint32_t>(index.data(), index.size()), Vec<const float>(kept.data(), kept.size()),
+                        bv);
+      } else {
+        input_error("{}: attribute '{}/{}.codec' is '{}' (expected lossless, int8 or topk)", path, where, name, codec);
+      }
+    } catch (const std::runtime_error& e) {
+      if (dynamic_cast<const InputError*>(&e)) throw;
+      input_error("{}: dataset '{}' cannot be decoded ({})", path, at, e.what());
+    }
+    // A lossy second moment could dip below zero; AdamW takes its square root.
+    if (i == 2 && codec != "lossless")
+      for (auto& x : value) x = std::max(x, 0.0f);
+  }
+  for (const auto& [name, size] : extra)
+    out.extra[name] = read_vector<float>(group, name, H5T_NATIVE_FLOAT, size, where + "/" + name, path);
+  // Optional per-rank buffers (the outer optimizer's state): whatever else is there.
+  H5G_info_t info;
+  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '{}'", path, where);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {0};
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
+    const std::string n = name;
+    if (out.extra.count(n) || n.starts_with("params") || n.starts_with("adam_m") || n.starts_with("adam_v")) continue;
+    out.extra[n] = read_vector<float>(group, n, H5T_NATIVE_FLOAT, -1, where + "/" + n, path);
+  }
+  return out;
+}
+
+}  // namespace xx
+
+namespace xx {
+
+void prune_checkpoints(const std::string& dir, int64_t keep) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  const std::regex pattern("step_([0-9]+)\\.h5");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::string latest;
+  if (std::ifstream in(fs::path(dir) / "latest"); in) std::getline(in, latest);
+  for (size_t i = size_t(keep); i < found.size(); ++i)
+    if (found[i].second.filename() != latest) fs::remove(found[i].second);
 }
 
 }  // namespace xx

@@ -4,15 +4,18 @@
 // `complete` is 1; it is written last. Every dataset carries HDF5's
 // fletcher32 checksum, verified on read.
 #pragma once
+#include <mpi.h>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+#include "kernels/ckpt_codec.h"
 #include "model/params.h"
 
 namespace xx {
 
-constexpr int kCheckpointVersion = 1;
+// 2: per-rank state under /ranks, crc32c attributes, mode and codec; version 1 files still load.
+constexpr int kCheckpointVersion = 2;
 
 // Everything besides the tensors that a run needs to continue exactly.
 struct TrainState {
@@ -36,14 +39,49 @@ struct CheckpointData {
   std::string deck;  // resolved deck text
 };
 
-// Writes DIR/step_<N>.h5 atomically and points DIR/latest at it; returns the path.
+// How each rank's own state is stored (deck: checkpoint ... mode full|diff codec ...).
+struct CheckpointFormat {
+  std::string mode = "full";         // full: each rank's tensors as they are; diff: their difference from the base
+  kernels::ckpt_codec::CodecSetting codec;  // diff: lossless (bit-exact), int8 (per-block scale), topk R
+};
+
+// One rank's own state, where ranks may differ (sync local, clusters,
+// compression residuals): flat like the parameter buffer.
+struct RankState {
+  std::vector<float> params, adam_m, adam_v;
+  std::map<std::string, std::vector<float>> extra;  // per-rank buffers without a base (compression residual)
+  int64_t sampler_batches = 0;
+};
+
+// Collective over comm: writes DIR/step_<N>.h5 with parallel HDF5 (MPI-IO,
+// collective transfers) atomically and points DIR/latest at it; returns the
+// path. `data` is the base (/model, /optimizer, /buffers, /train): the same
+// on every rank (the average of the ranks' tensors where they differ).
+// `mine`: this rank's own state for /ranks/<rank>, or nullptr for none.
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format);
+// One process, no per-rank state (tools, tests).
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data);
+
+// Rank `rank`'s own state in a checkpoint with /ranks, rebuilt against the
+// base in `base` (from read_checkpoint). `extra` names the per-rank buffers
+// and their sizes. Throws InputError naming the file and dataset for a
+// missing rank, a bad checksum or size.
+RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
+                          const std::map<std::string, int64_t>& extra = {});
+
+// True when the checkpoint holds per-rank state (/ranks).
+bool has_rank_state(const std::string& path);
 
 // Reads a checkpoint written for `layout`, with the named state buffers of
 // the given sizes; any corruption, missing tensor or shape mismatch throws
 // InputError naming the file and the tensor.
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
                                const std::map<std::string, int64_t>& buffers = {});
+
+// Deletes all but the newest `keep` step_*.h5 files of DIR (never the one
+// `latest` names).
+void prune_checkpoints(const std::string& dir, int64_t keep);
 
 // The newest complete checkpoint in DIR ("" when there is none).
 std::string latest_checkpoint(const std::string& dir);

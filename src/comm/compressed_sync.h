@@ -49,6 +49,7 @@ class CompressedSync {
   int64_t sparse_size() const { return sparse_n_; }  // values in the sparse part
   const Buffer<float>& residual() const { return residual_; }
   Buffer<float>& residual() { return residual_; }
+  Buffer<float>& momentum() { return momentum_; }  // momentum correction's local momentum (empty when off)
   std::string describe() const;
 
  private:

@@ -275,12 +275,18 @@ std::string Trainer::resolve_resume(const std::string& resume) const {
 
 void Trainer::restore(const std::string& path) {
   CheckpointData data;
+  int per_rank = 0;
   on_rank0_or_throw(comm_, rank_, [&] {
     data = read_checkpoint(path, model_->layout(), model_buffers());
     if (data.state.world_size != world_)
       input_error("{}: written by {} ranks, resumed on {} (expected the same world size)", path,
                   data.state.world_size, world_);
+    // Every rank's state is checked before any rank takes its own: no partial restore.
+    per_rank = has_rank_state(path);
+    if (per_rank)
+      for (int r = 0; r < world_; ++r) read_rank_state(path, model_->layout(), data, r, rank_buffers());
   });
+  MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
   // Rank 0 read and checked the file; every rank gets all of it.
   const int64_t total = model_->layout().total();
   if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
@@ -292,6 +298,28 @@ void Trainer::restore(const std::string& path) {
   MPI_Bcast(&data.state.chaos_seed, 1, MPI_UINT64_T, 0, comm_);
   for (const auto& [name, size] : model_buffers()) bcast_vector(data.buffers[name], MPI_FLOAT, comm_);
   bcast_map(data.series, MPI_DOUBLE, comm_);
+  RankState mine;
+  if (per_rank) {  // this rank's own tensors, residuals, outer optimizer and data position
+    mine = read_rank_state(path, model_->layout(), data, rank_, rank_buffers());
+    data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
+    data.state.sampler_batches = mine.sampler_batches;
+    if (compressed_) {
+      from_host(compressed_->residual(), mine.extra.at("compress.residual"));
+      if (mine.extra.count("compress.momentum")) from_host(compressed_->momentum(), mine.extra.at("compress.momentum"));
+    }
+  }
+  const int64_t P = model_->layout().total();
+  auto restore_buffer = [&](const char* name, Buffer<float>& b) {
+    if (!mine.extra.count(name)) return;
+    if (int64_t(mine.extra.at(name).size()) != P)
+      input_error("{}: dataset '/ranks/{}/{}' has {} values (expected {})", path, rank_, name,
+                  mine.extra.at(name).size(), P);
+    b = Buffer<float>(std::string("Trainer::") + name, P);
+    from_host(b, mine.extra.at(name));
+  };
+  restore_buffer("outer.anchor", anchor_);
+  restore_buffer("outer.momentum", momentum_);
+  restore_buffer("outer.initial", initial_params_);
 
   from_host(model_->params(), data.params);
   from_host(optimizer_->m(), data.adam_m);
@@ -325,6 +353,16 @@ void Trainer::restore(const std::string& path) {
   }
 }
 
+// Per-rank buffers in /ranks/<r> besides the tensors: what this deck needs.
+std::map<std::string, int64_t> Trainer::rank_buffers() {
+  std::map<std::string, int64_t> out;
+  if (compressed_) {
+    out["compress.residual"] = compressed_->residual().extent(0);
+    if (compressed_->momentum().extent(0) > 0) out["compress.momentum"] = compressed_->momentum().extent(0);
+  }
+  return out;
+}
+
 std::map<std::string, int64_t> Trainer::model_buffers() {
   std::map<std::string, int64_t> out;
   for (auto& [prefix, ffn] : model_->moe_layers()) out[prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
@@ -351,7 +389,9 @@ std::string Trainer::backends() const {
                      sync_->buckets(), cfg_.sync.bucket_mb);
   if (compressed_) out += fmt::format("  {:<18} {}\n", "compression", compressed_->describe());
   out += comm_ops_->report() + "\n";
-  out += fmt::format("  {:<18} {}\n", "checkpoints", "HDF5 (rank 0, fletcher32)");
+  const auto& ck = cfg_.checkpoint;
+  out += fmt::format("  {:<18} parallel HDF5 (MPI-IO, collective), per-rank state {}{}, fletcher32 + crc32c\n",
+                     "checkpoints", ck.mode, ck.mode == "diff" ? " " + ck.codec : "");
   out += fmt::format("  {:<18} {} threads, queue {}\n", "data loader", cfg_.data.workers, cfg_.data.queue);
   out += fmt::format("  {:<18} {:.1f} GFLOP/s per core{}\n", "peak (MFU)", peak_gflops_,
                      cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)");
@@ -635,16 +675,41 @@ void Trainer::warm_restart(const Schedule& schedule, double val) {
   best_.step = -1;  // a new cycle, a new best
 }
 
+// Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
+// bits on every rank; each rank's own state goes to /ranks/<r> as it is
+// (mode full) or as its difference from the base (mode diff, by the codec).
 void Trainer::save_checkpoint(double loss) {
   if (last_saved_ == step_) return;
   last_saved_ = step_;
-  // Every rank holds the same parameters and moments: rank 0 writes its own.
-  if (rank_ != 0) return;
+  ExecSpace().fence();
+  RankState mine;
+  mine.params = to_host(model_->params());
+  mine.adam_m = to_host(optimizer_->m());
+  mine.adam_v = to_host(optimizer_->v());
+  mine.sampler_batches = loader_->position();
+  if (compressed_) {
+    mine.extra["compress.residual"] = to_host(compressed_->residual());
+    if (compressed_->momentum().extent(0) > 0) mine.extra["compress.momentum"] = to_host(compressed_->momentum());
+  }
   CheckpointData data;
-  data.params = to_host(model_->params());
-  data.adam_m = to_host(optimizer_->m());
-  data.adam_v = to_host(optimizer_->v());
+  data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
+  const bool may_differ = cfg_.sync.kind == "local" || !topology_->is_full() ||
+                          (cfg_.compress.kind == "topk" && cfg_.compress.target == "update");
+  if (may_differ && world_ > 1)
+    for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) {
+      // Reduce to rank 0 and broadcast its bits: every rank encodes against the same base.
+      MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : v->data(), v->data(), int(v->size()), MPI_FLOAT, MPI_SUM, 0, comm_);
+      if (rank_ == 0)
+        for (auto& x : *v) x /= float(world_);
+      MPI_Bcast(v->data(), int(v->size()), MPI_FLOAT, 0, comm_);
+    }
   for (auto& [prefix, ffn] : model_->moe_layers()) data.buffers[prefix + "ffn.gate_bias"] = to_host(ffn->bias());
+  if (anchor_.extent(0) > 0) {  // sync local with an outer optimizer (per cluster under topology clusters)
+    mine.extra["outer.anchor"] = to_host(anchor_);
+    mine.extra["outer.momentum"] = to_host(momentum_);
+  } else if (initial_params_.extent(0) > 0) {
+    mine.extra["outer.initial"] = to_host(initial_params_);
+  }
   data.state.step = step_;
   data.state.sampler_batches = loader_->position();
   data.state.chaos_seed = chaos_seed_;
@@ -666,8 +731,18 @@ void Trainer::save_checkpoint(double loss) {
   if (scaler_) data.series["loss_scale"] = scaler_->state();
   if (lossagg_) data.series[LossAggregator::kLogVarSeries] = lossagg_->log_var();
   data.deck = program_.deck_text;
-  const std::string path = write_checkpoint((fs::path(cfg_.output.dir) / "ckpt").string(), model_->layout(), data);
-  log_->console(fmt::format("checkpoint {}", path));
+  CheckpointFormat format;
+  format.mode = cfg_.checkpoint.mode;
+  format.codec.kind = *kernels::ckpt_codec::codec_from_name(cfg_.checkpoint.codec);
+  format.codec.ratio = cfg_.checkpoint.ratio;
+  format.codec.block = cfg_.checkpoint.block;
+  const std::string dir = (fs::path(cfg_.output.dir) / "ckpt").string();
+  const double t0 = MPI_Wtime();
+  const std::string path = write_checkpoint(comm_, dir, model_->layout(), data, &mine, format);
+  if (rank_ == 0 && cfg_.checkpoint.keep > 0) prune_checkpoints(dir, cfg_.checkpoint.keep);
+  log_->console(fmt::format("checkpoint {} ({} {}, {:.1f} MB, {:.2f} s)", path, format.mode,
+                            format.mode == "diff" ? cfg_.checkpoint.codec : "copies", fs::file_size(path) / 1e6,
+                            MPI_Wtime() - t0));
 }
 
 // ---------------------------------------------------------------------------
@@ -786,15 +861,11 @@ void Trainer::run() {
       }
       if (!record.empty()) log_->metrics(record);
       if (const auto next = schedule_of(step_ + 1); next && next->is_restart(step_ + 1)) warm_restart(*next, val);
-      // Under sync local the ranks agree only right after a sync: a checkpoint
-      // (rank 0's copy) waits for one, and every phase ends with one.
-      checkpoint_due_ |= (cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
-                         (cfg_.checkpoint.at_end && step_ == phase_end);
-      const bool consensus = topology_->is_full() && (cfg_.sync.kind != "local" || step_ % cfg_.sync.every == 0);
-      if (checkpoint_due_ && (consensus || step_ == phase_end)) {
+      // Every rank's own state is in the checkpoint, so it need not wait
+      // for the ranks to agree (sync local, clusters, ring).
+      if ((cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
+          (cfg_.checkpoint.at_end && step_ == phase_end))
         save_checkpoint(loss);
-        checkpoint_due_ = false;
-      }
     }
   }
   const double tok_s = steps_here ? tokens_here / train_seconds : 0;

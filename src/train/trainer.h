@@ -97,7 +97,8 @@ class Trainer {
   double last_norm_ = 0, last_lr_ = 0;
   LossParts last_loss_;
   std::vector<double> expert_load_;  // tokens per routed expert, summed over MoE layers and ranks
-  std::map<std::string, int64_t> model_buffers() ;
+  std::map<std::string, int64_t> model_buffers();  // the base's state buffers a checkpoint must hold
+  std::map<std::string, int64_t> rank_buffers();   // each rank's own buffers in /ranks/<r>
   void balance_experts();
   void average_parameters(bool global);  // sync local every K steps (in the group), or globally at a phase end
   CommStats step_comm_;                 // this step's communication, all kinds
@@ -105,7 +106,6 @@ class Trainer {
   Buffer<float> anchor_, momentum_, mean_;  // sync local: parameters at the last sync, outer momentum, scratch
   Buffer<float> initial_params_;        // sync local with an outer optimizer: the first anchor
   int64_t start_batch_ = 0;            // loader position to resume from
-  bool checkpoint_due_ = false;        // sync local: a checkpoint waits for the next sync
   std::vector<double> losses_;
   // sgdr warm restarts (train/schedule.h): each restart's record, and under
   // restart_from best the best validation point of the current cycle.
