@@ -197,8 +197,9 @@ class Writer {
   // Dataset `name` in `group` of `type` and shape `dims`, chunked, fletcher32,
   // optionally shuffle + deflate; data from `owner` (nullptr elsewhere);
   // attribute crc32c = the checksum of the bytes, which every rank passes.
+  // `offset` >= 0: the tensor's offset in the flat buffer, as attribute `offset`.
   void dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
-               const void* data, uint32_t crc, bool deflate = false) {
+               const void* data, uint32_t crc, bool deflate = false, int64_t offset = -1) {
     H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
     H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     hsize_t total = 1;
@@ -222,6 +223,7 @@ class Writer {
     // The owner's checksum: attributes are collective, and only the owner's bytes were written.
     MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
     write_attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
+    if (offset >= 0) write_attr(ds, "offset", H5T_NATIVE_INT64, offset);
   }
 
  private:
@@ -354,7 +356,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
       for (const auto& t : layout.tensors()) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
-        w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc);
+        w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
       }
     };
     {
