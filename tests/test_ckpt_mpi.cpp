@@ -133,3 +133,85 @@ TEST_CASE("diff codecs: lossless is exact, int8 and topk stay within their bound
   REQUIRE(size("int8") < size("lossless"));
   REQUIRE(size("topk") < size("int8"));
 }
+
+TEST_CASE("resume on half and on twice the ranks: merged ranks average, new ranks start from the base", "[mpi][ckpt]") {
+  const int W = mpi_size();
+  if (W < 2) return;  // needs two world sizes (runs at 2 and 4 ranks)
+  const int half = W / 2;
+  const auto dir = shared_scratch("ckpt_world");
+  const auto corpus = make_corpus(dir);
+  MPI_Comm small;
+  MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() < half ? 0 : MPI_UNDEFINED, mpi_rank(), &small);
+  // sync local 4, a checkpoint after step 2 of 3: the ranks disagree in it.
+  const std::string extra = "sync local 4\ncheckpoint every 2 at_end no mode diff codec lossless\n";
+  RunOptions quiet;
+  quiet.quiet = true;
+  auto train = [&](MPI_Comm comm, const std::string& name) {
+    Trainer t(comm, make_program(dir, name, small_deck(corpus, dir + "/" + name, 3, extra)), quiet);
+    t.run();
+    return ckpt(dir + "/" + name, 2);
+  };
+  // Rank r' of the new world must hold the mean of the old ranks that map to it.
+  auto expect_params = [&](Trainer& t, const std::string& file, int old_world, const std::vector<int>& sources) {
+    const auto& layout = t.model().layout();
+    const auto base = read_checkpoint(file, layout);
+    std::vector<double> sum(layout.total(), 0.0);
+    for (int r : sources) {
+      const auto s = read_rank_state(file, layout, base, r);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += s.params[i];
+    }
+    auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.model().params());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < sum.size(); ++i) wrong += got(i) != float(sum[i] / double(sources.size()));
+    REQUIRE(wrong == 0);
+    (void)old_world;
+  };
+  const std::vector<double> no_losses;
+
+  // (decks are made by every rank together: make_program synchronises the world)
+  SECTION("W ranks, resumed on W/2") {
+    const std::string file = train(MPI_COMM_WORLD, "big");
+    const auto program = make_program(dir, "big_on_half", small_deck(corpus, dir + "/big", 3, extra));
+    if (small != MPI_COMM_NULL) {
+      quiet.resume = file;
+      Trainer t(small, program, quiet);
+      const int r = mpi_rank();
+      std::vector<int> sources;
+      for (int old = 0; old < W; ++old)
+        if (old * half / W == r) sources.push_back(old);
+      REQUIRE(sources.size() == size_t(W / half));
+      expect_params(t, file, W, sources);
+      // 2 batches of 4 windows on each of W ranks are done: the epoch goes on at 8 W.
+      REQUIRE(t.data_start() == Continuation{0, 2 * 4 * W});
+      t.run();
+      REQUIRE(t.losses().size() == 1);
+      REQUIRE(std::isfinite(t.losses()[0]));
+    }
+  }
+  SECTION("W/2 ranks, resumed on W") {
+    std::string file;
+    const auto program = make_program(dir, "small", small_deck(corpus, dir + "/small", 3, extra));
+    if (small != MPI_COMM_NULL) {
+      Trainer first(small, program, quiet);
+      first.run();
+      file = ckpt(dir + "/small", 2);
+    }
+    int n = int(file.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    file.resize(n);
+    MPI_Bcast(file.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    quiet.resume = file;
+    Trainer t(MPI_COMM_WORLD, make_program(dir, "small_on_all", small_deck(corpus, dir + "/small", 3, extra)), quiet);
+    const int r = mpi_rank();
+    std::vector<int> sources;
+    for (int old = 0; old < half; ++old)
+      if (old * W / half == r) sources.push_back(old);
+    if (sources.empty())  // a new rank: the mean of all old ranks
+      for (int old = 0; old < half; ++old) sources.push_back(old);
+    expect_params(t, file, half, sources);
+    REQUIRE(t.data_start() == Continuation{0, 2 * 4 * half});
+    t.run();
+    REQUIRE(t.losses().size() == 1);
+  }
+  if (small != MPI_COMM_NULL) MPI_Comm_free(&small);
+}

@@ -633,3 +633,45 @@ TEST_CASE("deck: data shuffle, chaos_seed, common and common_rate", "[data]") {
   CHECK_THAT(error("data bytes x.txt chaos_seed -3"), Catch::Contains("'chaos_seed'"));
   CHECK_THAT(error("data bytes x.txt chaos_seed 5"), Catch::Contains("d.deck:3") && Catch::Contains("shuffle fixed"));
 }
+
+TEST_CASE("sampler: another world size continues the epoch without skipping or repeating a window", "[data]") {
+  const int64_t N = 103;
+  for (const auto& [shuffle, seed] : {std::pair{Shuffle::fixed, uint64_t(7)}, {Shuffle::chaos, uint64_t(99)}})
+    for (auto [w_old, w_new, k] : {std::tuple{4, 2, 10}, {2, 4, 13}, {4, 3, 25}, {3, 5, 0}}) {
+      INFO(shuffle_name(shuffle) << ": " << w_old << " ranks for " << k << " samples, then " << w_new);
+      SamplerOptions o;
+      o.shuffle = shuffle, o.seed = seed;
+      std::multiset<int64_t> seen;
+      Continuation next;
+      for (int r = 0; r < w_old; ++r) {
+        DistributedSampler old(N, w_old, r, o);
+        for (int64_t i = 0; i < k; ++i) seen.insert(old.window(i));
+        next = old.after(k);  // the same on every rank
+      }
+      REQUIRE(next.epoch == 0);
+      REQUIRE(next.position == std::min<int64_t>(N, k * w_old));
+      o.start = next;
+      const int64_t left = (N - next.position + w_new - 1) / w_new;
+      for (int r = 0; r < w_new; ++r) {
+        DistributedSampler now(N, w_new, r, o);
+        for (int64_t i = 0; i < left; ++i) seen.insert(now.window(i));
+        // then the plain rule: epoch 1, position r
+        DistributedSampler fresh(N, w_new, r, [&] { auto f = o; f.start = {}; return f; }());
+        REQUIRE(now.window(left) == fresh.window(fresh.per_rank_per_epoch()));
+        REQUIRE(now.after(left) == Continuation{1, 0});
+      }
+      // Every window once, plus at most w_new - 1 padding repeats at the end.
+      std::set<int64_t> distinct(seen.begin(), seen.end());
+      REQUIRE(int64_t(distinct.size()) == N);
+      REQUIRE(int64_t(seen.size()) - N < w_new);
+    }
+  // A fresh start is the continuation {0, 0}: the same stream as before.
+  DistributedSampler plain(N, 3, 1, uint64_t(5));
+  SamplerOptions o;
+  o.seed = 5;
+  DistributedSampler continued(N, 3, 1, o);
+  for (int64_t i = 0; i < 200; ++i) REQUIRE(plain.window(i) == continued.window(i));
+  // independent streams cannot be continued by another world.
+  o.shuffle = Shuffle::independent, o.start = {0, 10};
+  REQUIRE_THROWS_AS(DistributedSampler(N, 3, 1, o), std::invalid_argument);
+}

@@ -109,6 +109,32 @@ DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, con
     rate_q32_ = uint64_t(std::llround(std::ldexp(options.common_rate, 32)));
   }
   per_rank_ = options.shuffle == Shuffle::independent ? shard_count_ : (shard_count_ + world - 1) / world;
+  const auto& c = options.start;
+  if (c.epoch < 0 || c.position < 0 || c.position >= shard_count_ ||
+      (!(c == Continuation{}) && options.shuffle == Shuffle::independent))
+    throw std::invalid_argument("DistributedSampler: continue epoch " + std::to_string(c.epoch) + " at position " +
+                                std::to_string(c.position) + " (expected a position in [0, " +
+                                std::to_string(shard_count_) + ") under shuffle fixed or chaos)");
+  first_epoch_left_ = (shard_count_ - c.position + world - 1) / world;
+}
+
+// The epoch and position of shard sample s of this rank: first the rest of
+// the continued epoch, then whole epochs.
+std::pair<int64_t, int64_t> DistributedSampler::epoch_position(int64_t s) const {
+  const auto& c = options_.start;
+  if (s < first_epoch_left_) return {c.epoch, c.position + rank_ + s * world_};
+  const int64_t t = s - first_epoch_left_;
+  return {c.epoch + 1 + t / per_rank_, rank_ + (t % per_rank_) * world_};
+}
+
+Continuation DistributedSampler::after(int64_t k) const {
+  const int64_t s = k - pool_draws_before(k);
+  const auto& c = options_.start;
+  Continuation out = s < first_epoch_left_ ? Continuation{c.epoch, c.position + s * world_}
+                                           : Continuation{c.epoch + 1 + (s - first_epoch_left_) / per_rank_,
+                                                          ((s - first_epoch_left_) % per_rank_) * world_};
+  if (out.position >= shard_count_) out = {out.epoch + 1, 0};  // only the padding was left
+  return out;
 }
 
 int64_t DistributedSampler::pool_draws_before(int64_t k) const {
@@ -116,7 +142,8 @@ int64_t DistributedSampler::pool_draws_before(int64_t k) const {
 }
 
 int64_t DistributedSampler::shard_window(int64_t s) {
-  const int64_t e = s / per_rank_;
+  const bool independent = options_.shuffle == Shuffle::independent;
+  const auto [e, position] = independent ? std::pair{s / per_rank_, s % per_rank_} : epoch_position(s);
   if (e != cached_epoch_) {
     // fixed and chaos: one permutation per epoch shared by all ranks;
     // independent: this rank's own, from a seed that mixes in the rank.
@@ -128,8 +155,7 @@ int64_t DistributedSampler::shard_window(int64_t s) {
   }
   // independent: the whole permutation in order. Otherwise the position in the
   // padded permutation; past the end it wraps to the start.
-  const int64_t pos = options_.shuffle == Shuffle::independent ? s % per_rank_ : rank_ + (s % per_rank_) * world_;
-  const int64_t index = perm_[pos % shard_count_];
+  const int64_t index = perm_[position % shard_count_];
   return shard_.empty() ? index : shard_[index];
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xx {
@@ -25,11 +26,22 @@ enum class Shuffle { fixed, chaos, independent };
 Shuffle parse_shuffle(const std::string& word);  // "fixed", "chaos", "independent"; throws std::invalid_argument
 const char* shuffle_name(Shuffle s);
 
+// Where this world's streams pick up an epoch that another world size began
+// (a resume on a different number of ranks): positions [0, position) of
+// epoch `epoch`'s permutation are done; rank r's first shard samples take
+// positions position + r, position + r + W, ... to the epoch's end, and the
+// next epochs follow the plain rule. {0, 0} is a fresh start.
+struct Continuation {
+  int64_t epoch = 0, position = 0;
+  bool operator==(const Continuation&) const = default;
+};
+
 struct SamplerOptions {
   Shuffle shuffle = Shuffle::fixed;
   uint64_t seed = 0;         // fixed: the run seed; chaos, independent: the chaos seed
   double common = 0.0;       // fraction of the windows in the common pool (0: none)
   double common_rate = 0.0;  // fraction of each rank's samples drawn from the pool
+  Continuation start;        // fixed and chaos only: a resume at another world size
 };
 
 // One sample of a rank's stream.
@@ -59,9 +71,13 @@ class DistributedSampler {
   int64_t pool_draws_before(int64_t k) const;
   // Epoch of the shard stream at sample k.
   int64_t epoch(int64_t k) const { return (k - pool_draws_before(k)) / per_rank_; }
+  // fixed, chaos: where the epoch stands once every rank has taken k samples
+  // (what another world size continues from).
+  Continuation after(int64_t k) const;
 
  private:
   int64_t shard_window(int64_t s);  // s-th shard sample
+  std::pair<int64_t, int64_t> epoch_position(int64_t s) const;  // fixed, chaos: (epoch, position) of shard sample s
   int64_t pool_slot(int64_t j);     // j-th pool sample
 
   int64_t windows_, per_rank_ = 0;
@@ -71,6 +87,7 @@ class DistributedSampler {
   std::vector<int64_t> pool_;   // pool windows, ascending
   std::vector<int64_t> shard_;  // windows outside the pool, ascending (empty: all N, no pool)
   int64_t shard_count_ = 0;     // M
+  int64_t first_epoch_left_ = 0;  // shard samples per rank left in the continued epoch
   int64_t cached_epoch_ = -1, cached_cycle_ = -1;
   std::vector<int64_t> perm_;       // shard permutation of the cached epoch
   std::vector<int64_t> pool_perm_;  // pool permutation of the cached cycle

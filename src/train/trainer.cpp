@@ -222,11 +222,13 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     }
   log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet);
   if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
+  if (!log_note_.empty()) log_->console(log_note_);
   // The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
   const std::string& data_where = program.phases.front().where;
   chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, data_where);
-  DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_,
-                                                sampler_options(cfg_.data, cfg_.seed, chaos_seed_), data_where);
+  SamplerOptions sampling = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
+  sampling.start = sampler_start_;  // a resume on another world size continues the epoch
+  DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, data_where);
   if (!sampler.pool_windows().empty())
     pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
   if (cfg_.data.shuffle != "fixed" || pool_) log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
@@ -275,18 +277,20 @@ std::string Trainer::resolve_resume(const std::string& resume) const {
 
 void Trainer::restore(const std::string& path) {
   CheckpointData data;
-  int per_rank = 0;
+  int per_rank = 0, old_world = world_;
   on_rank0_or_throw(comm_, rank_, [&] {
     data = read_checkpoint(path, model_->layout(), model_buffers());
-    if (data.state.world_size != world_)
-      input_error("{}: written by {} ranks, resumed on {} (expected the same world size)", path,
-                  data.state.world_size, world_);
+    old_world = data.state.world_size;
+    if (old_world != world_ && cfg_.data.shuffle == "independent")
+      input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
+                  "expected {} ranks)", path, old_world, world_, old_world);
     // Every rank's state is checked before any rank takes its own: no partial restore.
     per_rank = has_rank_state(path);
     if (per_rank)
-      for (int r = 0; r < world_; ++r) read_rank_state(path, model_->layout(), data, r, rank_buffers());
+      for (int r = 0; r < old_world; ++r) read_rank_state(path, model_->layout(), data, r, rank_buffers());
   });
   MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
+  MPI_Bcast(&old_world, 1, MPI_INT, 0, comm_);
   // Rank 0 read and checked the file; every rank gets all of it.
   const int64_t total = model_->layout().total();
   if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
@@ -300,7 +304,7 @@ void Trainer::restore(const std::string& path) {
   bcast_map(data.series, MPI_DOUBLE, comm_);
   RankState mine;
   if (per_rank) {  // this rank's own tensors, residuals, outer optimizer and data position
-    mine = read_rank_state(path, model_->layout(), data, rank_, rank_buffers());
+    mine = merged_rank_state(path, data, old_world);
     data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
     if (compressed_) {
@@ -325,8 +329,20 @@ void Trainer::restore(const std::string& path) {
   from_host(optimizer_->m(), data.adam_m);
   from_host(optimizer_->v(), data.adam_v);
   for (auto& [prefix, ffn] : model_->moe_layers()) from_host(ffn->bias(), data.buffers[prefix + "ffn.gate_bias"]);
-  start_batch_ = data.state.sampler_batches;
   chaos_seed_ = data.state.chaos_seed;  // the constructor checks it against the deck
+  // The data stream: the same world continues its own counter; another world
+  // continues the epoch where the old ranks left it, counting from zero.
+  const auto& start = data.series["data_start"];
+  sampler_start_ = start.size() == 2 ? Continuation{int64_t(start[0]), int64_t(start[1])} : Continuation{};
+  start_batch_ = data.state.sampler_batches;
+  if (old_world != world_) {
+    SamplerOptions old = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
+    old.start = sampler_start_;
+    sampler_start_ = DistributedSampler(split_.train_windows, old_world, 0, old).after(start_batch_ * cfg_.data.batch);
+    start_batch_ = 0;
+    log_note_ = fmt::format("resumed {} ranks on {}: epoch {} continues at position {} of {}", old_world, world_,
+                            sampler_start_.epoch, sampler_start_.position, split_.train_windows);
+  }
   step_ = last_saved_ = data.state.step;
   // AdamW's own count (bias correction) lags the step after skipped steps and
   // restart_from best; checkpoints from before it lack it.
@@ -351,6 +367,35 @@ void Trainer::restore(const std::string& path) {
     for (auto& [prefix, ffn] : model_->moe_layers())
       best_.gate_bias[prefix] = data.buffers["restart_best." + prefix + "ffn.gate_bias"];
   }
+}
+
+// This rank's state from a checkpoint of `old_world` ranks: its own at the
+// same world size; otherwise the average of the old ranks r with
+// floor(r * W / old_world) == rank (ranks merge), or of all of them when none
+// maps here (a new rank starts from the base).
+RankState Trainer::merged_rank_state(const std::string& path, const CheckpointData& base, int old_world) {
+  std::vector<int> sources;
+  for (int r = 0; r < old_world; ++r)
+    if (int64_t(r) * world_ / old_world == rank_) sources.push_back(r);
+  if (sources.empty())
+    for (int r = 0; r < old_world; ++r) sources.push_back(r);
+  RankState out = read_rank_state(path, model_->layout(), base, sources[0], rank_buffers());
+  if (sources.size() == 1) return out;
+  auto average = [&](std::vector<float>& into, auto get) {
+    std::vector<double> sum(into.begin(), into.end());
+    for (size_t i = 1; i < sources.size(); ++i) {
+      RankState other = read_rank_state(path, model_->layout(), base, sources[i], rank_buffers());
+      const std::vector<float>& v = get(other);
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
+    }
+    for (size_t j = 0; j < sum.size(); ++j) into[j] = float(sum[j] / double(sources.size()));
+  };
+  average(out.params, [](RankState& s) -> std::vector<float>& { return s.params; });
+  average(out.adam_m, [](RankState& s) -> std::vector<float>& { return s.adam_m; });
+  average(out.adam_v, [](RankState& s) -> std::vector<float>& { return s.adam_v; });
+  for (auto& [name, values] : out.extra)
+    average(values, [name = name](RankState& s) -> std::vector<float>& { return s.extra.at(name); });
+  return out;
 }
 
 // Per-rank buffers in /ranks/<r> besides the tensors: what this deck needs.
@@ -718,6 +763,7 @@ void Trainer::save_checkpoint(double loss) {
   data.state.world_size = world_;
   data.state.last_loss = loss;
   data.series["adam_steps"] = {double(optimizer_->steps_taken())};
+  data.series["data_start"] = {double(sampler_start_.epoch), double(sampler_start_.position)};
   for (const auto& r : restarts_)
     data.series["lr_restarts"].insert(data.series["lr_restarts"].end(),
                                       {double(r.step), r.lr, r.val_loss, double(r.cycle), double(r.restored_from)});

@@ -53,6 +53,7 @@ class Trainer {
   const CommStats& last_comm() const { return step_comm_; }  // communication of the last step
   double consensus_distance() const { return consensus_; }   // at the last sync local, -1 before
   const CompressedSync* compressed() const { return compressed_.get(); }  // null without compress topk
+  Continuation data_start() const { return sampler_start_; }  // where this world's data streams began
   const LossScaler* loss_scaler() const { return scaler_.get(); }         // null under precision fp32
   const LossAggregator* lossagg() const { return lossagg_.get(); }       // null when no phase sets lossagg
   // Testing hook (kept out of the deck): rank `rank` trains on random tokens
@@ -99,6 +100,9 @@ class Trainer {
   std::vector<double> expert_load_;  // tokens per routed expert, summed over MoE layers and ranks
   std::map<std::string, int64_t> model_buffers();  // the base's state buffers a checkpoint must hold
   std::map<std::string, int64_t> rank_buffers();   // each rank's own buffers in /ranks/<r>
+  RankState merged_rank_state(const std::string& path, const CheckpointData& base, int old_world);
+  Continuation sampler_start_;  // where this world's data streams begin (another world size left an epoch)
+  std::string log_note_;        // said once the log exists
   void balance_experts();
   void average_parameters(bool global);  // sync local every K steps (in the group), or globally at a phase end
   CommStats step_comm_;                 // this step's communication, all kinds
