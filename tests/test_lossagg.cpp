@@ -7,12 +7,12 @@
 #include "deck/deck.h"
 #include "kernels/lossagg.h"
 #include "model/transformer.h"
+#include "model_fixture.h"
 #include "temp_dir.h"
 
 using namespace xx;
 namespace k = xx::kernels;
 
-ModelConfig architecture(const std::string& name);  // tests/test_model.cpp
 
 namespace {
 
@@ -181,11 +181,8 @@ TEST_CASE("LossWeights scale each loss's seed apart: main, MTP and aux", "[lossa
   Transformer<float> model(cfg, B);
   model.init(11);
   const int64_t N = int64_t(B) * cfg.seq;
-  Kokkos::View<int32_t*, MemSpace> in("in", N), tgt("tgt", N);
-  auto hi = Kokkos::create_mirror_view(in), ht = Kokkos::create_mirror_view(tgt);
-  for (int64_t i = 0; i < N; ++i) hi(i) = int32_t((i * 7 + 3) % cfg.vocab), ht(i) = int32_t((i * 5 + 1) % cfg.vocab);
-  Kokkos::deep_copy(in, hi);
-  Kokkos::deep_copy(tgt, ht);
+  const auto in = test::pattern_tokens(N, cfg.vocab, 7, 3);
+  const auto tgt = test::pattern_tokens(N, cfg.vocab, 5, 1);
   auto grads_with = [&](const LossWeights* w) {
     if (w) model.set_loss_weights(*w);
     model.zero_grads();

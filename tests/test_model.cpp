@@ -1,6 +1,7 @@
 // The whole model's gradient against central finite differences, in double,
 // on a tiny configuration; and the properties the trainer relies on.
 #include "fd.h"
+#include "model_fixture.h"
 #include "model/transformer.h"
 #include "deck/deck.h"
 #include "model/estimate.h"

@@ -16,12 +16,12 @@
 #include "model/transformer.h"
 #include "train/loss_scale.h"
 #include "train/optimizer.h"
+#include "model_fixture.h"
 #include "temp_dir.h"
 
 using namespace xx;
 namespace k = xx::kernels;
 
-ModelConfig architecture(const std::string& name);  // tests/test_model.cpp
 
 namespace {
 
@@ -298,11 +298,8 @@ TEST_CASE("a power-of-two loss scale multiplies every gradient exactly (main, MT
     Transformer<float> model(cfg, B);
     model.init(7);
     const int64_t N = int64_t(B) * cfg.seq;
-    Kokkos::View<int32_t*, MemSpace> in("in", N), tgt("tgt", N);
-    auto hi = Kokkos::create_mirror_view(in), ht = Kokkos::create_mirror_view(tgt);
-    for (int64_t i = 0; i < N; ++i) hi(i) = int32_t((i * 5 + 1) % cfg.vocab), ht(i) = int32_t((i * 3 + 2) % cfg.vocab);
-    Kokkos::deep_copy(in, hi);
-    Kokkos::deep_copy(tgt, ht);
+    const auto in = test::pattern_tokens(N, cfg.vocab, 5, 1);
+    const auto tgt = test::pattern_tokens(N, cfg.vocab, 3, 2);
     auto grads_at = [&](double scale) {
       model.set_loss_scale(scale);
       model.zero_grads();
@@ -326,11 +323,8 @@ TEST_CASE("rounding the residual stream and logits moves the loss by about the t
   const ModelConfig cfg = architecture("dense");
   const int B = 2;
   const int64_t N = int64_t(B) * cfg.seq;
-  Kokkos::View<int32_t*, MemSpace> in("in", N), tgt("tgt", N);
-  auto hi = Kokkos::create_mirror_view(in), ht = Kokkos::create_mirror_view(tgt);
-  for (int64_t i = 0; i < N; ++i) hi(i) = int32_t((i * 5 + 1) % cfg.vocab), ht(i) = int32_t((i * 3 + 2) % cfg.vocab);
-  Kokkos::deep_copy(in, hi);
-  Kokkos::deep_copy(tgt, ht);
+  const auto in = test::pattern_tokens(N, cfg.vocab, 5, 1);
+  const auto tgt = test::pattern_tokens(N, cfg.vocab, 3, 2);
   Transformer<float> ref(cfg, B);
   ref.init(7);
   const double loss32 = ref.forward(in, tgt).main;

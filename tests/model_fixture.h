@@ -1,0 +1,23 @@
+// What the model-level unit tests share: the tiny architectures of the
+// finite-difference checks (defined in tests/test_model.cpp) and token
+// batches of a fixed arithmetic pattern.
+#pragma once
+#include <string>
+#include "config.h"
+#include "core/views.h"
+
+// "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp"
+xx::ModelConfig architecture(const std::string& name);
+
+namespace xx::test {
+
+// n tokens, token i = (mul * i + add) mod vocab.
+inline Kokkos::View<int32_t*, MemSpace> pattern_tokens(int64_t n, int vocab, int mul, int add) {
+  Kokkos::View<int32_t*, MemSpace> t("test::tokens", n);
+  auto h = Kokkos::create_mirror_view(t);
+  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * mul + add) % vocab);
+  Kokkos::deep_copy(t, h);
+  return t;
+}
+
+}  // namespace xx::test
