@@ -78,6 +78,20 @@ bad_resume "1 2" "$CK: tensor '$tensor" "cannot be read" "(checksum mismatch or 
 bad_resume "1 2" "$CK: tensor '$tensor" "(checksum mismatch or corrupt data)" -- -in "$DECK" -resume auto
 restore_newest
 
+# (a2) data that passes fletcher32 but not its crc32c: the attribute of
+# /model/head changed (h5py), and a missing rank of the per-rank state.
+if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
+  begin "crc32c mismatch in the newest checkpoint, -resume PATH"
+  /usr/bin/python3 -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); a = f['model/head'].attrs; a['crc32c'] = a['crc32c'] ^ 1" "$CK"
+  bad_resume "1 2" "$CK: dataset '/model/head' fails its checksum" "expected" -- -in "$DECK" -resume "$CK"
+  restore_newest
+
+  begin "per-rank state of rank 0 missing, -resume PATH"
+  /usr/bin/python3 -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); del f['ranks/0']" "$CK"
+  bad_resume "1 2" "$CK: group '/ranks/0' is missing" "(expected the state of rank 0)" -- -in "$DECK" -resume "$CK"
+  restore_newest
+fi
+
 # ----------------------------------------------------------------------------
 # (b) truncated files.
 begin "truncated checkpoint, -resume PATH"
