@@ -60,6 +60,31 @@ TEST_CASE("per-rank checkpoints resume bit for bit where ranks disagree", "[mpi]
   }
 }
 
+TEST_CASE("one deck with every per-rank state: local SGD in clusters, then compression, diff checkpoints",
+          "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_phases");
+  const auto corpus = make_corpus(dir);
+  // Phase 1 (steps 1-5): sync local 3 with an outer Nesterov step in redrawn
+  // clusters; phase 2 (6-10): dense with top-k compression and error
+  // feedback. Diff checkpoints every 3 steps land inside both phases.
+  const std::string extra =
+      "checkpoint every 3 mode diff codec lossless\n"
+      "sync local 3 outer nesterov lr 0.7 momentum 0.5\ntopology clusters 2 redraw 2\nrun 5\n"
+      "sync dense\ntopology full\ncompress topk 0.05 quant int8 feedback on\n";
+  const auto program = make_program(dir, "deck", small_deck(corpus, dir + "/run", 5, extra));
+  const auto full = run(program);
+  REQUIRE(full.losses.size() == 10);
+  // Phase 1 ends in consensus, moments included, so the dense phase keeps every rank equal.
+  REQUIRE(all_equal(full.fingerprints));
+  for (int at : {3, 6, 9}) {
+    INFO("resumed from step " << at);
+    const auto resumed = run(program, ckpt(dir + "/run", at));
+    REQUIRE(resumed.losses.size() == size_t(10 - at));
+    for (int i = 0; i < 10 - at; ++i) REQUIRE(resumed.losses[i] == full.losses[at + i]);
+    REQUIRE(resumed.fingerprints == full.fingerprints);
+  }
+}
+
 TEST_CASE("diff codecs: lossless is exact, int8 and topk stay within their bounds and take fewer bytes",
           "[mpi][ckpt]") {
   const auto dir = shared_scratch("ckpt_codecs");

@@ -622,12 +622,34 @@ void Trainer::average_parameters(bool global) {
   const double local_sq = kernels::squared_distance(Vec<const float>(params.data(), P), Vec<const float>(mean_.data(), P));
   consensus_ = std::sqrt(allreduce_sum(local_sq, comm_) / (double(world_) * double(P)));
   if (world_ > 1) step_comm_.rounds += 1, step_comm_.bytes_sent += int64_t(sizeof(double));
-  if (cfg_.sync.kind != "local" || cfg_.sync.outer == "average") {
+  if (global) {
+    // The phase-end consensus: every rank takes the global mean. Outer steps
+    // were taken per group, so the anchors (and outer momenta) are made one
+    // too: a later local phase starts its outer loop from the consensus.
+    Kokkos::deep_copy(params, mean_);
+    if (anchor_.extent(0) > 0) {
+      Kokkos::deep_copy(anchor_, mean_);
+      if (world_ > 1) comm_ops_->dense().execute(momentum_.data(), P, comm_, step_comm_);
+      kernels::scale_inplace<float>(Vec<float>(momentum_.data(), P), 1.0f / float(world_));
+    }
+  } else if (cfg_.sync.kind != "local" || cfg_.sync.outer == "average") {
     Kokkos::deep_copy(params, mean_);
   } else {
     kernels::outer_step(Vec<float>(params.data(), P), Vec<float>(anchor_.data(), P), Vec<float>(momentum_.data(), P),
                         Vec<const float>(mean_.data(), P), float(cfg_.sync.outer_lr), float(cfg_.sync.momentum),
                         cfg_.sync.outer == "nesterov");
+  }
+  ExecSpace().fence();
+}
+
+// Every rank's AdamW moments become their mean over all ranks.
+void Trainer::average_moments() {
+  if (world_ == 1) return;
+  ExecSpace().fence();
+  for (auto* b : {&optimizer_->m(), &optimizer_->v()}) {
+    const int64_t n = b->extent(0);
+    comm_ops_->dense().execute(b->data(), n, comm_, step_comm_);
+    kernels::scale_inplace<float>(Vec<float>(b->data(), n), 1.0f / float(world_));
   }
   ExecSpace().fence();
 }
@@ -740,12 +762,16 @@ void Trainer::save_checkpoint(double loss) {
   data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
   const bool may_differ = cfg_.sync.kind == "local" || !topology_->is_full() ||
                           (cfg_.compress.kind == "topk" && cfg_.compress.target == "update");
-  if (may_differ && world_ > 1)
+  // Every rank encodes its state against the same base bits: the ranks'
+  // average where they are expected to differ, else rank 0's own (equal to
+  // every rank's unless an earlier phase left, say, different moments).
+  if (world_ > 1)
     for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) {
-      // Reduce to rank 0 and broadcast its bits: every rank encodes against the same base.
-      MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : v->data(), v->data(), int(v->size()), MPI_FLOAT, MPI_SUM, 0, comm_);
-      if (rank_ == 0)
-        for (auto& x : *v) x /= float(world_);
+      if (may_differ) {
+        MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : v->data(), v->data(), int(v->size()), MPI_FLOAT, MPI_SUM, 0, comm_);
+        if (rank_ == 0)
+          for (auto& x : *v) x /= float(world_);
+      }
       MPI_Bcast(v->data(), int(v->size()), MPI_FLOAT, 0, comm_);
     }
   for (auto& [prefix, ffn] : model_->moe_layers()) data.buffers[prefix + "ffn.gate_bias"] = to_host(ffn->bias());
@@ -827,6 +853,10 @@ void Trainer::run() {
       if (step_ == phase_end) {
         if (cfg_.sync.kind == "local" && step_ % cfg_.sync.every != 0) average_parameters(false);
         if (!topology_->is_full()) average_parameters(true);
+        // Each rank stepped its own AdamW (local) or its group's (clusters,
+        // ring): the moments are averaged too, or a dense phase after this one
+        // would move equal weights apart.
+        if (cfg_.sync.kind == "local" || !topology_->is_full()) average_moments();
       }
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;

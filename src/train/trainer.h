@@ -105,6 +105,7 @@ class Trainer {
   std::string log_note_;        // said once the log exists
   void balance_experts();
   void average_parameters(bool global);  // sync local every K steps (in the group), or globally at a phase end
+  void average_moments();                // AdamW's moments over all ranks, at the end of a phase that let them differ
   CommStats step_comm_;                 // this step's communication, all kinds
   double consensus_ = -1;              // RMS distance of the ranks' parameters from their mean at the last sync
   Buffer<float> anchor_, momentum_, mean_;  // sync local: parameters at the last sync, outer momentum, scratch
