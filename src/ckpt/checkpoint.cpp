@@ -131,27 +131,24 @@ std::vector<T> read_vector(hid_t group, const std::string& name, hid_t type, int
   return v;
 }
 
-// Every dataset directly under /train, by name.
-std::map<std::string, std::vector<double>> read_series(hid_t group, const std::string& path) {
-  std::map<std::string, std::vector<double>> out;
+// The datasets directly in `group` (not its subgroups), by name.
+std::vector<std::string> dataset_names(hid_t group, const std::string& where, const std::string& path) {
   H5G_info_t info;
-  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/train'", path);
+  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '{}'", path, where);
+  std::vector<std::string> out;
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     char name[256] = {0};
     if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
-    H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
-    if (ds < 0) continue;
-    H5 space(H5Dget_space(ds), H5Sclose);
-    if (H5Sget_simple_extent_ndims(space) != 1)
-      input_error("{}: dataset '/train/{}' is not one-dimensional (expected a vector of doubles)", path, name);
-    hsize_t n = 0;
-    H5Sget_simple_extent_dims(space, &n, nullptr);
-    auto& v = out[name];
-    v.resize(n);
-    if (n > 0 && H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-      input_error("{}: dataset '/train/{}' cannot be read (checksum mismatch or corrupt data)", path, name);
-    verify_crc(ds, v.data(), v.size() * sizeof(double), std::string("/train/") + name, path);
+    if (H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose); ds >= 0) out.push_back(name);
   }
+  return out;
+}
+
+// Every dataset directly under /train, by name.
+std::map<std::string, std::vector<double>> read_series(hid_t group, const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& name : dataset_names(group, "/train", path))
+    out[name] = read_vector<double>(group, name, H5T_NATIVE_DOUBLE, -1, "/train/" + name, path);
   return out;
 }
 
@@ -466,14 +463,9 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     // Optional buffers (the outer optimizer's anchor, ...): whatever else is there.
     if (H5Lexists(file, "buffers", H5P_DEFAULT) > 0) {
       H5 group(H5Gopen2(file, "buffers", H5P_DEFAULT), H5Gclose);
-      H5G_info_t info;
-      if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '/buffers'", path);
-      for (hsize_t i = 0; i < info.nlinks; ++i) {
-        char name[256] = {0};
-        if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
-        if (data.buffers.count(name)) continue;
-        data.buffers[name] = read_vector<float>(group, name, H5T_NATIVE_FLOAT, -1, std::string("/buffers/") + name, path);
-      }
+      for (const auto& name : dataset_names(group, "/buffers", path))
+        if (!data.buffers.count(name))
+          data.buffers[name] = read_vector<float>(group, name, H5T_NATIVE_FLOAT, -1, "/buffers/" + name, path);
     }
     H5 train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
     auto& s = data.state;
@@ -490,10 +482,10 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   return data;
 }
 
-std::string latest_checkpoint(const std::string& dir) {
-  quiet_hdf5();
-  if (!fs::is_directory(dir)) return "";
-  // Newest first by step number; the first whose `complete` attribute is set wins.
+namespace {
+
+// DIR's step_<N>.h5 files, newest (largest N) first.
+std::vector<std::string> step_files(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   const std::regex pattern("step_([0-9]+)\\.h5");
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -502,7 +494,18 @@ std::string latest_checkpoint(const std::string& dir) {
     if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1]), e.path().string());
   }
   std::sort(found.rbegin(), found.rend());
-  for (const auto& [step, path] : found) {
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& dir) {
+  quiet_hdf5();
+  if (!fs::is_directory(dir)) return "";
+  // Newest first by step number; the first whose `complete` attribute is set wins.
+  for (const auto& path : step_files(dir)) {
     if (H5Fis_hdf5(path.c_str()) <= 0) continue;
     H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (file < 0 || H5Aexists(file, "complete") <= 0) continue;
@@ -513,9 +516,6 @@ std::string latest_checkpoint(const std::string& dir) {
   return "";
 }
 
-}  // namespace xx
-
-namespace xx {
 
 bool has_rank_state(const std::string& path) {
   quiet_hdf5();
@@ -585,35 +585,19 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   for (const auto& [name, size] : extra)
     out.extra[name] = read_vector<float>(group, name, H5T_NATIVE_FLOAT, size, where + "/" + name, path);
   // Optional per-rank buffers (the outer optimizer's state): whatever else is there.
-  H5G_info_t info;
-  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '{}'", path, where);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    char name[256] = {0};
-    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
-    const std::string n = name;
-    if (out.extra.count(n) || n.starts_with("params") || n.starts_with("adam_m") || n.starts_with("adam_v")) continue;
-    out.extra[n] = read_vector<float>(group, n, H5T_NATIVE_FLOAT, -1, where + "/" + n, path);
-  }
+  for (const auto& n : dataset_names(group, where, path))
+    if (!out.extra.count(n) && !n.starts_with("params") && !n.starts_with("adam_m") && !n.starts_with("adam_v"))
+      out.extra[n] = read_vector<float>(group, n, H5T_NATIVE_FLOAT, -1, where + "/" + n, path);
   return out;
 }
 
-}  // namespace xx
-
-namespace xx {
 
 void prune_checkpoints(const std::string& dir, int64_t keep) {
-  std::vector<std::pair<int64_t, fs::path>> found;
-  const std::regex pattern("step_([0-9]+)\\.h5");
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1]), e.path());
-  }
-  std::sort(found.rbegin(), found.rend());
+  const std::vector<std::string> found = step_files(dir);
   std::string latest;
   if (std::ifstream in(fs::path(dir) / "latest"); in) std::getline(in, latest);
   for (size_t i = size_t(keep); i < found.size(); ++i)
-    if (found[i].second.filename() != latest) fs::remove(found[i].second);
+    if (fs::path(found[i]).filename() != latest) fs::remove(found[i]);
 }
 
 }  // namespace xx
