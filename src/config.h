@@ -148,10 +148,12 @@ struct CompressConfig {
   bool operator==(const CompressConfig&) const = default;
 };
 
-// output dir PATH [log_every N] [progress auto|on|off]
+// output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]
 struct OutputConfig {
   std::string dir = "runs/default";
   int64_t log_every = 10;
+  std::string progress = "auto";  // rank 0's live progress line: auto (when stdout is a terminal), on, off
+  bool tensorboard = true;        // RUN_DIR/tb/events.out.tfevents.* (docs/OBSERVABILITY.md)
 };
 
 // eval every N [batches K]
@@ -170,7 +172,36 @@ struct CheckpointConfig {
   std::string codec = "lossless";  // diff: lossless (XOR, bit-exact) | int8 (per-block scale) | topk (largest R)
   double ratio = 0.01;             // codec topk: R, the fraction kept
   int64_t block = 64;              // codec int8: values per scale
-  int64_t keep = 0;                // keep the newest K checkpoint files (0: all)
+  int64_t keep = 0;                // keep the newest K checkpoint files (0: all); never breaks a chain
+  int64_t base_every = 1;          // diff across time: a full base every M checkpoints, in between the change since it
+  bool async = false;              // snapshot at the step boundary, write from a background thread
+};
+
+// health every N [nan skip|stop] [max_skips K]
+// Every N steps one all-reduce of each rank's health (finite loss and
+// gradients, step counter, free memory); a failure stops every rank with one
+// message naming the ranks. A non-finite loss or gradient is checked every
+// step: `skip` drops the step on all ranks (at most K in a row), `stop` ends the job.
+struct HealthConfig {
+  int64_t every = 0;  // 0: no periodic health all-reduce (the NaN check still runs every step)
+  std::string nan = "stop";
+  int64_t max_skips = 10;
+};
+
+// timeout S: the watchdog's limit on one collective (seconds; 0: no watchdog).
+// preempt requeue on|off: after the signal checkpoint, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.
+struct ResilienceConfig {
+  double timeout = 600;
+  bool requeue = false;
+};
+
+// fault kill|hang|nan|signal rank R step S (tests only; docs/RESILIENCE.md):
+// at optimizer step S (1-based) rank R is SIGKILLed, hangs, puts a NaN in its
+// gradients, or sends itself SIGTERM.
+struct FaultConfig {
+  std::string kind = "off";
+  int rank = 0;
+  int64_t step = 0;
 };
 
 // grad_check missing warn|error|off
@@ -213,6 +244,9 @@ struct Config {
   GradCheckConfig grad_check;
   LossAggConfig lossagg;
   PrecisionConfig precision;
+  HealthConfig health;
+  ResilienceConfig resilience;
+  FaultConfig fault;
 };
 
 }  // namespace xx

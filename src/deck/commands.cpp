@@ -229,6 +229,14 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                                    s, suggest(s, {"dynamic"}));
                    }};
   };
+  // fault kill|hang|nan|signal rank R step S: the same keywords, all required.
+  auto fault_variant = [&](std::string kind) {
+    return Variant{std::move(kind),
+                   {},
+                   {integer("rank", &c.fault.rank, at_least(0)), integer("step", &c.fault.step, at_least(1))},
+                   {"rank", "step"},
+                   {}};
+  };
   auto& a = c.model.attention;
   auto& moe = c.model.moe;
   return {
@@ -362,8 +370,13 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
       {"output",
        nullptr,
        "",
-       {{"", {}, {path("dir", &c.output.dir), integer("log_every", &c.output.log_every, at_least(1))}, {"dir"}, {}}},
-       "output dir PATH [log_every N]"},
+       {{"",
+         {},
+         {path("dir", &c.output.dir), integer("log_every", &c.output.log_every, at_least(1)),
+          choice("progress", &c.output.progress, {"auto", "on", "off"}), on_off("tensorboard", &c.output.tensorboard)},
+         {"dir"},
+         {}}},
+       "output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]"},
       {"eval",
        nullptr,
        "",
@@ -378,11 +391,31 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           choice("mode", &c.checkpoint.mode, {"full", "diff"}),
           choice("codec", &c.checkpoint.codec, {"lossless", "int8", "topk"}),
           real("ratio", &c.checkpoint.ratio, within(0, 1, true, false)),
-          integer("block", &c.checkpoint.block, within(1, 1 << 20)), integer("keep", &c.checkpoint.keep, at_least(0))},
+          integer("block", &c.checkpoint.block, within(1, 1 << 20)), integer("keep", &c.checkpoint.keep, at_least(0)),
+          integer("base_every", &c.checkpoint.base_every, at_least(1)), on_off("async", &c.checkpoint.async)},
          {},
          {}}},
        "checkpoint [every N] [at_end yes|no] [mode full|diff] [codec lossless|int8|topk] [ratio R] [block B] "
-       "[keep K]"},
+       "[keep K] [base_every M] [async on|off]"},
+      {"health",
+       nullptr,
+       "",
+       {{"",
+         {},
+         {integer("every", &c.health.every, at_least(0)), choice("nan", &c.health.nan, {"skip", "stop"}),
+          integer("max_skips", &c.health.max_skips, at_least(1))},
+         {},
+         {}}},
+       "health [every N] [nan skip|stop] [max_skips K]"},
+      {"timeout", nullptr, "", {{"", {real("seconds", &c.resilience.timeout, at_least(0))}, {}, {}, {}}}, "timeout S"},
+      {"preempt", nullptr, "", {{"", {}, {on_off("requeue", &c.resilience.requeue)}, {"requeue"}, {}}},
+       "preempt requeue on|off"},
+      {"fault",
+       &c.fault.kind,
+       "kind",
+       {{"off", {}, {}, {}, {}},
+        fault_variant("kill"), fault_variant("hang"), fault_variant("nan"), fault_variant("signal")},
+       "fault off | kill|hang|nan|signal rank R step S"},
       {"grad_check",
        nullptr,
        "",
