@@ -4,7 +4,10 @@
 #include "app.h"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // Threads: an async checkpoint writes collectively (on its own
+  // communicator) while the training thread runs its collectives.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int code = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);

@@ -29,7 +29,10 @@ struct AbortOnFailure : Catch::TestEventListenerBase {
 CATCH_REGISTER_LISTENER(AbortOnFailure)
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // Threads: an async checkpoint writes collectively (on its own
+  // communicator) while the training thread runs its collectives.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int result = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
