@@ -6,6 +6,9 @@
 #include "core/error.h"
 #include "deck/deck.h"
 #include "model/estimate.h"
+#include "resilience/flight_recorder.h"
+#include "resilience/health.h"
+#include "resilience/signals.h"
 #include "train/trainer.h"
 
 namespace xx {
@@ -94,17 +97,23 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     }
     RunOptions options;
     options.resume = args.resume;
+    install_stop_signals();
     Trainer trainer(comm, program, options);
     if (rank == 0) fmt::print("# backends\n{}\n\n", trainer.backends());
     std::fflush(stdout);
     trainer.run();
     return 0;
+  } catch (const HealthError& e) {
+    // Every rank reached the same verdict (one all-gather): one message.
+    if (rank == 0) fmt::print(stderr, "xuanxue: {}\n", e.what());
+    return kExitUnhealthy;
   } catch (const InputError& e) {
     // Bad input is found collectively (rank 0 checks, then broadcasts), so
     // every rank is here: one message, a clean exit with code 2.
     if (rank == 0) fmt::print(stderr, "{}\n", e.what());
     return kExitBadInput;
   } catch (const std::exception& e) {
+    flight::dump(fmt::format("exception: {}", e.what()));  // RUN_DIR/rank<r>/flight.json, once a run dir is known
     fmt::print(stderr, "xuanxue: rank {} failed: {}\n", rank, e.what());
     std::fflush(stderr);
     MPI_Abort(comm, 1);

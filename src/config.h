@@ -152,7 +152,7 @@ struct CompressConfig {
 struct OutputConfig {
   std::string dir = "runs/default";
   int64_t log_every = 10;
-  std::string progress = "auto";  // rank 0's live progress line: auto (when stdout is a terminal), on, off
+  std::string progress = "auto";  // rank 0's live progress line: auto (stdout a terminal, not under mpirun), on, off
   bool tensorboard = true;        // RUN_DIR/tb/events.out.tfevents.* (docs/OBSERVABILITY.md)
 };
 
@@ -195,9 +195,10 @@ struct ResilienceConfig {
   bool requeue = false;
 };
 
-// fault kill|hang|nan|signal rank R step S (tests only; docs/RESILIENCE.md):
+// fault kill|hang|nan|signal|throw rank R step S (tests only; docs/RESILIENCE.md):
 // at optimizer step S (1-based) rank R is SIGKILLed, hangs, puts a NaN in its
-// gradients, or sends itself SIGTERM.
+// gradients, sends itself SIGTERM, or throws (a failure of that rank alone).
+// A resumed run injects nothing.
 struct FaultConfig {
   std::string kind = "off";
   int rank = 0;

@@ -2,13 +2,21 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <limits>
+#include <thread>
+#include <unistd.h>
 #include <fmt/format.h>
 #include "core/error.h"
 #include "core/peak.h"
 #include "core/rng.h"
 #include "data/seeding.h"
+#include "resilience/health.h"
+#include "resilience/signals.h"
 #include "kernels/elementwise.h"
+#include "kernels/health.h"
 #include "kernels/precision.h"
 #include "kernels/sync.h"
 
@@ -96,6 +104,8 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   MPI_Comm_size(comm, &world_);
   if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
   cfg_ = program.phases.front().config;
+  if (cfg_.fault.kind == "nan" && options.resume.empty())  // train_step's gradient hook
+    fault_step_ = cfg_.fault.step, fault_rank_ = cfg_.fault.rank, fault_value_ = std::numeric_limits<float>::quiet_NaN();
   // One model and one data stream per job: phases may change the optimizer,
   // schedule, intervals and output, not what is trained on.
   for (const auto& p : program.phases) {
@@ -213,14 +223,15 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
       best_.adam_m = Buffer<float>("Trainer::best_adam_m", P);
       best_.adam_v = Buffer<float>("Trainer::best_adam_v", P);
     }
-  if (!resume_path.empty()) restore(resume_path);
+  if (!resume_path.empty()) restore(resume_path), resumed_ = true;
 
   for (const auto& p : program.phases)
     if (p.config.sync.kind == "local" && p.config.sync.outer != "average" && initial_params_.extent(0) == 0) {
       initial_params_ = Buffer<float>("Trainer::initial_params", model_->layout().total());
       Kokkos::deep_copy(initial_params_, model_->params());
     }
-  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet);
+  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, !resume_path.empty(), options_.quiet, cfg_.output.tensorboard);
+  watchdog_ = std::make_unique<Watchdog>(cfg_.output.dir, rank_, cfg_.resilience.timeout);
   if (!resume_path.empty()) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
   if (!log_note_.empty()) log_->console(log_note_);
   // The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
@@ -248,7 +259,20 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
                          split_.train_windows, split_.valid_windows, samples_per_epoch));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // A checkpoint write in flight finishes; a failure the run never waited
+  // for is printed, since a destructor cannot throw it.
+  if (writer_.joinable()) writer_.join();
+  if (writer_error_) try {
+      std::rethrow_exception(writer_error_);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "xuanxue: rank {}: background checkpoint write failed: {}\n", rank_, e.what());
+    }
+  watchdog_.reset();  // after the join: a writer stuck in a collective is still caught
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (writer_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&writer_comm_);
+}
 
 // Which checkpoint to start from, if any. Never silently starts over on top
 // of an earlier run's checkpoints: that would overwrite them.
@@ -276,6 +300,7 @@ std::string Trainer::resolve_resume(const std::string& resume) const {
 }
 
 void Trainer::restore(const std::string& path) {
+  finish_checkpoint();  // one HDF5 user at a time
   CheckpointData data;
   int per_rank = 0, old_world = world_;
   on_rank0_or_throw(comm_, rank_, [&] {
@@ -491,6 +516,7 @@ double Trainer::train_step() {
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   if (scaler_) model_->set_loss_scale(loss_scale);
   LossParts mean;
+  bool own_nonfinite = false;  // inf or NaN in this rank's loss or gradients (without a loss scaler)
   for (int m = 0; m < micro; ++m) {
     const Batch batch = loader_->next();
     copy_tokens(inputs_, batch.inputs);
@@ -514,12 +540,16 @@ double Trainer::train_step() {
     model_->backward(inputs_, targets_, [&](int64_t offset) {
       if (!last) return;
       if (fault_step_ == step_ + 1 && fault_rank_ == rank_ && final_from == model_->layout().total())
-        Kokkos::deep_copy(Kokkos::subview(model_->grads(), final_from - 1), std::numeric_limits<float>::infinity());
+        Kokkos::deep_copy(Kokkos::subview(model_->grads(), final_from - 1), fault_value_);
       // before the sum hides one rank's miss; a rank lossagg robust trimmed has none by design
       if (seeds.main != 0) check_missing_gradients(offset, final_from);
       // Each rank's gradients are in the type once final, before they travel
       // (after the check: an fp16 underflow to zero is not a missing path).
       kernels::round_inplace(Vec<float>(model_->grads().data() + offset, final_from - offset), precision_);
+      // This rank's own gradients, before a sum spreads an inf to every rank:
+      // the NaN policy can then name the rank it came from.
+      if (!scaler_)
+        own_nonfinite |= kernels::has_nonfinite(Vec<const float>(model_->grads().data() + offset, final_from - offset));
       final_from = offset;
       if (overlap) sync_->ready(offset);
     });
@@ -540,13 +570,33 @@ double Trainer::train_step() {
     step_comm_.rounds += micro, step_comm_.bytes_sent += micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
   // Loss scaling: skip the step on every rank when any rank's gradients hold
   // an inf or NaN; otherwise unscale, so clipping sees the true gradients.
-  const bool skip = scaler_ && scaler_->update(gradients_overflowed());
+  bool skip = scaler_ && scaler_->update(gradients_overflowed());
   if (!skip && loss_scale != 1.0)
     kernels::scale_inplace<float>(Vec<float>(model_->grads().data(), model_->grads().extent(0)),
                                   float(1.0 / loss_scale));
-  double parts[4] = {mean.total, mean.main, mean.mtp, mean.aux}, sums[4];
-  MPI_Allreduce(parts, sums, 4, MPI_DOUBLE, MPI_SUM, comm_);
+  own_loss_ = mean.total;
+  own_nonfinite |= !scaler_ && !std::isfinite(mean.total);
+  double parts[5] = {mean.total, mean.main, mean.mtp, mean.aux, own_nonfinite ? 1.0 : 0.0}, sums[5];
+  MPI_Allreduce(parts, sums, 5, MPI_DOUBLE, MPI_SUM, comm_);
   last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
+  // NaN policy (health nan skip|stop): every rank saw the same count, so all
+  // skip together or all stop with the same message.
+  last_skipped_ = false;
+  if (sums[4] > 0) {
+    const std::string who = ranks_with(comm_, own_nonfinite);
+    const std::string what = fmt::format("step {}: inf or NaN in the loss or gradients of {}", step_ + 1, who);
+    if (cfg_.health.nan == "stop")
+      throw HealthError(what + " (health nan stop; `health nan skip` skips such steps)");
+    if (++nonfinite_in_row_ > cfg_.health.max_skips)
+      throw HealthError(fmt::format("{}: {} non-finite steps in a row (health max_skips {})", what, nonfinite_in_row_,
+                                    cfg_.health.max_skips));
+    log_->console(fmt::format("{}: step skipped on every rank ({} in a row, at most {})", what, nonfinite_in_row_,
+                              cfg_.health.max_skips));
+    skip = last_skipped_ = true;
+    ++nonfinite_skipped_;
+  } else if (!scaler_) {
+    nonfinite_in_row_ = 0;
+  }
   // Under dense and accumulate the gradients are identical on every rank now,
   // so is the norm and the update; under local and compress target update
   // each rank clips its own.
@@ -748,6 +798,9 @@ void Trainer::warm_restart(const Schedule& schedule, double val) {
 void Trainer::save_checkpoint(double loss) {
   if (last_saved_ == step_) return;
   last_saved_ = step_;
+  const double t0 = MPI_Wtime();
+  finish_checkpoint();  // one write at a time: the previous one is on disk before this one starts
+  const double waited = MPI_Wtime() - t0;
   ExecSpace().fence();
   RankState mine;
   mine.params = to_host(model_->params());
@@ -808,24 +861,169 @@ void Trainer::save_checkpoint(double loss) {
   format.codec.kind = *kernels::ckpt_codec::codec_from_name(cfg_.checkpoint.codec);
   format.codec.ratio = cfg_.checkpoint.ratio;
   format.codec.block = cfg_.checkpoint.block;
+  format.base_every = cfg_.checkpoint.base_every;
   const std::string dir = (fs::path(cfg_.output.dir) / "ckpt").string();
+  // The codec kernels run here: Kokkos' host backend shares its reduction
+  // scratch between threads, so only the HDF5 write (deflate, checksums, I/O)
+  // goes to the background.
+  const auto encoded = encode_checkpoint(comm_, model_->layout(), data, &mine, format, &chain_);
+  pending_ = {};
+  pending_.waited = waited;
+  pending_.path = (fs::path(dir) / fmt::format("step_{:08d}.h5", step_)).string();
+  pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
+  pending_.how = format.mode == "diff" ? "diff " + cfg_.checkpoint.codec : "full copies";
+  if (cfg_.checkpoint.async && !async_checked_) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    async_ok_ = provided == MPI_THREAD_MULTIPLE, async_checked_ = true;
+    if (!async_ok_)
+      log_->console("warning: checkpoint async on needs MPI_THREAD_MULTIPLE, which this MPI does not provide: "
+                    "checkpoints are written synchronously");
+  }
+  const int64_t keep = cfg_.checkpoint.keep;
+  if (cfg_.checkpoint.async && async_ok_) {
+    if (writer_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm_, &writer_comm_);
+    pending_.async = true;
+    pending_.stall = MPI_Wtime() - t0;
+    writer_ = std::thread([this, dir, encoded, keep] {
+      try {
+        write_checkpoint_now(writer_comm_, dir, *encoded, keep);
+      } catch (...) {
+        writer_error_ = std::current_exception();
+      }
+    });
+    return;
+  }
+  write_checkpoint_now(comm_, dir, *encoded, keep);
+  pending_.stall = MPI_Wtime() - t0;
+  log_checkpoint();
+}
+
+// The HDF5 part of a checkpoint, on the training thread or the writer's.
+void Trainer::write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
+                                   int64_t keep) {
   const double t0 = MPI_Wtime();
-  const std::string path = write_checkpoint(comm_, dir, model_->layout(), data, &mine, format);
-  if (rank_ == 0 && cfg_.checkpoint.keep > 0) prune_checkpoints(dir, cfg_.checkpoint.keep);
-  log_->console(fmt::format("checkpoint {} ({} {}, {:.1f} MB, {:.2f} s)", path, format.mode,
-                            format.mode == "diff" ? cfg_.checkpoint.codec : "copies", fs::file_size(path) / 1e6,
-                            MPI_Wtime() - t0));
+  pending_.path = write_encoded(comm, dir, encoded);
+  if (rank_ == 0 && keep > 0) prune_checkpoints(dir, keep);
+  pending_.write_s = MPI_Wtime() - t0;
+}
+
+void Trainer::finish_checkpoint() {
+  if (!writer_.joinable()) return;
+  writer_.join();
+  if (writer_error_) std::rethrow_exception(std::exchange(writer_error_, nullptr));
+  log_checkpoint();
+}
+
+// One console line per checkpoint: stall is what the training thread spent in save_checkpoint.
+void Trainer::log_checkpoint() {
+  const auto& p = pending_;
+  const double mb = rank_ == 0 && fs::exists(p.path) ? double(fs::file_size(p.path)) / 1e6 : 0.0;
+  log_->console(fmt::format("checkpoint {} ({}, {}, {:.2f} MB, write {:.3f} s{}, stall {:.3f} s, of which waiting for "
+                            "the previous write {:.3f} s)",
+                            p.path, p.how, p.kind, mb, p.write_s, p.async ? " in background" : "", p.stall, p.waited));
+}
+
+// ---------------------------------------------------------------------------
+// resilience (docs/RESILIENCE.md)
+
+// health every N: one all-gather of every rank's health; a failure ends the
+// job on every rank with the same message.
+void Trainer::check_health_now() {
+  ExecSpace().fence();
+  const auto P = model_->params().extent(0);
+  RankHealth mine;
+  mine.finite_loss = std::isfinite(own_loss_);
+  mine.finite_grads = last_skipped_ || scaler_ ? 1 : !kernels::has_nonfinite(Vec<const float>(model_->grads().data(), P));
+  mine.step = step_;
+  mine.available_mb = available_memory_mb();
+  mine.params_fingerprint = kernels::fingerprint(Vec<const float>(model_->params().data(), P));
+  // Ranks hold the same bits after every step of sync dense/accumulate over
+  // the full topology, and right after a sync local average.
+  const bool same = topology_->is_full() && !(cfg_.compress.kind == "topk" && cfg_.compress.target == "update") &&
+                    (cfg_.sync.kind != "local" || step_ % cfg_.sync.every == 0);
+  const HealthVerdict verdict = check_health(comm_, mine, same);
+  if (!verdict.failure.empty()) throw HealthError(fmt::format("step {}: health check failed: {}", step_, verdict.failure));
+  log_->rank(verdict.summary);
+}
+
+// Stop signals: every rank looks at the step boundary, and one all-reduce
+// makes a signal to any rank stop them all.
+bool Trainer::stop_requested() {
+  int mine = pending_stop_signal();
+  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MAX, comm_);
+  stop_signal_ = mine;
+  return mine != 0;
+}
+
+void Trainer::stop_on_signal(double loss) {
+  save_checkpoint(loss);  // a no-op when this step's checkpoint was just written
+  finish_checkpoint();    // durably on disk before anyone exits
+  ignore_stop_signals();  // the state is safe: a requeue's SIGTERM need not cut the exit short
+  log_->console(fmt::format("stopped at step {} on {}; resume with -resume auto", step_, signal_name(stop_signal_)));
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (rank_ == 0 && cfg_.resilience.requeue && job) {
+    const std::string command = fmt::format("scontrol requeue {}", job);
+    const int rc = std::system(command.c_str());
+    log_->console(fmt::format("preempt requeue: `{}` {}", command,
+                              rc == 0 ? std::string("done") : fmt::format("failed (exit {})", rc)));
+  }
+}
+
+// fault kill|hang|nan|signal rank R step S: tests of the machinery above.
+void Trainer::inject_fault(int64_t step) {
+  const auto& f = cfg_.fault;
+  // A resumed run injects nothing: the test that killed a run can resume the same deck.
+  if (f.kind == "off" || resumed_ || f.step != step || f.rank != rank_) return;
+  log_->rank(fmt::format("fault {} injected at step {}", f.kind, step));
+  if (f.kind == "kill") {
+    std::raise(SIGKILL);
+  } else if (f.kind == "hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  } else if (f.kind == "signal") {
+    std::raise(SIGTERM);
+  } else if (f.kind == "throw") {
+    throw std::runtime_error(fmt::format("fault throw injected at step {}", step));
+  }
+  // nan: train_step's gradient hook puts a NaN in this rank's gradients.
 }
 
 // ---------------------------------------------------------------------------
 // main training loop
+
+// A failure of this rank is written to its own log before it ends the job
+// (app.cpp: the message on stderr, then MPI_Abort).
 void Trainer::run() {
+  try {
+    run_phases();
+  } catch (const HealthError&) {
+    throw;  // every rank agreed; rank 0 says it once
+  } catch (const std::exception& e) {
+    log_->rank(fmt::format("rank {} failed at step {}: {}", rank_, step_, e.what()));
+    throw;
+  }
+}
+
+namespace {
+std::string duration(double seconds) {
+  const int64_t s = std::llround(std::max(0.0, seconds));
+  return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+}  // namespace
+
+void Trainer::run_phases() {
   // Tokens trained on, all ranks: B*T*W per micro-batch, K micro-batches a step under accumulate K.
   const int64_t tokens_per_batch = int64_t(cfg_.data.batch) * cfg_.model.seq * world_;
   int64_t tokens_here = 0, interval_tokens = 0;
   double train_seconds = 0, interval_seconds = 0;
-  int64_t steps_here = 0, interval_steps = 0, phase_end = 0;
-  double loss = 0;
+  int64_t steps_here = 0, interval_steps = 0, phase_end = 0, total_steps = 0;
+  double loss = 0, step_seconds = 0;
+  for (const auto& phase : program_.phases) total_steps += phase.steps;
+  const auto& out = program_.phases.front().config.output;
+  // Open MPI's mpirun gives every rank a pseudo-terminal even when its own
+  // output goes to a pipe or file, so `auto` cannot trust isatty there.
+  const bool terminal = ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
+  log_->show_progress(out.progress == "on" || (out.progress == "auto" && terminal));
   for (const auto& phase : program_.phases) {
     phase_end += phase.steps;
     if (step_ >= phase_end) continue;  // done before the checkpoint we resumed from
@@ -844,7 +1042,9 @@ void Trainer::run() {
     cfg_.sync.outer = phase.config.sync.outer;
     cfg_.sync.outer_lr = phase.config.sync.outer_lr;
     cfg_.sync.momentum = phase.config.sync.momentum;
+    cfg_.health = phase.config.health;
     while (step_ < phase_end) {
+      inject_fault(step_ + 1);
       const double t0 = MPI_Wtime();
       loss = train_step();
       // Every phase ends in consensus, so the next one (and its eval) starts
@@ -860,11 +1060,15 @@ void Trainer::run() {
       }
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;
+      step_seconds = steps_here == 0 ? dt : 0.9 * step_seconds + 0.1 * dt;  // smoothed, for the ETA
+      log_->progress(fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}", step_ + 0, total_steps, loss,
+                                 tokens_per_batch * (cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1) / step_seconds,
+                                 duration((total_steps - step_) * step_seconds)));
       ++steps_here, ++interval_steps;
       const int64_t tokens = tokens_per_batch * (cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1);
       tokens_here += tokens, interval_tokens += tokens;
       losses_.push_back(loss);
-      if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("step {}: loss is {}", step_, loss));
+      if (cfg_.health.every > 0 && step_ % cfg_.health.every == 0) check_health_now();
 
       const bool log_now = step_ % cfg_.output.log_every == 0 || step_ == phase_end;
       const bool eval_now = (cfg_.eval.every > 0 && step_ % cfg_.eval.every == 0) || step_ == phase_end;
@@ -879,6 +1083,7 @@ void Trainer::run() {
                   {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
         if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
         if (consensus_ >= 0) record["consensus_distance"] = consensus_;
+        if (nonfinite_skipped_ > 0) record["nonfinite_skipped"] = nonfinite_skipped_;  // health nan skip
         if (cfg_.compress.kind == "topk") record["compress_ratio"] = compressed_->ratio_at(step_ - 1);
         if (scaler_) {
           record["loss_scale"] = scaler_->scale();
@@ -923,6 +1128,9 @@ void Trainer::run() {
                                   step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu, extra));
         log_->rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", step_,
                                loader_->position(), c.bytes_sent, c.rounds, c.seconds));
+        log_->rank_scalars(step_, {{"loss", own_loss_}, {"ms_per_step", ms}, {"comm_bytes", double(c.bytes_sent)},
+                                   {"comm_rounds", double(c.rounds)}, {"comm_s", c.seconds},
+                                   {"batch_position", double(loader_->position())}});
         interval_seconds = 0, interval_steps = 0, interval_tokens = 0;
       }
       double val = std::numeric_limits<double>::quiet_NaN();
@@ -942,8 +1150,10 @@ void Trainer::run() {
       if ((cfg_.checkpoint.every > 0 && step_ % cfg_.checkpoint.every == 0) ||
           (cfg_.checkpoint.at_end && step_ == phase_end))
         save_checkpoint(loss);
+      if (stop_requested()) return stop_on_signal(loss);
     }
   }
+  finish_checkpoint();  // the last checkpoint is on disk before the run reports
   const double tok_s = steps_here ? tokens_here / train_seconds : 0;
   const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
   log_->console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={:.4f} "

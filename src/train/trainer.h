@@ -1,12 +1,15 @@
 // The training loop: one Trainer per rank runs every `run` phase of a deck.
 #pragma once
 #include <mpi.h>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 #include <map>
+#include <limits>
 #include <optional>
+#include <thread>
 #include "ckpt/checkpoint.h"
 #include "comm/compressed_sync.h"
 #include "comm/grad_sync.h"
@@ -17,6 +20,7 @@
 #include "deck/deck.h"
 #include "io/log.h"
 #include "model/transformer.h"
+#include "resilience/watchdog.h"
 #include "train/loss_scale.h"
 #include "train/lossagg.h"
 #include "train/optimizer.h"
@@ -44,6 +48,10 @@ class Trainer {
 
   void run();  // every phase of the deck, from wherever the checkpoint left off
   double train_step();  // one optimizer step; returns the global mean loss
+  // Waits for the checkpoint being written in the background (checkpoint ...
+  // async on), logs it, and rethrows its error; after save_checkpoint, the
+  // file is durably on disk once this returns. Collective; cheap when idle.
+  void finish_checkpoint();  // (not collective: every rank waits for its own writer)
 
   // Read-outs for tests and tools.
   Transformer<float>& model() { return *model_; }
@@ -71,6 +79,23 @@ class Trainer {
   void save_checkpoint(double loss);
   void restore(const std::string& path);
   std::string resolve_resume(const std::string& resume) const;
+  // Checkpoint writer (docs/CHECKPOINT.md): the chain's base for diff across
+  // time, and under async on one background write at a time (HDF5 is not
+  // thread-safe), on its own communicator.
+  ChainBase chain_;
+  std::thread writer_;
+  MPI_Comm writer_comm_ = MPI_COMM_NULL;  // dup of comm_: the writer's collectives never meet the training's
+  std::exception_ptr writer_error_;       // the background write's failure, rethrown by finish_checkpoint
+  struct PendingWrite {
+    std::string path, kind, how;  // file, chain kind, "diff lossless" / "full copies"
+    double stall = 0, write_s = 0; // training-thread seconds in save_checkpoint; seconds the write took
+    double waited = 0;             // of the stall: waiting for the previous write (async on)
+    bool async = false;
+  };
+  PendingWrite pending_;
+  bool async_checked_ = false, async_ok_ = false;
+  void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded, int64_t keep);
+  void log_checkpoint();
 
   MPI_Comm comm_;
   int rank_ = 0, world_ = 1;
@@ -80,6 +105,7 @@ class Trainer {
   Corpus corpus_;
   WindowSplit split_;
   std::unique_ptr<RunLog> log_;
+  std::unique_ptr<Watchdog> watchdog_;  // deck: timeout; names a hung rank (docs/RESILIENCE.md)
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<Communicator> comm_ops_;  // which transport serves which traffic
@@ -139,8 +165,20 @@ class Trainer {
   void use_working_weights();           // master_ = params, then params rounded to the type
   void restore_master_weights();        // params = master_
   bool gradients_overflowed();          // inf or NaN in any rank's gradients (one all-reduce)
-  int64_t fault_step_ = -1;             // inject_gradient_fault
+  int64_t fault_step_ = -1;             // inject_gradient_fault, fault nan
   int fault_rank_ = -1;
+  float fault_value_ = std::numeric_limits<float>::infinity();
+  // Resilience (deck: health, fault, preempt; docs/RESILIENCE.md).
+  double own_loss_ = 0;            // this rank's loss of the last step
+  bool last_skipped_ = false;      // the last step was skipped for an inf or NaN (health nan skip)
+  int64_t nonfinite_in_row_ = 0, nonfinite_skipped_ = 0;
+  int stop_signal_ = 0;            // the stop signal the ranks agreed on
+  bool resumed_ = false;           // restored from a checkpoint: fault injection is off
+  void run_phases();
+  void check_health_now();
+  bool stop_requested();           // collective: a stop signal reached any rank
+  void stop_on_signal(double loss);
+  void inject_fault(int64_t step);
   // Multi-view loss aggregation (deck: lossagg; docs/DYNAMICS.md).
   std::unique_ptr<LossAggregator> lossagg_;
   int poison_rank_ = -1;  // poison_batches_for_testing
