@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include "core/error.h"
 #include "mpi_fixture.h"
 
 using namespace xx;
@@ -239,4 +240,112 @@ TEST_CASE("resume on half and on twice the ranks: merged ranks average, new rank
     REQUIRE(t.losses().size() == 1);
   }
   if (small != MPI_COMM_NULL) MPI_Comm_free(&small);
+}
+
+// Diff across time (base_every): a base file every M checkpoints, deltas
+// against it in between; restore reads the base and one delta.
+TEST_CASE("base_every 3: resuming from a delta inside a chain is bit-identical to the uninterrupted run",
+          "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_chain");
+  const auto corpus = make_corpus(dir);
+  // Checkpoints at steps 2 (base), 4 and 6 (deltas of step 2), 8 (base).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"local_diff", "sync local 3\ncheckpoint every 2 mode diff codec lossless base_every 3\n"},
+      {"local_full", "sync local 3\ncheckpoint every 2 mode full codec lossless base_every 3\n"},
+  };
+  for (const auto& [name, extra] : cases) {
+    INFO(name);
+    const auto full = run(make_program(dir, name + "_full", small_deck(corpus, dir + "/" + name + "_full", 8, extra)));
+    const auto program = make_program(dir, name, small_deck(corpus, dir + "/" + name, 8, extra));
+    const auto first = run(program);
+    REQUIRE(first.losses == full.losses);
+    const std::string run_dir = dir + "/" + name;
+    REQUIRE(read_chain_link(ckpt(run_dir, 2)).kind == "base");
+    for (int at : {4, 6}) {
+      const auto link = read_chain_link(ckpt(run_dir, at));
+      REQUIRE(link.kind == "delta");
+      REQUIRE(link.parent == "step_00000002.h5");
+    }
+    REQUIRE(read_chain_link(ckpt(run_dir, 8)).kind == "base");
+    for (int at : {6, 4}) {  // 6 first: resuming from 4 rewrites 6 (as a new base)
+      INFO("resumed from step " << at);
+      const auto resumed = run(program, ckpt(run_dir, at));
+      REQUIRE(resumed.losses.size() == size_t(8 - at));
+      for (int i = 0; i < 8 - at; ++i) REQUIRE(resumed.losses[i] == full.losses[at + i]);
+      REQUIRE(resumed.fingerprints == full.fingerprints);
+    }
+  }
+}
+
+TEST_CASE("keep 2 with base_every 3 never deletes a base a kept delta needs; a missing base is one clear error",
+          "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_chain_keep");
+  const auto corpus = make_corpus(dir);
+  // Steps 1 (base) 2 3 (deltas), 4 (base) 5 6 (deltas): keep 2 keeps 5 and 6, and 4 for them.
+  const std::string extra = "sync local 3\ncheckpoint every 1 mode diff codec int8 base_every 3 keep 2\n";
+  const auto program = make_program(dir, "keep", small_deck(corpus, dir + "/keep", 6, extra));
+  Trainer trainer(MPI_COMM_WORLD, program, RunOptions{"", true});
+  trainer.run();
+  REQUIRE(trainer.losses().size() == 6);
+  const ParamLayout& layout = trainer.model().layout();
+  if (mpi_rank() == 0) {
+    namespace fs = std::filesystem;
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(dir + "/keep/ckpt"))
+      if (e.path().extension() == ".h5") left.push_back(e.path().filename().string());
+    std::sort(left.begin(), left.end());
+    REQUIRE(left == std::vector<std::string>{"step_00000004.h5", "step_00000005.h5", "step_00000006.h5"});
+    REQUIRE(read_chain_link(ckpt(dir + "/keep", 6)).parent == "step_00000004.h5");
+    // A delta without its base: one InputError naming the delta and the missing base.
+    fs::create_directories(dir + "/lone/ckpt");
+    fs::copy_file(ckpt(dir + "/keep", 6), ckpt(dir + "/lone", 6), fs::copy_options::overwrite_existing);
+    REQUIRE_THROWS_AS(read_checkpoint(ckpt(dir + "/lone", 6), layout), InputError);
+    REQUIRE_THROWS_WITH(read_checkpoint(ckpt(dir + "/lone", 6), layout),
+                        Catch::Contains(ckpt(dir + "/lone", 6)) && Catch::Contains("step_00000004.h5") &&
+                            Catch::Contains("missing"));
+    // With its base next to it, the delta reads.
+    fs::copy_file(ckpt(dir + "/keep", 4), ckpt(dir + "/lone", 4), fs::copy_options::overwrite_existing);
+    REQUIRE_NOTHROW(read_checkpoint(ckpt(dir + "/lone", 6), layout));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("async on writes the same tensors as async off, and resumes bit for bit", "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_async");
+  const auto corpus = make_corpus(dir);
+  const std::string line = "sync local 3\ncheckpoint every 2 mode diff codec lossless base_every 3 async ";
+  const auto sync_program = make_program(dir, "off", small_deck(corpus, dir + "/off", 6, line + "off\n"));
+  const auto async_program = make_program(dir, "on", small_deck(corpus, dir + "/on", 6, line + "on\n"));
+  const auto off = run(sync_program);
+  Trainer trainer(MPI_COMM_WORLD, async_program, RunOptions{"", true});
+  trainer.run();
+  REQUIRE(trainer.losses() == off.losses);
+  const ParamLayout& layout = trainer.model().layout();
+  if (mpi_rank() == 0) {
+    for (int at : {2, 4, 6}) {
+      INFO("step " << at);
+      const auto a = read_checkpoint(ckpt(dir + "/off", at), layout), b = read_checkpoint(ckpt(dir + "/on", at), layout);
+      REQUIRE(a.chain_kind == b.chain_kind);
+      REQUIRE(a.chain_parent == b.chain_parent);
+      REQUIRE(a.params == b.params);
+      REQUIRE(a.adam_m == b.adam_m);
+      REQUIRE(a.adam_v == b.adam_v);
+      REQUIRE(a.buffers == b.buffers);
+      REQUIRE(a.series == b.series);
+      for (int r = 0; r < mpi_size(); ++r) {
+        const auto ra = read_rank_state(ckpt(dir + "/off", at), layout, a, r);
+        const auto rb = read_rank_state(ckpt(dir + "/on", at), layout, b, r);
+        REQUIRE(ra.params == rb.params);
+        REQUIRE(ra.adam_m == rb.adam_m);
+        REQUIRE(ra.adam_v == rb.adam_v);
+        REQUIRE(ra.extra == rb.extra);
+        REQUIRE(ra.sampler_batches == rb.sampler_batches);
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto resumed = run(async_program, ckpt(dir + "/on", 4));  // a delta
+  REQUIRE(resumed.losses.size() == 2);
+  for (int i = 0; i < 2; ++i) REQUIRE(resumed.losses[i] == off.losses[4 + i]);
+  REQUIRE(resumed.fingerprints == off.fingerprints);
 }

@@ -2,10 +2,13 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <fmt/format.h>
 #include "core/crc32c.h"
 #include "core/error.h"
@@ -245,17 +248,16 @@ struct Encoded {
 };
 
 // `lossless` forces the lossless codec (int8 refused a block on some rank).
-Encoded encode(const std::vector<float>& value, const std::vector<float>& base, const CheckpointFormat& f,
-               bool lossless = false) {
+// Mode full keeps the values as they are.
+Encoded encode(const float* value, const float* base, int64_t n, const CheckpointFormat& f, bool lossless = false) {
   namespace cc = kernels::ckpt_codec;
   Encoded e;
-  const int64_t n = int64_t(value.size());
   if (f.mode == "full") {
-    e.codec = "full", e.floats = value;
+    e.codec = "full", e.floats.assign(value, value + n);
     return e;
   }
   // The codec kernels run in the default execution space: host here.
-  Vec<const float> v(value.data(), n), b(base.data(), n);
+  Vec<const float> v(value, n), b(base, n);
   if (f.codec.kind == cc::Codec::int8 && !lossless) {
     e.codes.resize(n), e.floats.resize(cc::scale_count(n, f.codec.block));
     const auto result = cc::int8_encode(Vec<int8_t>(e.codes.data(), n), Vec<float>(e.floats.data(), e.floats.size()),
@@ -275,96 +277,202 @@ Encoded encode(const std::vector<float>& value, const std::vector<float>& base, 
   return e;
 }
 
+// value = what `e` rebuilds against base: exactly what a reader of the file gets.
+void decode(float* value, const Encoded& e, const float* base, int64_t n, int64_t block) {
+  namespace cc = kernels::ckpt_codec;
+  Vec<float> v(value, n);
+  Vec<const float> b(base, n);
+  if (e.codec == "full") std::copy(e.floats.begin(), e.floats.end(), value);
+  if (e.codec == "lossless") cc::lossless_decode<float>(v, Vec<const uint32_t>(e.words.data(), n), b);
+  if (e.codec == "int8")
+    cc::int8_decode(v, Vec<const int8_t>(e.codes.data(), n), Vec<const float>(e.floats.data(), e.floats.size()), b,
+                    block);
+  if (e.codec == "topk")
+    cc::topk_decode(v, Vec<const uint32_t>(e.words.data(), e.words.size()),
+                    Vec<const float>(e.floats.data(), e.floats.size()), b);
+}
+
+// A dataset to write: `count` values of `type` from `data` (on the rank that owns it).
+struct Part {
+  std::string name;
+  hid_t type;
+  int64_t count;
+  const void* data;
+  uint32_t crc;
+  std::string codec;
+  int64_t offset = -1;  // a tensor's offset in the flat buffer (attribute `offset`), -1: none
+};
+
+// The datasets one Encoded tensor becomes, named after `name` (suffixes by codec).
+void add_parts(std::vector<Part>& parts, const std::string& name, const Encoded& e, int64_t offset = -1) {
+  auto part = [&](const std::string& suffix, hid_t type, const auto& v) {
+    parts.push_back({name + suffix, type, int64_t(v.size()), v.data(), crc_of(v), e.codec, offset});
+    offset = -1;  // on the first dataset of a tensor only
+  };
+  if (e.codec == "full") part("", H5T_NATIVE_FLOAT, e.floats);
+  if (e.codec == "lossless") part("", H5T_NATIVE_UINT32, e.words);
+  if (e.codec == "int8") part(".codes", H5T_NATIVE_INT8, e.codes), part(".scales", H5T_NATIVE_FLOAT, e.floats);
+  if (e.codec == "topk") part(".index", H5T_NATIVE_UINT32, e.words), part(".kept", H5T_NATIVE_FLOAT, e.floats);
+}
+
+const char* const kBaseGroups[3] = {"model", "optimizer/m", "optimizer/v"};
+const char* const kRankTensors[3] = {"params", "adam_m", "adam_v"};
+
 }  // namespace
 
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
-                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format) {
-  quiet_hdf5();
+struct EncodedCheckpoint {
+  std::string name;                  // step_<N>.h5
+  CheckpointData data;               // the base: /model and /optimizer of a base file, /buffers, /train
+  CheckpointFormat format;
+  bool has_ranks = false;
+  std::string kind = "base", parent;  // diff across time
+  std::vector<TensorInfo> tensors;
+  std::deque<Encoded> store;          // what the parts point into (a deque: stable addresses)
+  std::vector<Part> base_parts[3];    // a delta's /model, /optimizer/m, /optimizer/v
+  std::vector<Part> parts;            // this rank's /ranks/<r>, in the same order on every rank
+  std::vector<int64_t> meta;          // every rank's (count, crc) of each part, rank after rank
+  std::vector<int64_t> batches;       // every rank's sampler position
+};
+
+std::string chain_kind_of(const EncodedCheckpoint& encoded) { return encoded.kind; }
+
+std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
+                                                     const CheckpointData& data, const RankState* mine,
+                                                     const CheckpointFormat& format, ChainBase* chain) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  const std::string name = fmt::format("step_{:08d}.h5", data.state.step);
-  const std::string path = (fs::path(dir) / name).string(), tmp = path + ".tmp";
-  if (rank == 0) fs::create_directories(dir);
-  MPI_Barrier(comm);
-  // Every rank encodes its own state; sizes and checksums are shared, since
-  // creating datasets and attributes is collective.
-  struct Part {
-    std::string name;
-    hid_t type;
-    int64_t count;
-    const void* data;
-    uint32_t crc;
-    std::string codec;
-  };
-  std::vector<Encoded> encoded;
-  std::vector<Part> parts;  // this rank's datasets, in the same order on every rank
-  if (mine) {
-    const std::vector<float>* base[3] = {&data.params, &data.adam_m, &data.adam_v};
-    const std::vector<float>* own[3] = {&mine->params, &mine->adam_m, &mine->adam_v};
-    const char* names[3] = {"params", "adam_m", "adam_v"};
-    encoded.reserve(3);
+  auto out = std::make_shared<EncodedCheckpoint>();
+  out->name = fmt::format("step_{:08d}.h5", data.state.step);
+  out->data = data;
+  out->format = format;
+  out->has_ranks = mine != nullptr;
+  out->tensors = layout.tensors();
+  const int64_t n = layout.total();
+  // Diff across time: while the chain is young and the format unchanged, a
+  // delta against its base file's own values (never against another delta,
+  // so restore reads two files and a lossy codec's error does not add up).
+  const bool chained = chain && format.base_every > 1;
+  const bool delta = chained && !chain->name.empty() && chain->written < format.base_every &&
+                     chain->format == format && int64_t(chain->params.size()) == n && chain->name != out->name;
+  out->kind = delta ? "delta" : "base";
+  out->parent = delta ? chain->name : "";
+  CheckpointFormat through_codec = format;  // deltas across time always go through the codec
+  through_codec.mode = "diff";
+  const std::vector<float>* now[3] = {&data.params, &data.adam_m, &data.adam_v};
+  // The base as a reader will rebuild it: the ranks' diffs are against these bits.
+  const std::vector<float>* rebuilt[3] = {now[0], now[1], now[2]};
+  std::vector<float> decoded[3];
+  if (delta) {
+    const std::vector<float>* was[3] = {&chain->params, &chain->adam_m, &chain->adam_v};
     for (int i = 0; i < 3; ++i) {
-      auto e = encode(*own[i], *base[i], format);
+      decoded[i].resize(n);
+      // Every rank holds the same base bits, so every rank makes the same choices.
+      for (const auto& t : layout.tensors()) {
+        const auto& e = out->store.emplace_back(
+            encode(now[i]->data() + t.offset, was[i]->data() + t.offset, t.size, through_codec));
+        decode(decoded[i].data() + t.offset, e, was[i]->data() + t.offset, t.size, format.codec.block);
+        add_parts(out->base_parts[i], t.name, e, t.offset);
+      }
+      rebuilt[i] = &decoded[i];
+    }
+  }
+  if (mine) {
+    // Mode diff: against the base as rebuilt. Mode full in a delta: against
+    // this rank's own tensors in the chain's base file.
+    const bool own_delta = delta && format.mode == "full";
+    const std::vector<float>* own[3] = {&mine->params, &mine->adam_m, &mine->adam_v};
+    const std::vector<float>* own_was[3] = {&chain->own_params, &chain->own_m, &chain->own_v};
+    const CheckpointFormat& f = own_delta ? through_codec : format;
+    for (int i = 0; i < 3; ++i) {
+      const float* against = own_delta ? own_was[i]->data() : rebuilt[i]->data();
+      auto e = encode(own[i]->data(), against, n, f);
       // int8 refuses a non-finite difference; the ranks agree on the fallback,
       // so every rank writes the same datasets.
-      int refused = format.mode == "diff" && format.codec.kind == kernels::ckpt_codec::Codec::int8 && e.codec != "int8";
+      int refused = f.mode == "diff" && f.codec.kind == kernels::ckpt_codec::Codec::int8 && e.codec != "int8";
       MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, comm);
-      if (refused && e.codec != "lossless") e = encode(*own[i], *base[i], format, true);
-      const auto& kept = encoded.emplace_back(std::move(e));
-      const std::string n = names[i];
-      auto part = [&](const std::string& suffix, hid_t type, const auto& v) {
-        parts.push_back({n + suffix, type, int64_t(v.size()), v.data(), crc_of(v), kept.codec});
-      };
-      if (kept.codec == "full") part("", H5T_NATIVE_FLOAT, kept.floats);
-      if (kept.codec == "lossless") part("", H5T_NATIVE_UINT32, kept.words);
-      if (kept.codec == "int8") part(".codes", H5T_NATIVE_INT8, kept.codes), part(".scales", H5T_NATIVE_FLOAT, kept.floats);
-      if (kept.codec == "topk") part(".index", H5T_NATIVE_UINT32, kept.words), part(".kept", H5T_NATIVE_FLOAT, kept.floats);
+      if (refused && e.codec != "lossless") e = encode(own[i]->data(), against, n, f, true);
+      add_parts(out->parts, kRankTensors[i], out->store.emplace_back(std::move(e)));
     }
-    for (const auto& [n, values] : mine->extra)
-      parts.push_back({n, H5T_NATIVE_FLOAT, int64_t(values.size()), values.data(), crc_of(values), "full"});
+    for (const auto& [name, values] : mine->extra)
+      out->parts.push_back({name, H5T_NATIVE_FLOAT, int64_t(values.size()), values.data(), crc_of(values), "full"});
   }
   // Every rank has the same parts (names, types); their sizes and checksums
   // are shared, since creating datasets and attributes is collective.
-  const int P = int(parts.size());
-  int min_parts = P, max_parts = P;
+  int min_parts = int(out->parts.size()), max_parts = min_parts;
   MPI_Allreduce(MPI_IN_PLACE, &min_parts, 1, MPI_INT, MPI_MIN, comm);
   MPI_Allreduce(MPI_IN_PLACE, &max_parts, 1, MPI_INT, MPI_MAX, comm);
   if (min_parts != max_parts) throw std::runtime_error("checkpoint: ranks hold different kinds of per-rank state");
   std::vector<int64_t> mine_meta;
-  for (const auto& p : parts) mine_meta.insert(mine_meta.end(), {p.count, int64_t(p.crc)});
-  std::vector<int64_t> meta(mine_meta.size() * world);
-  MPI_Allgather(mine_meta.data(), int(mine_meta.size()), MPI_INT64_T, meta.data(), int(mine_meta.size()),
+  for (const auto& p : out->parts) mine_meta.insert(mine_meta.end(), {p.count, int64_t(p.crc)});
+  out->meta.resize(mine_meta.size() * world);
+  MPI_Allgather(mine_meta.data(), int(mine_meta.size()), MPI_INT64_T, out->meta.data(), int(mine_meta.size()),
                 MPI_INT64_T, comm);
-  std::vector<int64_t> batches(world);
+  out->batches.resize(world);
   const int64_t my_batches = mine ? mine->sampler_batches : data.state.sampler_batches;
-  MPI_Allgather(&my_batches, 1, MPI_INT64_T, batches.data(), 1, MPI_INT64_T, comm);
+  MPI_Allgather(&my_batches, 1, MPI_INT64_T, out->batches.data(), 1, MPI_INT64_T, comm);
+  if (chained && delta) {
+    ++chain->written;
+  } else if (chained) {  // a new chain starts at this base
+    *chain = ChainBase{};
+    chain->name = out->name, chain->written = 1, chain->format = format;
+    chain->params = data.params, chain->adam_m = data.adam_m, chain->adam_v = data.adam_v;
+    if (mine && format.mode == "full") chain->own_params = mine->params, chain->own_m = mine->adam_m, chain->own_v = mine->adam_v;
+  } else if (chain) {
+    *chain = ChainBase{};
+  }
+  return out;
+}
 
+std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& enc) {
+  quiet_hdf5();
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  const std::string path = (fs::path(dir) / enc.name).string(), tmp = path + ".tmp";
+  if (rank == 0) fs::create_directories(dir);
+  MPI_Barrier(comm);
+  const auto& data = enc.data;
+  const auto& format = enc.format;
+  const bool diff = enc.has_ranks && format.mode == "diff";
   {
     Writer w(comm, tmp);
     const hid_t file = w.file();
     write_string_attr(file, "format", "xuanxue-checkpoint");
     write_attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
     write_string_attr(file, "deck", data.deck);
-    write_string_attr(file, "mode", mine ? format.mode : "full");
-    write_string_attr(file, "codec", mine && format.mode == "diff" ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
+    write_string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
+    write_string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
+    write_attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
+    write_string_attr(file, "chain_kind", enc.kind);
+    write_string_attr(file, "chain_parent", enc.parent);
+    if (enc.kind == "delta") write_string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
     // The base: rank 0's copy of what every rank passes alike.
     auto tensors = [&](hid_t group, const std::vector<float>& flat) {
-      for (const auto& t : layout.tensors()) {
+      for (const auto& t : enc.tensors) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
         w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
       }
     };
+    // A delta: each tensor's change since the chain's base, flat, through its codec.
+    auto changes = [&](hid_t group, const std::vector<Part>& parts) {
+      for (const auto& p : parts)
+        w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
+    };
+    auto base_group = [&](hid_t group, int i, const std::vector<float>& flat) {
+      if (enc.kind == "delta") changes(group, enc.base_parts[i]);
+      else tensors(group, flat);
+    };
     {
       H5 model(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      tensors(model, data.params);
+      base_group(model, 0, data.params);
       H5 opt(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       write_string_attr(opt, "kind", "adamw");
       H5 m(H5Gcreate2(opt, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      tensors(m, data.adam_m);
+      base_group(m, 1, data.adam_m);
       H5 v(H5Gcreate2(opt, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      tensors(v, data.adam_v);
+      base_group(v, 2, data.adam_v);
       if (!data.buffers.empty()) {
         H5 buffers(H5Gcreate2(file, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
         for (const auto& [n, values] : data.buffers)
@@ -382,19 +490,20 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
       for (const auto& [n, values] : data.series)
         w.dataset(train, n, H5T_NATIVE_DOUBLE, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
     }
-    if (mine) {
+    if (enc.has_ranks) {
+      const size_t stride = 2 * enc.parts.size();
       H5 ranks(H5Gcreate2(file, "ranks", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       for (int r = 0; r < world; ++r) {
         H5 group(H5Gcreate2(ranks, std::to_string(r).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-        write_attr(group, "sampler_batches", H5T_NATIVE_INT64, batches[r]);
-        for (int i = 0; i < P; ++i) {
-          const int64_t count = meta[size_t(r) * mine_meta.size() + 2 * i];
-          const auto crc = uint32_t(meta[size_t(r) * mine_meta.size() + 2 * i + 1]);
-          const auto& p = parts[i];
+        write_attr(group, "sampler_batches", H5T_NATIVE_INT64, enc.batches[r]);
+        for (size_t i = 0; i < enc.parts.size(); ++i) {
+          const int64_t count = enc.meta[r * stride + 2 * i];
+          const auto crc = uint32_t(enc.meta[r * stride + 2 * i + 1]);
+          const auto& p = enc.parts[i];
           w.dataset(group, p.name, p.type, {hsize_t(count)}, r, r == w.rank() ? p.data : nullptr, crc,
                     p.codec != "full");
         }
-        for (const auto& p : parts)
+        for (const auto& p : enc.parts)
           if (p.codec != "full") {
             const std::string tensor = p.name.substr(0, p.name.find('.'));
             if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
@@ -409,15 +518,95 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
     fsync_path(tmp, false);
     fs::rename(tmp, path);
     fsync_path(dir, true);
-    write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+    write_file_atomic((fs::path(dir) / "latest").string(), enc.name + "\n");
   }
   MPI_Barrier(comm);
   return path;
 }
 
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format,
+                             ChainBase* chain) {
+  return write_encoded(comm, dir, *encode_checkpoint(comm, layout, data, mine, format, chain));
+}
+
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
   return write_checkpoint(MPI_COMM_SELF, dir, layout, data, nullptr, {});
 }
+
+namespace {
+
+// The chain attributes of an open file (files from before chains: a base).
+ChainLink chain_link(hid_t file, const std::string& path) {
+  ChainLink link;
+  if (H5Aexists(file, "chain_kind") > 0) link.kind = read_string_attr(file, "chain_kind", path);
+  if (H5Aexists(file, "chain_parent") > 0) link.parent = read_string_attr(file, "chain_parent", path);
+  if (link.kind != "base" && link.kind != "delta")
+    input_error("{}: attribute 'chain_kind' is '{}' (expected base or delta)", path, link.kind);
+  if (link.kind == "delta" && link.parent.empty())
+    input_error("{}: attribute 'chain_parent' is empty (expected the base file this delta is written against)", path);
+  return link;
+}
+
+// The base file a delta needs, next to it: one clear error when it is gone.
+std::string chain_parent_path(const std::string& path, const ChainLink& link) {
+  const std::string parent = (fs::path(path).parent_path() / link.parent).string();
+  if (!fs::exists(parent))
+    input_error("{}: its chain base '{}' is missing (expected {} next to it: a delta checkpoint stores only the "
+                "change since that file)", path, link.parent, parent);
+  return parent;
+}
+
+// int8's block from root attribute codec_block; -1 in files from before it.
+int64_t codec_block(hid_t file, const std::string& path) {
+  return H5Aexists(file, "codec_block") > 0 ? read_attr<int64_t>(file, "codec_block", H5T_NATIVE_INT64, path) : -1;
+}
+
+// value[0, n) = the tensor stored as `name` in `group` through `codec`,
+// rebuilt against base[0, n). `block` -1: the int8 block from the number of
+// scales (files from before codec_block hold one flat vector per dataset).
+void decode_stored(hid_t group, const std::string& name, const std::string& at, const std::string& codec,
+                   float* value, const float* base, int64_t n, int64_t block, const std::string& path) {
+  namespace cc = kernels::ckpt_codec;
+  Vec<float> v(value, n);
+  Vec<const float> bv(base, n);
+  try {
+    if (codec == "lossless") {
+      const auto diff = read_vector<uint32_t>(group, name, H5T_NATIVE_UINT32, n, at, path);
+      cc::lossless_decode<float>(v, Vec<const uint32_t>(diff.data(), n), bv);
+    } else if (codec == "int8") {
+      const auto codes = read_vector<int8_t>(group, name + ".codes", H5T_NATIVE_INT8, n, at + ".codes", path);
+      const auto scales = read_vector<float>(group, name + ".scales", H5T_NATIVE_FLOAT, -1, at + ".scales", path);
+      if (block < 1) block = scales.empty() ? 1 : (n + int64_t(scales.size()) - 1) / int64_t(scales.size());
+      if (cc::scale_count(n, block) != int64_t(scales.size()))
+        input_error("{}: dataset '{}.scales' has {} values (expected one per block of {} of its {} values)", path, at,
+                    scales.size(), block, n);
+      cc::int8_decode(v, Vec<const int8_t>(codes.data(), n), Vec<const float>(scales.data(), scales.size()), bv,
+                      block);
+    } else if (codec == "topk") {
+      const auto index = read_vector<uint32_t>(group, name + ".index", H5T_NATIVE_UINT32, -1, at + ".index", path);
+      const auto kept =
+          read_vector<float>(group, name + ".kept", H5T_NATIVE_FLOAT, int64_t(index.size()), at + ".kept", path);
+      cc::topk_decode(v, Vec<const uint32_t>(index.data(), index.size()), Vec<const float>(kept.data(), kept.size()),
+                      bv);
+    } else {
+      input_error("{}: tensor '{}' is stored with codec '{}' (expected lossless, int8 or topk)", path, at, codec);
+    }
+  } catch (const std::runtime_error& e) {
+    if (dynamic_cast<const InputError*>(&e)) throw;
+    input_error("{}: dataset '{}' cannot be decoded ({})", path, at, e.what());
+  }
+}
+
+// A delta's tensor: its codec is told by which datasets are there.
+std::string delta_codec(hid_t group, const std::string& name) {
+  if (H5Lexists(group, name.c_str(), H5P_DEFAULT) > 0) return "lossless";
+  if (H5Lexists(group, (name + ".codes").c_str(), H5P_DEFAULT) > 0) return "int8";
+  if (H5Lexists(group, (name + ".index").c_str(), H5P_DEFAULT) > 0) return "topk";
+  return "";
+}
+
+}  // namespace
 
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
                                const std::map<std::string, int64_t>& buffers) {
@@ -441,13 +630,35 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   for (const char* g : {"model", "optimizer/m", "optimizer/v", "train"})
     if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(file, g, H5P_DEFAULT) <= 0)
       input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, g);
+  // A delta: its chain's base file first (every check of that file applies),
+  // then each tensor's change since it.
+  const ChainLink link = chain_link(file, path);
+  data.chain_kind = link.kind, data.chain_parent = link.parent;
+  CheckpointData parent;
+  if (link.kind == "delta") {
+    parent = read_checkpoint(chain_parent_path(path, link), layout, buffers);
+    if (parent.chain_kind != "base")
+      input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, parent.chain_kind);
+  }
+  const int64_t block = codec_block(file, path);
+  auto read_group = [&](const std::string& g, std::vector<float>& out, const std::vector<float>& was) {
+    H5 group(H5Gopen2(file, g.c_str(), H5P_DEFAULT), H5Gclose);
+    for (const auto& t : layout.tensors()) {
+      if (link.kind == "base") {
+        read_tensor(group, "/" + g, t, out.data(), path);
+        continue;
+      }
+      const std::string at = "/" + g + "/" + t.name, codec = delta_codec(group, t.name);
+      if (codec.empty())
+        input_error("{}: tensor '{}' is missing (expected its change since {} for the deck's model)", path, at,
+                    link.parent);
+      decode_stored(group, t.name, at, codec, out.data() + t.offset, was.data() + t.offset, t.size, block, path);
+    }
+  };
   {
-    H5 model(H5Gopen2(file, "model", H5P_DEFAULT), H5Gclose);
-    for (const auto& t : layout.tensors()) read_tensor(model, "/model", t, data.params.data(), path);
-    H5 m(H5Gopen2(file, "optimizer/m", H5P_DEFAULT), H5Gclose);
-    for (const auto& t : layout.tensors()) read_tensor(m, "/optimizer/m", t, data.adam_m.data(), path);
-    H5 v(H5Gopen2(file, "optimizer/v", H5P_DEFAULT), H5Gclose);
-    for (const auto& t : layout.tensors()) read_tensor(v, "/optimizer/v", t, data.adam_v.data(), path);
+    read_group("model", data.params, parent.params);
+    read_group("optimizer/m", data.adam_m, parent.adam_m);
+    read_group("optimizer/v", data.adam_v, parent.adam_v);
     for (const auto& [name, size] : buffers) {
       if (H5Lexists(file, "buffers", H5P_DEFAULT) <= 0)
         input_error("{}: group '/buffers' is missing (expected the model's state buffers, e.g. '{}')", path, name);
@@ -525,7 +736,6 @@ bool has_rank_state(const std::string& path) {
 
 RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
                           const std::map<std::string, int64_t>& extra) {
-  namespace cc = kernels::ckpt_codec;
   quiet_hdf5();
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
@@ -535,49 +745,32 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   H5 group(H5Gopen2(file, where.c_str(), H5P_DEFAULT), H5Gclose);
   const std::string mode = read_string_attr(file, "mode", path);
   const int64_t n = layout.total();
+  if (mode == "diff" && int64_t(base.params.size()) != n)
+    input_error("{}: mode diff needs the base of the file to rebuild rank {} (expected {} values, got {})", path, rank,
+                n, base.params.size());
+  // Mode full in a delta: each tensor is the change since this rank's own
+  // tensor in the chain's base file.
+  const ChainLink link = chain_link(file, path);
+  const bool own_delta = mode == "full" && link.kind == "delta";
+  RankState was;
+  if (own_delta) was = read_rank_state(chain_parent_path(path, link), layout, base, rank, extra);
+  const int64_t block = codec_block(file, path);
   RankState out;
   out.sampler_batches = read_attr<int64_t>(group, "sampler_batches", H5T_NATIVE_INT64, path);
   const std::vector<float>* bases[3] = {&base.params, &base.adam_m, &base.adam_v};
+  const std::vector<float>* owns[3] = {&was.params, &was.adam_m, &was.adam_v};
   std::vector<float>* targets[3] = {&out.params, &out.adam_m, &out.adam_v};
   const char* names[3] = {"params", "adam_m", "adam_v"};
   for (int i = 0; i < 3; ++i) {
     const std::string name = names[i], at = where + "/" + name;
     auto& value = *targets[i];
-    const auto& b = *bases[i];
-    if (mode == "full") {
+    if (mode == "full" && !own_delta) {
       value = read_vector<float>(group, name, H5T_NATIVE_FLOAT, n, at, path);
       continue;
     }
     const std::string codec = read_string_attr(group, (name + ".codec").c_str(), path);
     value.assign(n, 0.0f);
-    Vec<float> v(value.data(), n);
-    Vec<const float> bv(b.data(), n);
-    try {
-      if (codec == "lossless") {
-        const auto diff = read_vector<uint32_t>(group, name, H5T_NATIVE_UINT32, n, at, path);
-        cc::lossless_decode<float>(v, Vec<const uint32_t>(diff.data(), n), bv);
-      } else if (codec == "int8") {
-        const auto codes = read_vector<int8_t>(group, name + ".codes", H5T_NATIVE_INT8, n, at + ".codes", path);
-        const auto scales = read_vector<float>(group, name + ".scales", H5T_NATIVE_FLOAT, -1, at + ".scales", path);
-        const int64_t block = scales.empty() ? 1 : (n + int64_t(scales.size()) - 1) / int64_t(scales.size());
-        if (cc::scale_count(n, block) != int64_t(scales.size()))
-          input_error("{}: dataset '{}.scales' has {} values (expected one per block of {} values)", path, at,
-                      scales.size(), n);
-        cc::int8_decode(v, Vec<const int8_t>(codes.data(), n), Vec<const float>(scales.data(), scales.size()), bv,
-                        block);
-      } else if (codec == "topk") {
-        const auto index = read_vector<uint32_t>(group, name + ".index", H5T_NATIVE_UINT32, -1, at + ".index", path);
-        const auto kept =
-            read_vector<float>(group, name + ".kept", H5T_NATIVE_FLOAT, int64_t(index.size()), at + ".kept", path);
-        cc::topk_decode(v, Vec<const uint32_t>(index.data(), index.size()), Vec<const float>(kept.data(), kept.size()),
-                        bv);
-      } else {
-        input_error("{}: attribute '{}/{}.codec' is '{}' (expected lossless, int8 or topk)", path, where, name, codec);
-      }
-    } catch (const std::runtime_error& e) {
-      if (dynamic_cast<const InputError*>(&e)) throw;
-      input_error("{}: dataset '{}' cannot be decoded ({})", path, at, e.what());
-    }
+    decode_stored(group, name, at, codec, value.data(), (own_delta ? *owns[i] : *bases[i]).data(), n, block, path);
     // A lossy second moment could dip below zero; AdamW takes its square root.
     if (i == 2 && codec != "lossless")
       for (auto& x : value) x = std::max(x, 0.0f);
@@ -592,12 +785,32 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
 }
 
 
+ChainLink read_chain_link(const std::string& path) {
+  quiet_hdf5();
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  return chain_link(file, path);
+}
+
 void prune_checkpoints(const std::string& dir, int64_t keep) {
+  quiet_hdf5();
   const std::vector<std::string> found = step_files(dir);
   std::string latest;
   if (std::ifstream in(fs::path(dir) / "latest"); in) std::getline(in, latest);
-  for (size_t i = size_t(keep); i < found.size(); ++i)
-    if (fs::path(found[i]).filename() != latest) fs::remove(found[i]);
+  // Kept: the newest `keep`, the one `latest` names, and every base a kept delta needs.
+  std::set<std::string> kept;
+  for (size_t i = 0; i < found.size(); ++i) {
+    const std::string name = fs::path(found[i]).filename().string();
+    if (i >= size_t(keep) && name != latest) continue;
+    kept.insert(name);
+    H5 file(H5Fopen(found[i].c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (file >= 0 && H5Aexists(file, "chain_parent") > 0) {
+      const std::string parent = read_string_attr(file, "chain_parent", found[i]);
+      if (!parent.empty()) kept.insert(parent);
+    }
+  }
+  for (const auto& path : found)
+    if (!kept.count(fs::path(path).filename().string())) fs::remove(path);
 }
 
 }  // namespace xx

@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 #include "kernels/ckpt_codec.h"
@@ -37,12 +38,15 @@ struct CheckpointData {
   std::map<std::string, std::vector<double>> series;
   TrainState state;
   std::string deck;  // resolved deck text
+  std::string chain_kind = "base", chain_parent;  // diff across time: root attributes chain_kind, chain_parent
 };
 
 // How each rank's own state is stored (deck: checkpoint ... mode full|diff codec ...).
 struct CheckpointFormat {
   std::string mode = "full";         // full: each rank's tensors as they are; diff: their difference from the base
-  kernels::ckpt_codec::CodecSetting codec;  // diff: lossless (bit-exact), int8 (per-block scale), topk R
+  kernels::ckpt_codec::CodecSetting codec;  // diff (and deltas across time): lossless (bit-exact), int8, topk R
+  int64_t base_every = 1;            // diff across time: a base file every M checkpoints, deltas in between
+  bool operator==(const CheckpointFormat&) const = default;
 };
 
 // One rank's own state, where ranks may differ (sync local, clusters,
@@ -53,18 +57,49 @@ struct RankState {
   int64_t sampler_batches = 0;
 };
 
+// Diff across time (docs/CHECKPOINT.md, "Chains"): what the writer keeps of
+// the current chain's base file, so a delta can be encoded against exactly
+// the values that file holds. Empty: the next checkpoint is a base.
+struct ChainBase {
+  std::string name;          // the base's file name ("" : none yet)
+  int64_t written = 0;       // checkpoints in this chain so far, the base included
+  CheckpointFormat format;   // a different format starts a new chain
+  std::vector<float> params, adam_m, adam_v;       // the base file's /model, /optimizer/m, /optimizer/v
+  std::vector<float> own_params, own_m, own_v;     // mode full: this rank's /ranks/<r> tensors in it
+};
+
+// A checkpoint encoded into datasets in host memory (encode_checkpoint),
+// ready for write_encoded: the codec kernels run in the first, HDF5 only in
+// the second, so a background thread can take the second alone.
+struct EncodedCheckpoint;
+
+// Collective over comm: encodes `data` and `mine` (as write_checkpoint
+// describes) and, with `chain` and format.base_every > 1, decides base or
+// delta and updates `chain`. Takes copies: the caller may change its state.
+std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
+                                                     const CheckpointData& data, const RankState* mine,
+                                                     const CheckpointFormat& format, ChainBase* chain = nullptr);
+// Collective over comm (the same ranks as encode_checkpoint's, possibly a
+// dup): writes the file atomically and points DIR/latest at it; returns its path.
+std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded);
+// The file's chain kind ("base" or "delta") once encoded.
+std::string chain_kind_of(const EncodedCheckpoint& encoded);
+
 // Collective over comm: writes DIR/step_<N>.h5 with parallel HDF5 (MPI-IO,
 // collective transfers) atomically and points DIR/latest at it; returns the
 // path. `data` is the base (/model, /optimizer, /buffers, /train): the same
 // on every rank (the average of the ranks' tensors where they differ).
 // `mine`: this rank's own state for /ranks/<rank>, or nullptr for none.
+// `chain`: see encode_checkpoint.
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
-                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format);
+                             const CheckpointData& data, const RankState* mine, const CheckpointFormat& format,
+                             ChainBase* chain = nullptr);
 // One process, no per-rank state (tools, tests).
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data);
 
 // Rank `rank`'s own state in a checkpoint with /ranks, rebuilt against the
-// base in `base` (from read_checkpoint). `extra` names the per-rank buffers
+// base in `base` (from read_checkpoint; a delta's mode full ranks against
+// the same rank in its chain's base file). `extra` names the per-rank buffers
 // and their sizes. Throws InputError naming the file and dataset for a
 // missing rank, a bad checksum or size.
 RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
@@ -73,15 +108,22 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
 // True when the checkpoint holds per-rank state (/ranks).
 bool has_rank_state(const std::string& path);
 
-// Reads a checkpoint written for `layout`, with the named state buffers of
+// Reads a checkpoint written for `layout` (a delta: its chain's base file
+// too, next to it), with the named state buffers of
 // the given sizes; any corruption, missing tensor or shape mismatch throws
 // InputError naming the file and the tensor.
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
                                const std::map<std::string, int64_t>& buffers = {});
 
-// Deletes all but the newest `keep` step_*.h5 files of DIR (never the one
-// `latest` names).
+// Deletes all but the newest `keep` step_*.h5 files of DIR, never the one
+// `latest` names nor a base that a kept delta needs.
 void prune_checkpoints(const std::string& dir, int64_t keep);
+
+// A file's root attributes chain_kind ("base" when absent) and chain_parent.
+struct ChainLink {
+  std::string kind = "base", parent;
+};
+ChainLink read_chain_link(const std::string& path);
 
 // The newest complete checkpoint in DIR ("" when there is none).
 std::string latest_checkpoint(const std::string& dir);

@@ -3,7 +3,8 @@
 # (and the tensor where one is at fault), at 1 and 2 ranks; and nothing
 # already written is lost: after each failed resume every file of the run
 # directory (metrics.jsonl, rank logs, ckpt/*.h5, ckpt/latest) is
-# byte-for-byte what it was, and no file was added.
+# byte-for-byte what it was, and no file was added. A delta (base_every)
+# without its chain base is refused the same way.
 # usage: bad_checkpoint.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -133,6 +134,19 @@ bad_resume "1" "$RUN/ckpt: not an HDF5 file" "(expected a xuanxue checkpoint)" -
 # checkpoint once more, in case restore_newest hid a change to it.
 begin "the newest checkpoint is intact after all failed resumes"
 check cmp -s "$KEEP/step_00000005.h5" "$CK" || fail "$CK differs from the copy taken after the setup run"
+
+# ----------------------------------------------------------------------------
+# (f) a delta (base_every) whose chain base is gone: refused as a whole.
+begin "a delta checkpoint without its chain base"
+CRUN=$T/chain
+sed -e "s#^checkpoint every 2#checkpoint every 2 mode diff base_every 3#" "$DECK" >"$T/chain.deck"
+expect_ok 1 -in "$T/chain.deck" -var run "$CRUN"
+mkdir -p "$T/chain_lone/ckpt"
+cp -p "$CRUN/ckpt/step_00000004.h5" "$T/chain_lone/ckpt/"
+expect_bad 1 "$T/chain_lone/ckpt/step_00000004.h5: its chain base 'step_00000002.h5' is missing" -- \
+  -in "$T/chain.deck" -var run "$T/chain_res" -resume "$T/chain_lone/ckpt/step_00000004.h5"
+expect_bad 2 "$T/chain_lone/ckpt/step_00000004.h5: its chain base 'step_00000002.h5' is missing" -- \
+  -in "$T/chain.deck" -var run "$T/chain_res" -resume "$T/chain_lone/ckpt/step_00000004.h5"
 
 # ----------------------------------------------------------------------------
 # Positive controls: resume works on this deck, so the failures above are the

@@ -2,7 +2,8 @@
 # tools/ckpt on real checkpoints: ls names every step and the latest, show
 # prints the deck, verify passes intact files and fails (exit 1, naming the
 # dataset) on a flipped byte, refuses a non-checkpoint with exit 2, and diff
-# of a file with itself is all zero while two steps differ.
+# of a file with itself is all zero while two steps differ; with base_every,
+# ls shows the chain and verify fails a delta whose base is gone.
 # usage: ckpt_tool.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CKPT="$(dirname "${BASH_SOURCE[0]}")/../../tools/ckpt"
@@ -61,4 +62,41 @@ check [ "$(grep '^/model/' "$T/same" | grep -v -c ' 0\.000e+00 ')" -eq 0 ] || fa
 check grep -q '^/model/head ' "$T/diff" || fail "no /model/head row"
 check [ "$(grep '^/model/' "$T/diff" | grep -c ' 0\.000e+00 ')" -lt "$(grep -c '^/model/' "$T/diff")" ] ||
   fail "one step of training changed nothing"
+
+# ----------------------------------------------------------------------------
+# chains (base_every): ls shows each file's chain, verify checks the link
+CRUN=$T/chain
+make_deck "$T/chain.deck" "$CORPUS" "$CRUN"
+sed -i 's/^run /checkpoint every 1 mode full codec lossless base_every 3 async on\nrun /' "$T/chain.deck"
+sed -i 's/^variable steps 3$/variable steps 4/' "$T/chain.deck"
+begin "train 4 steps with base_every 3 and async on (setup)"
+expect_ok 2 -in "$T/chain.deck"
+check grep -q -E 'checkpoint .*step_00000002\.h5 \(full copies, delta of step_00000001\.h5, .* in background, stall ' \
+  "$T/out" || fail "no console line for the delta at step 2: $(grep checkpoint "$T/out")"
+[ "$FAILS" -eq 0 ] || finish
+
+begin "ls: each file's chain kind and base"
+/usr/bin/python3 "$CKPT" ls "$CRUN" >"$T/ls" 2>&1
+check grep -q -E '^ +1 +step_00000001\.h5 +complete .* base' "$T/ls" || fail "step 1 not a base: $(cat "$T/ls")"
+check grep -q -E '^ +3 +step_00000003\.h5 +complete .* delta of step_00000001\.h5' "$T/ls" ||
+  fail "step 3 not a delta of step 1: $(cat "$T/ls")"
+check grep -q -E '^ +4 +step_00000004\.h5 +complete .* base +<- latest' "$T/ls" || fail "step 4 not a new base: $(cat "$T/ls")"
+
+begin "verify: a delta with its base passes; without it fails naming the base"
+check /usr/bin/python3 "$CKPT" verify "$CRUN"/ckpt/step_0000000[1-4].h5 >"$T/out" 2>&1 ||
+  fail "verify failed on an intact chain: $(cat "$T/out")"
+mkdir -p "$T/lone"
+cp "$CRUN/ckpt/step_00000003.h5" "$T/lone/"
+/usr/bin/python3 "$CKPT" verify "$T/lone/step_00000003.h5" >"$T/out" 2>"$T/err"
+rc=$?
+check [ $rc -eq 1 ] || fail "exit code $rc (expected 1)"
+check grep -q "chain base 'step_00000001.h5' is missing" "$T/err" || fail "the message does not name the base: $(cat "$T/err")"
+
+begin "export and diff rebuild a delta against its base"
+/usr/bin/python3 "$CKPT" diff "$CRUN/ckpt/step_00000003.h5" "$CRUN/ckpt/step_00000003.h5" >"$T/same" 2>&1
+check [ "$(grep -c '^/model/' "$T/same")" -gt 5 ] || fail "too few tensors: $(cat "$T/same")"
+check [ "$(grep '^/model/' "$T/same" | grep -v -c ' 0\.000e+00 ')" -eq 0 ] || fail "nonzero change against itself"
+check /usr/bin/python3 "$CKPT" export "$CRUN/ckpt/step_00000003.h5" --rank 1 -o "$T/r1.h5" >"$T/out" 2>&1 ||
+  fail "export of a delta failed: $(cat "$T/out")"
+check /usr/bin/python3 "$CKPT" verify "$T/r1.h5" >"$T/out" 2>&1 || fail "the export does not verify: $(cat "$T/out")"
 finish
