@@ -5,8 +5,9 @@
 #     exception on one rank (MPI_Abort), which is also in that rank's log;
 #   - SIGTERM to one rank: every rank stops at the step boundary, checkpoints,
 #     exits 0; -resume auto then gives the uninterrupted run's losses bit for bit;
-#   - the same after a SIGKILL, under sync local in clusters, then dense with
-#     compression and feedback, with diff checkpoints (issue 5/6's resume test);
+#   - the same after a SIGKILL of deepseek-tiny (MLA, MoE, MTP) under sync
+#     local 4 in clusters, then dense with compression and feedback, with diff
+#     checkpoints (issue 5/6's resume test);
 #   - SIGUSR1 to mpiexec reaches the ranks and stops the job the same way;
 #   - a second signal exits at once.
 # usage: resilience.sh XUANXUE [MPIEXEC]
@@ -115,21 +116,36 @@ run_xx 4 -in "$T/sig.deck" -var run_dir "$T/sig" -resume auto
 check [ "$RC" -eq 0 ] || { fail "resume failed"; show_run; }
 check same_losses "$T/ref" "$T/sig" || fail "resumed losses differ from the uninterrupted run"
 
-begin "SIGKILL after a checkpoint, sync local in clusters then compressed dense, diff checkpoints: resume is bit-identical"
-phased=("checkpoint every 3 mode diff codec lossless"
-  "sync local 2 outer nesterov lr 0.7 momentum 0.9" "topology clusters 2" "run 6"
-  "sync dense" "topology full" "compress topk 0.25 feedback on momentum 0.9 transport mpi" "run 6")
-base_deck "$T/ph_ref.deck" "${phased[@]}"
-run_xx 4 -in "$T/ph_ref.deck" -var run_dir "$T/ph_ref"
+# Killed at step 6: the resume starts from step 5, inside the local phase
+# (ranks differ: each rank's diff is in the file), and crosses into the
+# compressed phase.
+begin "deepseek-tiny, SIGKILL after a checkpoint; sync local 4 in clusters, then dense with compression and feedback; diff checkpoints: resume is bit-identical"
+# The model lines of input/deepseek-tiny.deck (MLA, MoE, MTP), a smaller batch.
+src_deck="$(dirname "$0")/../../input/deepseek-tiny.deck"
+for ((i = 1; i <= 800; ++i)); do printf 'Line %d: the quick brown fox jumps over the lazy dog, again.\n' "$i"; done >"$T/big.txt"
+{
+  echo "seed 1"
+  grep -E '^(model|attention|moe|mtp) ' "$src_deck" | sed 's/\${balance}/aux/'
+  echo "data bytes $T/big.txt valid 0.05 batch 2 workers 1"
+  echo "peak_gflops 50"
+  echo 'output dir ${run_dir} log_every 1 tensorboard off'
+  echo "eval every 0 batches 1"
+  echo "checkpoint every 5 mode diff codec lossless"
+  echo 'fault ${fault} rank 3 step 6'
+  printf '%s\n' "sync local 4 outer nesterov lr 0.7 momentum 0.9" "topology clusters 2" "run 6" \
+    "sync dense" "topology full" "compress topk 0.1 feedback on momentum 0.9 transport mpi" "run 3"
+} >"$T/ds.deck"
+check grep -q '^attention mla' "$T/ds.deck" || fail "deepseek-tiny.deck's model lines not found"
+run_xx 4 -in "$T/ds.deck" -var run_dir "$T/ds_ref" -var fault off
 check [ "$RC" -eq 0 ] || { fail "reference run failed"; show_run; }
-base_deck "$T/ph_kill.deck" "fault kill rank 3 step 11" "${phased[@]}"
-run_xx 4 -in "$T/ph_kill.deck" -var run_dir "$T/ph_kill"
+run_xx 4 -in "$T/ds.deck" -var run_dir "$T/ds_kill" -var fault kill
 check [ "$RC" -ne 0 ] || { fail "the run went on after rank 3 was killed"; show_run; }
-check [ -f "$T/ph_kill/ckpt/step_00000009.h5" ] || fail "no checkpoint at step 9 before the kill"
-run_xx 4 -in "$T/ph_kill.deck" -var run_dir "$T/ph_kill" -resume auto
+check [ -f "$T/ds_kill/ckpt/step_00000005.h5" ] || fail "no checkpoint at step 5 before the kill"
+run_xx 4 -in "$T/ds.deck" -var run_dir "$T/ds_kill" -var fault kill -resume auto
 check [ "$RC" -eq 0 ] || { fail "resume failed"; show_run; }
-check grep -q 'step_00000009.h5' "$T/out" || { fail "did not resume from step 9"; show_run; }
-check same_losses "$T/ph_ref" "$T/ph_kill" || fail "resumed losses differ from the uninterrupted run"
+check grep -q 'step_00000005.h5' "$T/out" || { fail "did not resume from step 5"; show_run; }
+check same_losses "$T/ds_ref" "$T/ds_kill" || fail "resumed losses differ from the uninterrupted run"
+check [ "$(losses "$T/ds_kill" | wc -l)" -eq 9 ] || fail "expected 9 logged steps"
 
 begin "SIGUSR1 to mpiexec: forwarded to the ranks, which stop with a checkpoint"
 base_deck "$T/usr1.deck" "run 100000"
