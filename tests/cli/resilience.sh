@@ -57,6 +57,22 @@ ended_promptly() {
   check [ "$ELAPSED" -lt 60 ] || fail "the job took ${ELAPSED} s to end after $1"
 }
 
+wait_until() {  # wait_until TENTHS COMMAND...: polls every 0.1 s; false when it never held
+  local i
+  for ((i = 0; i < $1; ++i)); do "${@:2}" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+
+gone() { ! kill -0 "$1" 2>/dev/null; }
+
+# reap PID TENTHS WHEN: waits for a background run to end (else kills it and
+# fails, saying WHEN); RC becomes its exit code.
+reap() {
+  wait_until "$2" gone "$1" || { fail "still running $3"; kill -KILL "$1"; }
+  wait "$1"
+  RC=$?
+}
+
 same_losses() {  # same_losses A B: identical step/loss lists, bit for bit
   if ! diff <(losses "$1") <(losses "$2") >"$T/loss_diff"; then
     echo "    losses differ:" >&2
@@ -152,12 +168,9 @@ base_deck "$T/usr1.deck" "run 100000"
 LAST_CMD="$MPIEXEC -n 2 $XX -in usr1.deck"
 "$MPIEXEC" --oversubscribe --bind-to none -n 2 "$XX" -in "$T/usr1.deck" -var run_dir "$T/usr1" >"$T/out" 2>"$T/err" &
 pid=$!
-for ((i = 0; i < 600; ++i)); do grep -q 'step    100/' "$T/out" 2>/dev/null && break; sleep 0.1; done
+wait_until 600 grep -q 'step    100/' "$T/out"
 kill -USR1 "$pid"
-for ((i = 0; i < 300; ++i)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && { fail "still running 30 s after SIGUSR1"; kill -KILL "$pid"; }
-wait "$pid"
-RC=$?
+reap "$pid" 300 "30 s after SIGUSR1"
 check [ "$RC" -eq 0 ] || { fail "exit code $RC after SIGUSR1, expected 0"; show_run; }
 check grep -qE 'stopped at step [0-9]+ on SIGUSR1; resume with -resume auto' "$T/out" || { fail "no stop message"; show_run; }
 check compgen -G "$T/usr1/ckpt/step_*.h5" >/dev/null || fail "no checkpoint after SIGUSR1"
@@ -167,14 +180,11 @@ base_deck "$T/hang.deck" "fault hang rank 0 step 2" "run 10"
 LAST_CMD="$XX -in hang.deck"
 "$XX" -in "$T/hang.deck" -var run_dir "$T/hang" >"$T/out" 2>"$T/err" &
 pid=$!
-for ((i = 0; i < 600; ++i)); do grep -q 'fault hang injected' "$T/hang/rank0/log.txt" 2>/dev/null && break; sleep 0.1; done
+wait_until 600 grep -q 'fault hang injected' "$T/hang/rank0/log.txt"
 kill -TERM "$pid"
 sleep 0.5
 kill -TERM "$pid"
-for ((i = 0; i < 50; ++i)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && { fail "still running after the second SIGTERM"; kill -KILL "$pid"; }
-wait "$pid"
-RC=$?
+reap "$pid" 50 "5 s after the second SIGTERM"
 check [ "$RC" -eq 143 ] || { fail "exit code $RC, expected 143 (128 + SIGTERM)"; show_run; }
 check grep -q 'second stop signal (SIGTERM): exiting now' "$T/err" || { fail "no message for the second signal"; show_run; }
 
