@@ -693,9 +693,6 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   return data;
 }
 
-namespace {
-
-// DIR's step_<N>.h5 files, newest (largest N) first.
 std::vector<std::string> step_files(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   const std::regex pattern("step_([0-9]+)\\.h5");
@@ -709,8 +706,6 @@ std::vector<std::string> step_files(const std::string& dir) {
   for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
 }
-
-}  // namespace
 
 std::string latest_checkpoint(const std::string& dir) {
   quiet_hdf5();

@@ -125,6 +125,9 @@ struct ChainLink {
 };
 ChainLink read_chain_link(const std::string& path);
 
+// DIR's step_<N>.h5 files, complete or not, newest (largest N) first.
+std::vector<std::string> step_files(const std::string& dir);
+
 // The newest complete checkpoint in DIR ("" when there is none).
 std::string latest_checkpoint(const std::string& dir);
 

@@ -63,6 +63,15 @@ void completed(const std::vector<MPI_Request>& handles, int rc, Done&& done) {
   }
 }
 
+// MPI_Testsome, MPI_Waitsome: the requests at indices[0, outcount) completed
+// (all of them end on an error).
+void completed_some(const std::vector<MPI_Request>& handles, int rc, int outcount, const int* indices) {
+  std::vector<bool> done(handles.size(), rc != MPI_SUCCESS);
+  if (rc == MPI_SUCCESS && outcount != MPI_UNDEFINED)
+    for (int i = 0; i < outcount; ++i) done[indices[i]] = true;
+  completed(handles, rc, [&](size_t i) { return bool(done[i]); });
+}
+
 void errors_return(MPI_Comm comm) {
   if (comm != MPI_COMM_NULL) PMPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
 }
@@ -252,10 +261,7 @@ int MPI_Testsome(int count, MPI_Request requests[], int* outcount, int indices[]
   if (!recorder().tracking()) return PMPI_Testsome(count, requests, outcount, indices, statuses);
   const std::vector<MPI_Request> handles(requests, requests + count);
   const int rc = PMPI_Testsome(count, requests, outcount, indices, statuses);
-  std::vector<bool> done(handles.size(), rc != MPI_SUCCESS);
-  if (rc == MPI_SUCCESS && *outcount != MPI_UNDEFINED)
-    for (int i = 0; i < *outcount; ++i) done[indices[i]] = true;
-  completed(handles, rc, [&](size_t i) { return bool(done[i]); });
+  completed_some(handles, rc, *outcount, indices);
   return rc;
 }
 
@@ -281,10 +287,7 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   if (!recorder().tracking()) return PMPI_Waitsome(count, requests, outcount, indices, statuses);
   const std::vector<MPI_Request> handles(requests, requests + count);
   const int rc = PMPI_Waitsome(count, requests, outcount, indices, statuses);
-  std::vector<bool> done(handles.size(), rc != MPI_SUCCESS);
-  if (rc == MPI_SUCCESS && *outcount != MPI_UNDEFINED)
-    for (int i = 0; i < *outcount; ++i) done[indices[i]] = true;
-  completed(handles, rc, [&](size_t i) { return bool(done[i]); });
+  completed_some(handles, rc, *outcount, indices);
   return rc;
 }
 

@@ -52,8 +52,6 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   MPI_Comm_size(comm, &world_);
   if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
   cfg_ = program.phases.front().config;
-  if (cfg_.fault.kind == "nan" && options.resume.empty())  // train_step's gradient hook
-    fault_step_ = cfg_.fault.step, fault_rank_ = cfg_.fault.rank, fault_value_ = std::numeric_limits<float>::quiet_NaN();
   // One model and one data stream per job: phases may change the optimizer,
   // schedule, intervals and output, not what is trained on.
   for (const auto& p : program.phases) {
@@ -577,9 +575,12 @@ void Trainer::warm_restart(const Schedule& schedule, double val) {
 void Trainer::check_health_now() {
   ExecSpace().fence();
   const auto P = model_->params().extent(0);
+  // A step skipped for an inf or NaN (health nan skip, or the loss scaler's
+  // overflow) was already decided on every rank: not a failure here.
+  const bool decided = last_skipped_ || scaler_;
   RankHealth mine;
-  mine.finite_loss = std::isfinite(own_loss_);
-  mine.finite_grads = last_skipped_ || scaler_ ? 1 : !kernels::has_nonfinite(Vec<const float>(model_->grads().data(), P));
+  mine.finite_loss = decided || std::isfinite(own_loss_);
+  mine.finite_grads = decided || !kernels::has_nonfinite(Vec<const float>(model_->grads().data(), P));
   mine.step = step_;
   mine.available_mb = available_memory_mb();
   mine.params_fingerprint = kernels::fingerprint(Vec<const float>(model_->params().data(), P));
@@ -629,8 +630,10 @@ void Trainer::inject_fault(int64_t step) {
     std::raise(SIGTERM);
   } else if (f.kind == "throw") {
     throw std::runtime_error(fmt::format("fault throw injected at step {}", step));
+  } else if (f.kind == "nan") {  // train_step's gradient hook, in this step's backward
+    inject_gradient_fault(step, rank_);
+    fault_value_ = std::numeric_limits<float>::quiet_NaN();
   }
-  // nan: train_step's gradient hook puts a NaN in this rank's gradients.
 }
 
 // ---------------------------------------------------------------------------
@@ -705,12 +708,11 @@ void Trainer::run_phases() {
       }
       const double dt = MPI_Wtime() - t0;
       train_seconds += dt, interval_seconds += dt;
-      step_seconds = steps_here == 0 ? dt : 0.9 * step_seconds + 0.1 * dt;  // smoothed, for the ETA
-      log_->progress(fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}", step_ + 0, total_steps, loss,
-                                 tokens_per_batch * (cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1) / step_seconds,
-                                 duration((total_steps - step_) * step_seconds)));
-      ++steps_here, ++interval_steps;
       const int64_t tokens = tokens_per_batch * (cfg_.sync.kind == "accumulate" ? cfg_.sync.every : 1);
+      step_seconds = steps_here == 0 ? dt : 0.9 * step_seconds + 0.1 * dt;  // smoothed, for the ETA
+      log_->progress(fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}", step_, total_steps, loss,
+                                 tokens / step_seconds, duration((total_steps - step_) * step_seconds)));
+      ++steps_here, ++interval_steps;
       tokens_here += tokens, interval_tokens += tokens;
       losses_.push_back(loss);
       if (cfg_.health.every > 0 && step_ % cfg_.health.every == 0) check_health_now();

@@ -17,21 +17,18 @@ using namespace transfer;
 // of an earlier run's checkpoints: that would overwrite them.
 std::string Trainer::resolve_resume(const std::string& resume) const {
   const std::string ckpt = (fs::path(cfg_.output.dir) / "ckpt").string();
-  int step_files = 0;
-  if (fs::is_directory(ckpt))
-    for (const auto& e : fs::directory_iterator(ckpt))
-      step_files += e.path().extension() == ".h5" && e.path().filename().string().rfind("step_", 0) == 0;
+  const size_t earlier = fs::is_directory(ckpt) ? step_files(ckpt).size() : 0;
   if (resume.empty()) {
-    if (step_files > 0)
+    if (earlier > 0)
       input_error("{}: holds {} checkpoint(s) of an earlier run (expected -resume auto to continue it, or another "
-                  "output dir)", ckpt, step_files);
+                  "output dir)", ckpt, earlier);
     return "";
   }
   if (resume == "auto") {
     const std::string latest = latest_checkpoint(ckpt);
-    if (latest.empty() && step_files > 0)
+    if (latest.empty() && earlier > 0)
       input_error("{}: none of its {} checkpoint file(s) is complete (expected at least one with attribute "
-                  "complete = 1; move the broken ones away to start over)", ckpt, step_files);
+                  "complete = 1; move the broken ones away to start over)", ckpt, earlier);
     return latest;
   }
   if (!fs::exists(resume)) input_error("{}: no such checkpoint (given to -resume)", resume);
@@ -261,7 +258,6 @@ void Trainer::save_checkpoint(double loss) {
   const auto encoded = encode_checkpoint(comm_, model_->layout(), data, &mine, format, &chain_);
   pending_ = {};
   pending_.waited = waited;
-  pending_.path = (fs::path(dir) / fmt::format("step_{:08d}.h5", step_)).string();
   pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
   pending_.how = format.mode == "diff" ? "diff " + cfg_.checkpoint.codec : "full copies";
   if (cfg_.checkpoint.async && !async_checked_) {
