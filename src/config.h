@@ -76,6 +76,7 @@ struct DataConfig {
   uint64_t chaos_seed = 0;        // chaos, independent: replay this seed (0: draw one at start-up)
   double common = 0.0;            // fraction of the training windows in the common pool (0: no pool)
   double common_rate = 0.1;       // with a pool: fraction of each rank's samples drawn from it
+  int noise_rank = -1;            // this rank trains on uniformly random tokens (a bad shard, for lossagg robust)
 };
 
 // optimizer adamw lr X [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X]
@@ -117,6 +118,7 @@ struct SyncConfig {
   std::string outer = "average";  // local: what a sync does with the averaged change since the last one
   double outer_lr = 1.0;          // outer sgd/nesterov step on the pseudo-gradient (anchor - average)
   double momentum = 0.0;          // outer momentum
+  bool operator==(const SyncConfig&) const = default;
 };
 
 // topology full | clusters N [redraw S] | ring
@@ -124,6 +126,7 @@ struct TopologyConfig {
   std::string kind = "full";  // full: everyone; clusters: random groups of N; ring: each rank and its two neighbours
   int size = 4;               // N
   int64_t redraw = 0;         // clusters: draw a new partition every S steps (0: once per phase)
+  bool operator==(const TopologyConfig&) const = default;
 };
 
 // compress off

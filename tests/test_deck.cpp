@@ -2,6 +2,7 @@
 // variables, include), every error class with its FILE:LINE prefix, run
 // phases, and the broadcast encoding.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdlib.h>  // mkdtemp
@@ -290,4 +291,77 @@ TEST_CASE("deck: input/tiny.deck parses", "[deck]") {
   const auto q = build_program(read_deck(XX_SOURCE_DIR "/input/tiny.deck", {{"steps", "20"}, {"run_dir", "/tmp/x"}}), false);
   CHECK(q.phases[0].steps == 20);
   CHECK(q.phases[0].config.output.dir == "/tmp/x");
+}
+
+// One rule for phases: every command of the registry, given again after the
+// first `run` with a new value, is either refused (per-job: one value for the
+// whole deck) or takes effect in the second phase (per-phase).
+TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phase (takes effect)", "[deck]") {
+  TempDir t;
+  struct Example {
+    std::string command, line;
+    bool per_job;
+  };
+  const std::vector<Example> examples = {
+      {"seed", "seed 99", true},
+      {"peak_gflops", "peak_gflops 12", true},
+      {"model", "model dense vocab 256 dim 32 layers 1 heads 2 ffn 32 seq 8", true},
+      {"attention", "attention mla kv_lora_rank 8 qk_nope_dim 4 rope_dim 4 v_dim 4", true},
+      {"moe", "moe on routed 4 topk 2 ffn 8", true},
+      {"mtp", "mtp depth 1", true},
+      {"data", "data bytes other.txt", true},
+      {"data", "data bytes corpus.txt batch 3", true},
+      {"precision", "precision bf16", true},
+      {"timeout", "timeout 1", true},
+      {"preempt", "preempt requeue on", true},
+      {"fault", "fault kill rank 0 step 5", true},
+      {"output", "output dir elsewhere", true},
+      {"output", "output dir runs/default tensorboard off", true},
+      {"output", "output dir runs/default log_every 3", false},
+      {"optimizer", "optimizer adamw lr 1e-4", false},
+      {"schedule", "schedule sgdr period 4", false},
+      {"sync", "sync dense bucket_mb 7", false},
+      {"topology", "topology ring", false},
+      {"compress", "compress topk 0.1", false},
+      {"eval", "eval every 5", false},
+      {"checkpoint", "checkpoint every 5", false},
+      {"health", "health every 3", false},
+      {"grad_check", "grad_check missing warn", false},
+      {"lossagg", "lossagg mean", false},
+  };
+  // Every command but the reader's and `run` has an example: a new command must say which it is.
+  for (const auto& name : command_names()) {
+    if (name == "variable" || name == "include" || name == "run") continue;
+    CAPTURE(name);
+    CHECK(std::any_of(examples.begin(), examples.end(), [&](const Example& e) { return e.command == name; }));
+  }
+  for (const auto& e : examples) {
+    CAPTURE(e.line);
+    const std::string deck = kBase + "run 2\n" + e.line + "\nrun 2\n";  // e.line is line 4
+    const std::string error = error_of(t, deck);
+    const std::string file = (t.dir / "test.deck").string();
+    if (e.per_job) {
+      INFO(error);
+      CHECK_THAT(error, Catch::StartsWith(file + ":4: '" + e.command + "'") || Catch::StartsWith(file + ":4: model"));
+      CHECK(error.find("cannot change after the first run") != std::string::npos);
+      continue;
+    }
+    REQUIRE(error.empty());
+    const Program p = build(t, deck);
+    REQUIRE(p.phases.size() == 2);
+    CHECK(describe(p.phases[0].config) != describe(p.phases[1].config));
+    // ... and it is the same line before the first run: the change is the phase's own.
+    const Program same = build(t, kBase + e.line + "\nrun 2\nrun 2\n");
+    CHECK(describe(same.phases[0].config) == describe(same.phases[1].config));
+  }
+}
+
+TEST_CASE("deck: a per-job command given again with the same value is fine, and the error names the first line",
+          "[deck]") {
+  TempDir t;
+  CHECK(error_of(t, kBase + "seed 5\nrun 2\nseed 5\nrun 2\n").empty());
+  const std::string error = error_of(t, kBase + "timeout 30\nrun 2\ntimeout 1\nrun 2\n");
+  const std::string file = (t.dir / "test.deck").string();
+  CHECK_THAT(error, Catch::StartsWith(file + ":5: 'timeout' cannot change after the first run"));
+  CHECK_THAT(error, Catch::Contains("(set at " + file + ":3)"));
 }

@@ -33,8 +33,9 @@ Outcome train(const Program& program, int poisoned_rank = -1, const std::string&
   RunOptions options;
   options.quiet = true;
   options.resume = resume;
-  Trainer trainer(MPI_COMM_WORLD, program, options);
-  trainer.poison_batches_for_testing(poisoned_rank);
+  Program noisy = program;  // deck: data ... noise_rank R
+  for (auto& phase : noisy.phases) phase.config.data.noise_rank = poisoned_rank;
+  Trainer trainer(MPI_COMM_WORLD, noisy, options);
   trainer.run();
   Outcome out{trainer.losses(), all_fingerprints(trainer.model().params()), {}, 0};
   if (trainer.lossagg()) out.log_var = trainer.lossagg()->log_var();
@@ -174,9 +175,7 @@ TEST_CASE("lossagg uncertainty: 2N steps equal N steps, checkpoint, resume, N st
 TEST_CASE("lossagg robust with sync local is refused, naming the run line", "[mpi][lossagg]") {
   const auto dir = shared_scratch("lossagg_refuse");
   const auto corpus = make_corpus(dir);
-  const auto program = make_program(dir, "bad", small_deck(corpus, dir + "/bad", 2, "sync local 2\nlossagg robust\n"));
-  RunOptions options;
-  options.quiet = true;
-  REQUIRE_THROWS_WITH(Trainer(MPI_COMM_WORLD, program, options),
+  // The deck refuses it, before a Trainer exists.
+  REQUIRE_THROWS_WITH(make_program(dir, "bad", small_deck(corpus, dir + "/bad", 2, "sync local 2\nlossagg robust\n")),
                       Catch::Contains("bad.deck") && Catch::Contains("lossagg robust with sync local"));
 }

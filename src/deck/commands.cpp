@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <variant>
 #include <unistd.h>
@@ -155,12 +156,20 @@ struct Variant {
   std::function<void(const std::string& where)> check;  // cross-field checks
 };
 
+// When a command takes effect. A per-job command is one value for the whole
+// deck (the model, the data, the precision, the seed, the watchdog, the
+// fault, the output directory): changing it after the first `run` is an
+// error. A per-phase command takes effect at the next `run`.
+enum class Scope { job, phase };
+
 struct Command {
   std::string name;
   std::string* kind_target = nullptr;  // where the kind word goes, if anywhere
   std::string kind_label = "kind";     // its row name in describe
   std::vector<Variant> variants;
   std::string usage;
+  Scope scope = Scope::phase;
+  std::vector<std::string> phase_keywords;  // of a per-job command, the keywords that are per-phase
   bool has_kind() const { return !variants.front().kind.empty(); }
 };
 
@@ -189,7 +198,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                     choice("shuffle", &c.data.shuffle, {"fixed", "chaos", "independent"}),
                     integer("chaos_seed", &c.data.chaos_seed, at_least(0)),
                     real("common", &c.data.common, within(0, 1, false, true)),
-                    real("common_rate", &c.data.common_rate, within(0, 1, true, true))},
+                    real("common_rate", &c.data.common_rate, within(0, 1, true, true)),
+                    integer("noise_rank", &c.data.noise_rank, at_least(-1))},
                    {},
                    [&c](const std::string& where) {
                      if (c.data.shuffle == "fixed" && c.data.chaos_seed != 0)
@@ -241,13 +251,13 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
   auto& a = c.model.attention;
   auto& moe = c.model.moe;
   return {
-      {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S"},
-      {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X"},
+      {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S", Scope::job},
+      {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X", Scope::job},
       {"model",
        &c.model.kind,
        "kind",
        {model_variant("dense"), model_variant("deepseek")},
-       "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]"},
+       "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]", Scope::job},
       {"attention",
        &a.kind,
        "kind",
@@ -262,7 +272,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
            if (a.rope_dim % 2 != 0)
              input_error("{}: 'rope_dim' {} is odd (expected an even rope_dim, for rotary embeddings)", where, a.rope_dim);
          }}},
-       "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V"},
+       "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V", Scope::job},
       {"moe",
        &moe.mode,
        "mode",
@@ -280,7 +290,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
              input_error("{}: 'topk' {} exceeds 'routed' {} (expected topk <= routed)", where, moe.topk, moe.routed);
          }}},
        "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
-       "[balance_coef X] [route_scale X]"},
+       "[balance_coef X] [route_scale X]", Scope::job},
       {"mtp",
        nullptr,
        "",
@@ -289,13 +299,13 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {integer("depth", &c.model.mtp.depth, at_least(0)), real("weight", &c.model.mtp.weight, at_least(0))},
          {"depth"},
          {}}},
-       "mtp depth D [weight W]"},
+       "mtp depth D [weight W]", Scope::job},
       {"data",
        &c.data.format,
        "format",
        {data_variant("bytes"), data_variant("shard")},
        "data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
-       "[chaos_seed S] [common F] [common_rate R]"},
+       "[chaos_seed S] [common F] [common_rate R] [noise_rank R]", Scope::job},
       {"optimizer",
        nullptr,
        "kind",
@@ -377,7 +387,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           choice("progress", &c.output.progress, {"auto", "on", "off"}), on_off("tensorboard", &c.output.tensorboard)},
          {"dir"},
          {}}},
-       "output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]"},
+       "output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]", Scope::job, {"log_every"}},
       {"eval",
        nullptr,
        "",
@@ -408,16 +418,16 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {},
          {}}},
        "health [every N] [nan skip|stop] [max_skips K]"},
-      {"timeout", nullptr, "", {{"", {real("seconds", &c.resilience.timeout, at_least(0))}, {}, {}, {}}}, "timeout S"},
+      {"timeout", nullptr, "", {{"", {real("seconds", &c.resilience.timeout, at_least(0))}, {}, {}, {}}}, "timeout S", Scope::job},
       {"preempt", nullptr, "", {{"", {}, {on_off("requeue", &c.resilience.requeue)}, {"requeue"}, {}}},
-       "preempt requeue on|off"},
+       "preempt requeue on|off", Scope::job},
       {"fault",
        &c.fault.kind,
        "kind",
        {{"off", {}, {integer("rank", &c.fault.rank, at_least(0)), integer("step", &c.fault.step, at_least(1))}, {}, {}},
         fault_variant("kill"), fault_variant("hang"), fault_variant("nan"), fault_variant("signal"),
         fault_variant("throw")},
-       "fault off | kill|hang|nan|signal|throw rank R step S"},
+       "fault off | kill|hang|nan|signal|throw rank R step S", Scope::job},
       {"grad_check",
        nullptr,
        "",
@@ -427,7 +437,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        &c.precision.kind,
        "kind",
        {{"fp32", {}, {}, {}, {}}, precision_variant("bf16"), precision_variant("fp16")},
-       "precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]"},
+       "precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]", Scope::job},
       {"lossagg",
        &c.lossagg.kind,
        "kind",
@@ -540,6 +550,50 @@ bool readable_file(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec) && std::ifstream(path).good();
 }
 
+
+// The values of a per-job command that must not change between phases
+// (none for a per-phase command).
+std::vector<std::pair<std::string, std::string>> job_rows(const Command& cmd) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (cmd.scope != Scope::job) return out;
+  for (auto& row : rows(cmd)) {
+    const bool per_phase = std::any_of(cmd.phase_keywords.begin(), cmd.phase_keywords.end(),
+                                       [&](const std::string& k) { return row.first == cmd.name + "." + k; });
+    if (!per_phase) out.push_back(std::move(row));
+  }
+  return out;
+}
+
+// Settings of one phase that cannot work together, found at its `run` line.
+void check_phase(const Config& c, const std::string& where, std::optional<CompressConfig>& topk) {
+  if (c.compress.kind == "topk") {
+    if (c.sync.kind == "local")
+      input_error("{}: compress topk with sync local (expected sync dense or accumulate: compression applies to "
+                  "gradients)", where);
+    if (c.topology.kind == "ring")
+      input_error("{}: compress topk with topology ring (expected topology full or clusters)", where);
+    if (topk && c.compress != *topk)
+      input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
+                  where);
+    topk = c.compress;
+    if (c.precision.kind != "fp32")
+      input_error("{}: precision {} with compress topk (expected precision fp32: a skipped inf/NaN step would "
+                  "poison the error-feedback residual)", where, c.precision.kind);
+  }
+  // Weighing ranks needs their gradients averaged over all of them, once, by
+  // an all-reduce; per-loss weights (uncertainty) work anywhere.
+  const auto& agg = c.lossagg.kind;
+  if (agg != "robust" && agg != "softmax") return;
+  if (c.sync.kind == "local")
+    input_error("{}: lossagg {} with sync local (expected sync dense or accumulate: each rank's own AdamW would "
+                "undo its weight)", where, agg);
+  if (c.topology.kind != "full")
+    input_error("{}: lossagg {} with topology {} (expected topology full: the weights are over all ranks)", where,
+                agg, c.topology.kind);
+  if (c.compress.kind == "topk" && c.compress.target == "update")
+    input_error("{}: lossagg {} with compress target update (expected target gradient: each rank's own AdamW "
+                "would undo its weight)", where, agg);
+}
 }  // namespace
 
 std::vector<std::string> command_names() {
@@ -559,6 +613,8 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
   const std::vector<Command> commands = registry(config, steps);
   const std::vector<std::string> names = command_names();
   bool have_model = false, have_data = false;
+  std::map<std::string, std::string> set_at;  // where each command was last given before the first run
+  std::optional<CompressConfig> topk;         // the deck's compress topk setting
 
   for (const auto& line : lines) {
     if (line.words.empty()) continue;
@@ -570,12 +626,19 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
                   suggest(name, names));
     program.deck_text += line.text + "\n";
 
-    const auto before = rows(*cmd);
+    const auto before = job_rows(*cmd);
     apply(*cmd, line, where);
-    if (name == "model" || name == "attention" || name == "moe" || name == "mtp") {
-      if (!program.phases.empty() && rows(*cmd) != before)
+    if (program.phases.empty()) set_at[name] = where;
+    const bool model = name == "model" || name == "attention" || name == "moe" || name == "mtp";
+    if (!program.phases.empty() && job_rows(*cmd) != before) {
+      if (model)
         input_error("{}: model cannot change after the first run (expected the same '{}' line, or none)", where,
                     name);
+      input_error("{}: '{}' cannot change after the first run: it is one setting for the whole job{} (expected "
+                  "the same '{}' line, or none, after the first run)",
+                  where, name, set_at.count(name) ? " (set at " + set_at[name] + ")" : "", name);
+    }
+    if (model) {
       have_model |= name == "model";
     } else if (name == "output") {
       if (check_files) check_output_dir(config.output.dir, where);
@@ -588,6 +651,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       if (!have_model) input_error("{}: 'run' before any 'model' command (expected a model line above the run)", where);
       if (!have_data) input_error("{}: 'run' before any 'data' command (expected a data line above the run)", where);
       check_model(config.model, where);
+      check_phase(config, where, topk);
       program.phases.push_back(Phase{config, steps, where});
       total_steps += steps;
     }

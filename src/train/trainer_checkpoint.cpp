@@ -35,66 +35,133 @@ std::string Trainer::resolve_resume(const std::string& resume) const {
   return resume;
 }
 
+// Every part registers its state once (core/state.h); save, restore and
+// resharding below walk those lists. The model's tensors and AdamW's moments
+// (flat, like the parameters) and the run's counters are the file's frame.
+void Trainer::register_state() {
+  for (auto& [prefix, ffn] : model_->moe_layers())
+    state_.add(buffer_entry(prefix + "ffn.gate_bias", StatePlace::shared_buffer, ffn->bias()));
+  // AdamW's own count (bias correction) lags the step after skipped steps and
+  // restart_from best; checkpoints from before it lack it (restore sets the step).
+  StateEntry adam{"adam_steps", StatePlace::shared_series};
+  adam.save_doubles = [this] { return std::vector<double>{double(optimizer_->steps_taken())}; };
+  adam.load_doubles = [this](const std::vector<double>& v) { optimizer_->set_steps_taken(int64_t(v.at(0))); };
+  state_.add(std::move(adam));
+  // Where this world's data streams began (an epoch left by another world size).
+  StateEntry data{"data_start", StatePlace::shared_series};
+  data.save_doubles = [this] { return std::vector<double>{double(sampler_start_.epoch), double(sampler_start_.position)}; };
+  data.load_doubles = [this](const std::vector<double>& v) {
+    if (v.size() == 2) sampler_start_ = Continuation{int64_t(v[0]), int64_t(v[1])};
+  };
+  state_.add(std::move(data));
+  precision_->register_state(state_);
+  if (lossagg_) {
+    StateEntry agg{LossAggregator::kLogVarSeries, StatePlace::shared_series};
+    agg.save_doubles = [this] { return lossagg_->log_var(); };
+    agg.load_doubles = [this](const std::vector<double>& v) { lossagg_->set_log_var(v); };
+    state_.add(std::move(agg));
+  }
+  restarts_->register_state(state_);
+}
+
+// Names and sizes of the required entries in `place`: the parts', and the
+// strategy's when it continues from the checkpoint.
+std::map<std::string, int64_t> Trainer::required_buffers(StatePlace place) const {
+  std::map<std::string, int64_t> out;
+  for (const auto* registry : {&state_, &strategy_state_})
+    for (const auto* e : registry->in(place))
+      if (e->required) out[e->name] = e->size;
+  return out;
+}
+
+// Puts each entry of `registry` back from the checkpoint's data.
+void Trainer::apply_state(const StateRegistry& registry, const CheckpointData& data, const RankState* mine,
+                          const std::string& path) {
+  for (const auto& e : registry.entries()) {
+    const bool own = e.place == StatePlace::rank_buffer;
+    if (own && !mine) continue;  // a file without per-rank state
+    const std::string where = own ? fmt::format("/ranks/{}/{}", rank_, e.name)
+                              : e.is_series() ? "/train/" + e.name : "/buffers/" + e.name;
+    if (e.is_series()) {
+      const auto it = data.series.find(e.name);
+      if (it == data.series.end()) {
+        if (e.required) input_error("{}: dataset '{}' is missing (expected it for this deck)", path, where);
+        continue;
+      }
+      if (e.load_doubles) e.load_doubles(it->second);
+      continue;
+    }
+    const auto& values = own ? mine->extra : data.buffers;
+    const auto it = values.find(e.name);
+    if (it == values.end()) {
+      if (e.required) input_error("{}: dataset '{}' is missing (expected it for this deck)", path, where);
+      continue;
+    }
+    if (e.size >= 0 && int64_t(it->second.size()) != e.size)
+      input_error("{}: dataset '{}' has {} values (expected {})", path, where, it->second.size(), e.size);
+    if (e.load_floats) e.load_floats(it->second);
+  }
+}
+
 void Trainer::restore(const std::string& path) {
   finish_checkpoint();  // one HDF5 user at a time
   CheckpointData data;
   int per_rank = 0, old_world = world_;
   on_rank0_or_throw(comm_, rank_, [&] {
-    data = read_checkpoint(path, model_->layout(), model_buffers());
+    data = read_checkpoint(path, model_->layout(), required_buffers(StatePlace::shared_buffer));
     old_world = data.state.world_size;
     if (old_world != world_ && cfg_.data.shuffle == "independent")
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
                   "expected {} ranks)", path, old_world, world_, old_world);
-    // Every rank's state is checked before any rank takes its own: no partial restore.
     per_rank = has_rank_state(path);
-    if (per_rank)
-      for (int r = 0; r < old_world; ++r) read_rank_state(path, model_->layout(), data, r, rank_buffers());
   });
   MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
   MPI_Bcast(&old_world, 1, MPI_INT, 0, comm_);
+  MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
+  // The phase the checkpoint continues, and its strategy: the strategy's
+  // state comes back unless the checkpoint ended the phase before a change.
+  step_ = last_saved_ = data.state.step;
+  size_t phase = 0;
+  for (int64_t end = program_.phases[0].steps; phase + 1 < program_.phases.size() && step_ >= end;)
+    end += program_.phases[++phase].steps;
+  enter_phase(phase);
+  const bool strategy_goes_on = step_ > phase_start_ ||
+                                (phase > 0 && sync_settings(program_.phases[phase - 1].config, phase_start_) ==
+                                                  sync_settings(cfg_, phase_start_));
+  if (!strategy_goes_on) strategy_state_ = StateRegistry();  // a fresh strategy: nothing of it is in the file
+  // Every rank's state is checked before any rank takes its own: no partial restore.
+  on_rank0_or_throw(comm_, rank_, [&] {
+    if (per_rank)
+      for (int r = 0; r < old_world; ++r)
+        read_rank_state(path, model_->layout(), data, r, required_buffers(StatePlace::rank_buffer));
+  });
   // Rank 0 read and checked the file; every rank gets all of it.
   const int64_t total = model_->layout().total();
   if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
   MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
-  MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
   MPI_Bcast(&data.state.sampler_batches, 1, MPI_INT64_T, 0, comm_);
   MPI_Bcast(&data.state.chaos_seed, 1, MPI_UINT64_T, 0, comm_);
-  for (const auto& [name, size] : model_buffers()) bcast_vector(data.buffers[name], MPI_FLOAT, comm_);
+  bcast_map(data.buffers, MPI_FLOAT, comm_);
   bcast_map(data.series, MPI_DOUBLE, comm_);
   RankState mine;
-  if (per_rank) {  // this rank's own tensors, residuals, outer optimizer and data position
+  if (per_rank) {  // this rank's own tensors, strategy state and data position
     mine = merged_rank_state(path, data, old_world);
     data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
-    if (compressed_) {
-      from_host(compressed_->residual(), mine.extra.at("compress.residual"));
-      if (mine.extra.count("compress.momentum")) from_host(compressed_->momentum(), mine.extra.at("compress.momentum"));
-    }
   }
-  const int64_t P = model_->layout().total();
-  auto restore_buffer = [&](const char* name, Buffer<float>& b) {
-    if (!mine.extra.count(name)) return;
-    if (int64_t(mine.extra.at(name).size()) != P)
-      input_error("{}: dataset '/ranks/{}/{}' has {} values (expected {})", path, rank_, name,
-                  mine.extra.at(name).size(), P);
-    b = Buffer<float>(std::string("Trainer::") + name, P);
-    from_host(b, mine.extra.at(name));
-  };
-  restore_buffer("outer.anchor", anchor_);
-  restore_buffer("outer.momentum", momentum_);
-  restore_buffer("outer.initial", initial_params_);
-
   from_host(model_->params(), data.params);
   from_host(optimizer_->m(), data.adam_m);
   from_host(optimizer_->v(), data.adam_v);
-  for (auto& [prefix, ffn] : model_->moe_layers()) from_host(ffn->bias(), data.buffers[prefix + "ffn.gate_bias"]);
-  chaos_seed_ = data.state.chaos_seed;  // the constructor checks it against the deck
+  optimizer_->set_steps_taken(step_);
+  sampler_start_ = {};
+  apply_state(state_, data, per_rank ? &mine : nullptr, path);
+  apply_state(strategy_state_, data, per_rank ? &mine : nullptr, path);
+  if (!strategy_goes_on) strategy_->register_state(strategy_state_);  // saved from here on
+  chaos_seed_ = data.state.chaos_seed;  // build_data_stream checks it against the deck
   // The data stream: the same world continues its own counter; another world
   // continues the epoch where the old ranks left it, counting from zero.
-  const auto& start = data.series["data_start"];
-  sampler_start_ = start.size() == 2 ? Continuation{int64_t(start[0]), int64_t(start[1])} : Continuation{};
   start_batch_ = data.state.sampler_batches;
   if (old_world != world_) {
     SamplerOptions old = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
@@ -104,30 +171,6 @@ void Trainer::restore(const std::string& path) {
     log_note_ = fmt::format("resumed {} ranks on {}: epoch {} continues at position {} of {}", old_world, world_,
                             sampler_start_.epoch, sampler_start_.position, split_.train_windows);
   }
-  step_ = last_saved_ = data.state.step;
-  // AdamW's own count (bias correction) lags the step after skipped steps and
-  // restart_from best; checkpoints from before it lack it.
-  const auto& series = data.series;
-  optimizer_->set_steps_taken(series.count("adam_steps") ? int64_t(series.at("adam_steps").at(0)) : step_);
-  if (scaler_ && series.count("loss_scale")) scaler_->restore(series.at("loss_scale"));
-  if (lossagg_ && series.count(LossAggregator::kLogVarSeries))
-    lossagg_->set_log_var(series.at(LossAggregator::kLogVarSeries));
-  // sgdr: the restarts so far and, under restart_from best, the cycle's best state
-  restarts_.clear();
-  if (series.count("lr_restarts"))
-    for (size_t i = 0, n = series.at("lr_restarts").size(); i + 5 <= n; i += 5) {
-      const auto* r = series.at("lr_restarts").data() + i;
-      restarts_.push_back({int64_t(r[0]), r[1], r[2], int(r[3]), int64_t(r[4])});
-    }
-  if (best_.params.extent(0) > 0 && series.count("restart_best")) {
-    const auto& b = series.at("restart_best");
-    best_.step = int64_t(b.at(0)), best_.val_loss = b.at(1), best_.adam_steps = int64_t(b.at(2));
-    from_host(best_.params, data.buffers["restart_best.params"]);
-    from_host(best_.adam_m, data.buffers["restart_best.adam_m"]);
-    from_host(best_.adam_v, data.buffers["restart_best.adam_v"]);
-    for (auto& [prefix, ffn] : model_->moe_layers())
-      best_.gate_bias[prefix] = data.buffers["restart_best." + prefix + "ffn.gate_bias"];
-  }
 }
 
 // This rank's state from a checkpoint of `old_world` ranks: its own at the
@@ -135,17 +178,18 @@ void Trainer::restore(const std::string& path) {
 // floor(r * W / old_world) == rank (ranks merge), or of all of them when none
 // maps here (a new rank starts from the base).
 RankState Trainer::merged_rank_state(const std::string& path, const CheckpointData& base, int old_world) {
+  const auto own = required_buffers(StatePlace::rank_buffer);
   std::vector<int> sources;
   for (int r = 0; r < old_world; ++r)
     if (int64_t(r) * world_ / old_world == rank_) sources.push_back(r);
   if (sources.empty())
     for (int r = 0; r < old_world; ++r) sources.push_back(r);
-  RankState out = read_rank_state(path, model_->layout(), base, sources[0], rank_buffers());
+  RankState out = read_rank_state(path, model_->layout(), base, sources[0], own);
   if (sources.size() == 1) return out;
   auto average = [&](std::vector<float>& into, auto get) {
     std::vector<double> sum(into.begin(), into.end());
     for (size_t i = 1; i < sources.size(); ++i) {
-      RankState other = read_rank_state(path, model_->layout(), base, sources[i], rank_buffers());
+      RankState other = read_rank_state(path, model_->layout(), base, sources[i], own);
       const std::vector<float>& v = get(other);
       for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
     }
@@ -156,28 +200,6 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
   average(out.adam_v, [](RankState& s) -> std::vector<float>& { return s.adam_v; });
   for (auto& [name, values] : out.extra)
     average(values, [name = name](RankState& s) -> std::vector<float>& { return s.extra.at(name); });
-  return out;
-}
-
-// Per-rank buffers in /ranks/<r> besides the tensors: what this deck needs.
-std::map<std::string, int64_t> Trainer::rank_buffers() {
-  std::map<std::string, int64_t> out;
-  if (compressed_) {
-    out["compress.residual"] = compressed_->residual().extent(0);
-    if (compressed_->momentum().extent(0) > 0) out["compress.momentum"] = compressed_->momentum().extent(0);
-  }
-  return out;
-}
-
-std::map<std::string, int64_t> Trainer::model_buffers() {
-  std::map<std::string, int64_t> out;
-  for (auto& [prefix, ffn] : model_->moe_layers()) out[prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
-  if (best_.params.extent(0) > 0) {  // restart_from best keeps the cycle's best state
-    for (const char* name : {"params", "adam_m", "adam_v"})
-      out[std::string("restart_best.") + name] = model_->layout().total();
-    for (auto& [prefix, ffn] : model_->moe_layers())
-      out["restart_best." + prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
-  }
   return out;
 }
 
@@ -196,17 +218,20 @@ void Trainer::save_checkpoint(double loss) {
   mine.adam_m = to_host(optimizer_->m());
   mine.adam_v = to_host(optimizer_->v());
   mine.sampler_batches = loader_->position();
-  if (compressed_) {
-    mine.extra["compress.residual"] = to_host(compressed_->residual());
-    if (compressed_->momentum().extent(0) > 0) mine.extra["compress.momentum"] = to_host(compressed_->momentum());
-  }
   CheckpointData data;
+  for (const auto* registry : {&state_, &strategy_state_})
+    for (const auto& e : registry->entries()) {
+      if (e.is_series()) {
+        if (auto v = e.save_doubles ? e.save_doubles() : std::vector<double>{}; !v.empty()) data.series[e.name] = v;
+      } else if (auto v = e.save_floats ? e.save_floats() : std::vector<float>{}; !v.empty()) {
+        (e.place == StatePlace::rank_buffer ? mine.extra : data.buffers)[e.name] = std::move(v);
+      }
+    }
   data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
-  const bool may_differ = cfg_.sync.kind == "local" || !topology_->is_full() ||
-                          (cfg_.compress.kind == "topk" && cfg_.compress.target == "update");
   // Every rank encodes its state against the same base bits: the ranks'
-  // average where they are expected to differ, else rank 0's own (equal to
-  // every rank's unless an earlier phase left, say, different moments).
+  // average where they may differ, else rank 0's own (equal to every
+  // rank's unless an earlier phase left, say, different moments).
+  const bool may_differ = !strategy_->agreement(step_).all();
   if (world_ > 1)
     for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) {
       if (may_differ) {
@@ -216,13 +241,6 @@ void Trainer::save_checkpoint(double loss) {
       }
       MPI_Bcast(v->data(), int(v->size()), MPI_FLOAT, 0, comm_);
     }
-  for (auto& [prefix, ffn] : model_->moe_layers()) data.buffers[prefix + "ffn.gate_bias"] = to_host(ffn->bias());
-  if (anchor_.extent(0) > 0) {  // sync local with an outer optimizer (per cluster under topology clusters)
-    mine.extra["outer.anchor"] = to_host(anchor_);
-    mine.extra["outer.momentum"] = to_host(momentum_);
-  } else if (initial_params_.extent(0) > 0) {
-    mine.extra["outer.initial"] = to_host(initial_params_);
-  }
   data.state.step = step_;
   data.state.sampler_batches = loader_->position();
   data.state.chaos_seed = chaos_seed_;
@@ -230,20 +248,6 @@ void Trainer::save_checkpoint(double loss) {
   data.state.seed = cfg_.seed;
   data.state.world_size = world_;
   data.state.last_loss = loss;
-  data.series["adam_steps"] = {double(optimizer_->steps_taken())};
-  data.series["data_start"] = {double(sampler_start_.epoch), double(sampler_start_.position)};
-  for (const auto& r : restarts_)
-    data.series["lr_restarts"].insert(data.series["lr_restarts"].end(),
-                                      {double(r.step), r.lr, r.val_loss, double(r.cycle), double(r.restored_from)});
-  if (best_.params.extent(0) > 0) {  // restart_from best: the cycle's best state so far (step -1: none yet)
-    data.series["restart_best"] = {double(best_.step), best_.val_loss, double(best_.adam_steps)};
-    data.buffers["restart_best.params"] = to_host(best_.params);
-    data.buffers["restart_best.adam_m"] = to_host(best_.adam_m);
-    data.buffers["restart_best.adam_v"] = to_host(best_.adam_v);
-    for (const auto& [prefix, bias] : best_.gate_bias) data.buffers["restart_best." + prefix + "ffn.gate_bias"] = bias;
-  }
-  if (scaler_) data.series["loss_scale"] = scaler_->state();
-  if (lossagg_) data.series[LossAggregator::kLogVarSeries] = lossagg_->log_var();
   data.deck = program_.deck_text;
   CheckpointFormat format;
   format.mode = cfg_.checkpoint.mode;

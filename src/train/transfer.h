@@ -23,6 +23,14 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
   Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
 }
 
+// Rank 0's string to every rank.
+inline void bcast_string(std::string& s, MPI_Comm comm) {
+  int n = int(s.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
+  s.resize(n);
+  MPI_Bcast(s.data(), n, MPI_CHAR, 0, comm);
+}
+
 // Rank 0's vector to every rank (sizes first).
 template <class T>
 void bcast_vector(std::vector<T>& v, MPI_Datatype type, MPI_Comm comm) {

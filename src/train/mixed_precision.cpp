@@ -1,0 +1,57 @@
+#include "train/mixed_precision.h"
+#include "kernels/elementwise.h"
+
+namespace xx {
+
+MixedPrecision::MixedPrecision(const PrecisionConfig& cfg, Transformer<float>& model)
+    : type_(kernels::precision_from_name(cfg.kind)), model_(model) {
+  if (type_ == kernels::Precision::fp32) return;
+  model_.set_precision(type_);
+  master_ = Buffer<float>("MixedPrecision::master_params", model_.layout().total());
+  const bool fp16 = type_ == kernels::Precision::fp16;
+  const std::string& s = cfg.loss_scale;
+  scaler_ = std::make_unique<LossScaler>(
+      LossScaler::from_setting(s == "auto" ? (fp16 ? "dynamic" : "1") : s, cfg.scale_window));
+}
+
+void MixedPrecision::begin_step() {
+  use_working_weights();
+  step_scale_ = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_) model_.set_loss_scale(step_scale_);
+}
+
+void MixedPrecision::use_working_weights() {
+  if (type_ == kernels::Precision::fp32) return;
+  Kokkos::deep_copy(master_, model_.params());
+  kernels::round_inplace(Vec<float>(model_.params().data(), model_.params().extent(0)), type_);
+}
+
+void MixedPrecision::restore_master_weights() {
+  if (type_ != kernels::Precision::fp32) Kokkos::deep_copy(model_.params(), master_);
+}
+
+void MixedPrecision::round_gradients(float* grads, int64_t n) const { kernels::round_inplace(Vec<float>(grads, n), type_); }
+
+bool MixedPrecision::skip_or_unscale(MPI_Comm comm) {
+  auto& g = model_.grads();
+  bool skip = false;
+  if (scaler_) {
+    ExecSpace().fence();
+    int mine = kernels::has_nonfinite(Vec<const float>(g.data(), g.extent(0))) ? 1 : 0, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
+    skip = scaler_->update(any != 0);
+  }
+  if (!skip && step_scale_ != 1.0)
+    kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), float(1.0 / step_scale_));
+  return skip;
+}
+
+void MixedPrecision::register_state(StateRegistry& registry) {
+  if (!scaler_) return;
+  StateEntry e{"loss_scale", StatePlace::shared_series};
+  e.save_doubles = [this] { return scaler_->state(); };
+  e.load_doubles = [this](const std::vector<double>& v) { scaler_->restore(v); };
+  registry.add(std::move(e));
+}
+
+}  // namespace xx

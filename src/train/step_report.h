@@ -1,0 +1,57 @@
+// What a step tells the user: rank 0's progress line, the step line every
+// log_every steps and at each phase's end, metrics.jsonl, TensorBoard
+// scalars, the rank logs, and the run's closing PERFORMANCE line.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "comm/grad_sync.h"
+#include "io/log.h"
+#include "model/transformer.h"
+#include "train/loss_scale.h"
+#include "train/lossagg.h"
+
+namespace xx {
+
+// The figures of the step just taken.
+struct StepFigures {
+  int64_t step = 0, phase_end = 0;
+  double loss = 0, own_loss = 0, lr = 0, norm = 0;
+  LossParts parts;
+  bool mtp = false;
+  CommStats comm;
+  double consensus = -1;                  // RMS distance at the last averaging; -1: never
+  std::vector<double> expert_load;        // tokens per routed expert, all MoE layers and ranks
+  int64_t nonfinite_skipped = 0;          // health nan skip
+  std::optional<double> compress_ratio;   // compress topk
+  const LossScaler* scaler = nullptr;
+  const LossAggregator* lossagg = nullptr;
+  std::string lossagg_kind = "off";
+  int64_t batch_position = 0;             // batches this rank's loader handed out
+};
+
+class StepReport {
+ public:
+  StepReport(RunLog& log, int rank, int world, double flops_per_token, double peak_gflops, int64_t total_steps);
+
+  // Every step: its wall time and the tokens it trained (all ranks).
+  void step_done(const StepFigures& f, double seconds, int64_t tokens);
+  void log_step(const StepFigures& f);  // the step line; the interval starts again
+  void log_validation(int64_t step, int64_t phase_end, double val);
+  void flush();                         // this step's metrics record, if any
+  void performance(double final_loss);  // the closing line
+
+ private:
+  double mfu(double tokens_per_s) const;
+  RunLog& log_;
+  int rank_, world_;
+  double flops_per_token_, peak_gflops_;
+  int64_t total_steps_;
+  int64_t steps_ = 0, tokens_ = 0, interval_steps_ = 0, interval_tokens_ = 0;
+  double seconds_ = 0, interval_seconds_ = 0, smoothed_ = 0;
+  nlohmann::json record_;
+};
+
+}  // namespace xx

@@ -1,0 +1,108 @@
+// The trainer's resilience (docs/RESILIENCE.md): the NaN verdict every step,
+// the periodic health check, stop signals at the step boundary, and fault
+// injection for the tests of all three.
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+#include <fmt/format.h>
+#include "kernels/health.h"
+#include "kernels/precision.h"
+#include "resilience/health.h"
+#include "resilience/signals.h"
+#include "train/trainer.h"
+
+namespace xx {
+
+// One all-reduce: the global mean of the losses, and whether any rank saw an
+// inf or NaN in its own loss or gradients (health nan skip|stop). Every rank
+// sees the same count, so all skip together or all stop with one message.
+bool Trainer::agree_on_losses(const LossParts& mine) {
+  const bool scaled = precision_->scaler() != nullptr;  // a loss scaler decided overflows already
+  own_loss_ = mine.total;
+  own_nonfinite_ |= !scaled && !std::isfinite(mine.total);
+  double parts[5] = {mine.total, mine.main, mine.mtp, mine.aux, own_nonfinite_ ? 1.0 : 0.0}, sums[5];
+  MPI_Allreduce(parts, sums, 5, MPI_DOUBLE, MPI_SUM, comm_);
+  last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
+  last_skipped_ = false;
+  if (sums[4] == 0) {
+    if (!scaled) nonfinite_in_row_ = 0;
+    return false;
+  }
+  const std::string who = ranks_with(comm_, own_nonfinite_);
+  const std::string what = fmt::format("step {}: inf or NaN in the loss or gradients of {}", step_ + 1, who);
+  if (cfg_.health.nan == "stop") throw HealthError(what + " (health nan stop; `health nan skip` skips such steps)");
+  if (++nonfinite_in_row_ > cfg_.health.max_skips)
+    throw HealthError(fmt::format("{}: {} non-finite steps in a row (health max_skips {})", what, nonfinite_in_row_,
+                                  cfg_.health.max_skips));
+  log_->console(fmt::format("{}: step skipped on every rank ({} in a row, at most {})", what, nonfinite_in_row_,
+                            cfg_.health.max_skips));
+  ++nonfinite_skipped_;
+  return last_skipped_ = true;
+}
+
+// health every N: one all-gather of every rank's health; a failure ends the
+// job on every rank with the same message.
+void Trainer::check_health_now() {
+  ExecSpace().fence();
+  const auto P = model_->params().extent(0);
+  // A step skipped for an inf or NaN (health nan skip, or the loss scaler's
+  // overflow) was already decided on every rank: not a failure here.
+  const bool decided = last_skipped_ || precision_->scaler();
+  RankHealth mine;
+  mine.finite_loss = decided || std::isfinite(own_loss_);
+  mine.finite_grads = decided || !kernels::has_nonfinite(Vec<const float>(model_->grads().data(), P));
+  mine.step = step_;
+  mine.available_mb = available_memory_mb();
+  mine.params_fingerprint = kernels::fingerprint(Vec<const float>(model_->params().data(), P));
+  // Where the strategy says the ranks hold the same parameters, a rank that
+  // does not is named (silent divergence).
+  const HealthVerdict verdict = check_health(comm_, mine, strategy_->agreement(step_).params);
+  if (!verdict.failure.empty()) throw HealthError(fmt::format("step {}: health check failed: {}", step_, verdict.failure));
+  log_->rank(verdict.summary);
+}
+
+// Stop signals: every rank looks at the step boundary, and one all-reduce
+// makes a signal to any rank stop them all.
+bool Trainer::stop_requested() {
+  int mine = pending_stop_signal();
+  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MAX, comm_);
+  stop_signal_ = mine;
+  return mine != 0;
+}
+
+void Trainer::stop_on_signal(double loss) {
+  save_checkpoint(loss);  // a no-op when this step's checkpoint was just written
+  finish_checkpoint();    // durably on disk before anyone exits
+  ignore_stop_signals();  // the state is safe: a requeue's SIGTERM need not cut the exit short
+  log_->console(fmt::format("stopped at step {} on {}; resume with -resume auto", step_, signal_name(stop_signal_)));
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (rank_ == 0 && cfg_.resilience.requeue && job) {
+    const std::string command = fmt::format("scontrol requeue {}", job);
+    const int rc = std::system(command.c_str());
+    log_->console(fmt::format("preempt requeue: `{}` {}", command,
+                              rc == 0 ? std::string("done") : fmt::format("failed (exit {})", rc)));
+  }
+}
+
+// fault kill|hang|nan|signal|throw rank R step S: tests of the machinery above.
+void Trainer::inject_fault(int64_t step) {
+  const auto& f = cfg_.fault;
+  // A resumed run injects nothing: the test that killed a run can resume the same deck.
+  if (f.kind == "off" || resumed_ || f.step != step || f.rank != rank_) return;
+  log_->rank(fmt::format("fault {} injected at step {}", f.kind, step));
+  if (f.kind == "kill") {
+    std::raise(SIGKILL);
+  } else if (f.kind == "hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  } else if (f.kind == "signal") {
+    std::raise(SIGTERM);
+  } else if (f.kind == "throw") {
+    throw std::runtime_error(fmt::format("fault throw injected at step {}", step));
+  } else if (f.kind == "nan") {  // in this step's backward, before the gradients are averaged
+    inject_gradient_fault(step, rank_, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+}  // namespace xx

@@ -1,0 +1,179 @@
+// The trainer's set-up: data, model and parts, the data stream, and what
+// each phase switches (its settings, its sync strategy, the checks on the
+// gradients). The loop is in trainer.cpp.
+#include <unistd.h>
+#include <fmt/format.h>
+#include "core/error.h"
+#include "core/peak.h"
+#include "data/seeding.h"
+#include "kernels/precision.h"
+#include "train/trainer.h"
+#include "train/transfer.h"
+
+namespace xx {
+using namespace transfer;
+
+Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& options)
+    : comm_(comm), program_(program), options_(options) {
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &world_);
+  if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
+  cfg_ = program.phases.front().config;  // per-job settings are the same in every phase (deck/commands.cpp)
+  load_data();
+  std::string resume_path;
+  on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
+  bcast_string(resume_path, comm_);
+  build_model();
+  register_state();
+  if (!resume_path.empty()) restore(resume_path), resumed_ = true;
+  else enter_phase(0);
+  log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, resumed_, options_.quiet, cfg_.output.tensorboard);
+  watchdog_ = std::make_unique<Watchdog>(cfg_.output.dir, rank_, cfg_.resilience.timeout);
+  if (resumed_) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
+  if (!log_note_.empty()) log_->console(log_note_);
+  build_data_stream(resume_path);
+  flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
+  peak_gflops_ = cfg_.peak_gflops;
+  if (peak_gflops_ <= 0) {
+    if (rank_ == 0) peak_gflops_ = measure_sgemm_gflops(cfg_.model, cfg_.data.batch, 0.3);
+    MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, comm_);
+  }
+}
+
+Trainer::~Trainer() {
+  // A checkpoint write in flight finishes; a failure the run never waited
+  // for is printed, since a destructor cannot throw it.
+  if (writer_.joinable()) writer_.join();
+  if (writer_error_) try {
+      std::rethrow_exception(writer_error_);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "xuanxue: rank {}: background checkpoint write failed: {}\n", rank_, e.what());
+    }
+  watchdog_.reset();  // after the join: a writer stuck in a collective is still caught
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (writer_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&writer_comm_);
+}
+
+// Rank 0 validates the data first, so a bad file stops every rank alike.
+void Trainer::load_data() {
+  auto load = [&] {
+    corpus_ = Corpus::load(cfg_.data.path, cfg_.data.format);
+    if (corpus_.vocab() > cfg_.model.vocab)
+      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})",
+                  cfg_.data.path, corpus_.vocab(), cfg_.model.vocab, corpus_.vocab());
+    split_ = split_windows(corpus_, cfg_.model.seq, cfg_.data.valid_fraction);
+  };
+  on_rank0_or_throw(comm_, rank_, load);
+  if (rank_ != 0) load();
+}
+
+void Trainer::build_model() {
+  comm_ops_ = std::make_unique<Communicator>(comm_, sparse_transport(program_.phases));
+  model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch);
+  model_->init(cfg_.seed);
+  optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
+  precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
+  restarts_ = std::make_unique<WarmRestarts>(program_, *model_, *optimizer_);
+  inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
+  targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
+  for (const auto& p : program_.phases)
+    if (p.config.lossagg.kind != "off" && !lossagg_) {
+      const auto& m = cfg_.model;
+      const bool aux = m.moe.balance == "aux" && m.moe.balance_coef > 0 && !model_->moe_layers().empty();
+      lossagg_ = std::make_unique<LossAggregator>(comm_, std::array<bool, LossAggregator::kKinds>{
+                                                             true, m.mtp.depth > 0, aux});  // main, mtp, aux
+    }
+}
+
+// The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
+void Trainer::build_data_stream(const std::string& resume_path) {
+  const std::string& where = program_.phases.front().where;
+  chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, where);
+  SamplerOptions sampling = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
+  sampling.start = sampler_start_;  // a resume on another world size continues the epoch
+  DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, where);
+  if (!sampler.pool_windows().empty())
+    pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
+  if (cfg_.data.shuffle != "fixed" || pool_) log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
+  if (rank_ == 0)
+    write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()), world_);
+  log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,
+                         split_.train_windows, split_.valid_windows, sampler.per_rank_per_epoch()));
+  loader_ = std::make_unique<BatchLoader>(corpus_, std::move(sampler), 0, cfg_.data.batch, cfg_.model.seq,
+                                          cfg_.data.workers, cfg_.data.queue, start_batch_,
+                                          pool_ ? pool_->tokens() : PoolTokens{});
+}
+
+// The phase's settings take effect; its sync strategy is built, or kept when
+// the sync, topology and compression settings did not change.
+void Trainer::enter_phase(size_t phase) {
+  const Phase& p = program_.phases[phase];
+  phase_ = phase, cfg_ = p.config;
+  lossagg_on_ = lossagg_ && cfg_.lossagg.kind != "off";
+  phase_end_ = 0;
+  for (size_t i = 0; i <= phase; ++i) phase_end_ += program_.phases[i].steps;
+  phase_start_ = phase_end_ - p.steps;
+  const SyncSettings settings = sync_settings(cfg_, phase_start_);
+  if (strategy_ && phase > 0 && settings == sync_settings(program_.phases[phase - 1].config, phase_start_)) {
+    strategy_->continue_into(phase_start_);
+  } else {
+    SyncBuffers buffers{comm_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
+                        comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
+                          return std::make_unique<CompressedSync>(model_->layout(), target, c, mb);
+                        }};
+    strategy_ = choose_sync_strategy(buffers, settings, &strategy_report_);
+    strategy_state_ = StateRegistry();
+    strategy_->register_state(strategy_state_);
+    if (log_ && phase > 0) log_->console(fmt::format("{}: sync {}", p.where, strategy_report_));
+  }
+  inject_gradient_fault(fault_step_, fault_rank_, fault_value_);  // the checks on the gradients, for this phase
+}
+
+// Checks on each final range of this rank's gradients, in order: an
+// injected fault, the missing-gradient check, rounding to the precision, the
+// inf/NaN test behind the NaN policy (a loss scaler tests after the sum).
+void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
+  fault_step_ = step, fault_rank_ = rank, fault_value_ = value;
+  on_gradients_.clear();
+  const int64_t total = model_->layout().total();
+  if (fault_rank_ == rank_ && fault_step_ > 0)
+    on_gradients_.push_back([this, total](int64_t, int64_t end) {
+      if (fault_step_ == step_ + 1 && end == total)
+        Kokkos::deep_copy(Kokkos::subview(model_->grads(), total - 1), fault_value_);
+    });
+  if (cfg_.grad_check.missing != "off")  // a rank that lossagg robust trimmed has no gradient by design
+    on_gradients_.push_back([this](int64_t b, int64_t e) { if (seed_main_ != 0) check_missing_gradients(b, e); });
+  if (precision_->type() != kernels::Precision::fp32)  // after the check: an underflow to zero is no missing path
+    on_gradients_.push_back([this](int64_t b, int64_t e) { precision_->round_gradients(model_->grads().data() + b, e - b); });
+  if (!precision_->scaler())
+    on_gradients_.push_back([this](int64_t b, int64_t e) {
+      own_nonfinite_ |= kernels::has_nonfinite(Vec<const float>(model_->grads().data() + b, e - b));
+    });
+}
+
+std::string Trainer::backends() const {
+  int len = 0;
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  MPI_Get_library_version(mpi, &len);
+  std::string mpi_name(mpi, len);
+  mpi_name = mpi_name.substr(0, mpi_name.find_first_of(",\n"));
+  std::string out;
+  auto row = [&out](const char* what, const std::string& value) { out += fmt::format("  {:<18} {}\n", what, value); };
+  row("kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
+  row("gemm", "KokkosBlas::gemm -> BLAS (host)");
+  row("control", mpi_name);
+  row("sync strategy", strategy_report_);
+  out += comm_ops_->report() + "\n";
+  const auto& ck = cfg_.checkpoint;
+  row("checkpoints", fmt::format("parallel HDF5 (MPI-IO, collective), per-rank state {}{}, fletcher32 + crc32c",
+                                 ck.mode, ck.mode == "diff" ? " " + ck.codec : ""));
+  row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
+  row("peak (MFU)", fmt::format("{:.1f} GFLOP/s per core{}", peak_gflops_,
+                                cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)"));
+  out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
+                     model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);
+  return out;
+}
+
+}  // namespace xx

@@ -1,0 +1,254 @@
+// The sync strategies on their own (comm/sync_strategy.h), without a
+// Trainer: small flat buffers with known values on every rank, each
+// strategy's arithmetic against a host reference, its agreement answer, its
+// state names, and the registry's choice and report. Runs at 1, 2 and 4 ranks.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include "comm/sync_strategy.h"
+#include "mpi_fixture.h"
+
+using namespace xx;
+using namespace xx::test;
+
+namespace {
+
+// Rank r's value at i: distinct per rank and entry, exact in float.
+float value(int rank, int64_t i) { return float((rank + 1) * 0.25 + double(i % 7) * 0.125); }
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.dim = 4, m.layers = 1, m.heads = 2, m.ffn = 4, m.vocab = 2, m.seq = 4;
+  return m;
+}
+
+// Flat buffers laid out like a tiny model's parameters (the compressor reads its tensor list).
+struct Fixture {
+  Communicator ops{MPI_COMM_WORLD, "mpi"};
+  ParamLayout layout{tiny_model()};
+  const int64_t P = layout.total();
+  Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)}, m{"m", size_t(P)}, v{"v", size_t(P)};
+  Fixture() { fill(params, 0), fill(grads, 0), fill(m, 10), fill(v, 20); }
+  void fill(Buffer<float>& b, int offset) {
+    auto h = Kokkos::create_mirror_view(b);
+    for (int64_t i = 0; i < P; ++i) h(i) = value(mpi_rank() + offset, i);
+    Kokkos::deep_copy(b, h);
+  }
+  SyncBuffers buffers() {
+    return {MPI_COMM_WORLD, params, grads, {m, v}, &ops, 7,
+            [this](Buffer<float> target, const CompressConfig& c, double mb) {
+              return std::make_unique<CompressedSync>(layout, target, c, mb);
+            }};
+  }
+};
+
+std::vector<float> host(const Buffer<float>& b) {
+  std::vector<float> out(b.extent(0));
+  Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(out.data(), out.size()), b);
+  return out;
+}
+
+// The mean over all ranks of value(r + offset, i), summed in rank order as a reference.
+double mean_of(int64_t i, int offset) {
+  double s = 0;
+  for (int r = 0; r < mpi_size(); ++r) s += value(r + offset, i);
+  return s / mpi_size();
+}
+
+SyncSettings settings(const std::string& sync_line, const std::string& topology = "full", int size = 2) {
+  SyncSettings s;
+  s.sync.kind = sync_line;
+  s.topology.kind = topology;
+  s.topology.size = size;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("sync dense: the gradients become their mean over every rank, the ranks agree", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("dense");
+  const int64_t third = (f.P + 2) / 3;  // a third of the buffer a bucket: three buckets
+  s.sync.bucket_mb = (double(third) + 0.5) * sizeof(float) / (1024.0 * 1024.0);
+  std::string report;
+  auto sync = choose_sync_strategy(f.buffers(), s, &report);
+  CHECK(report.rfind("dense: 3 buckets", 0) == 0);
+  CHECK(report.find("passed over: compressed-update (compress off), compressed-gradient (compress off), local "
+                    "(sync dense), gossip (topology full)") != std::string::npos);
+  REQUIRE(sync->micro_batches() == 1);
+  sync->begin_step(0);
+  sync->gradients_ready(f.P / 2);  // the backward finishes the end of the buffer first
+  sync->gradients_ready(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  const auto g = host(f.grads);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(g[i] == Approx(mean_of(i, 0)).epsilon(1e-6));
+  CHECK(stats.rounds == (mpi_size() > 1 ? 3 : 0));
+  CHECK(sync->agreement(1).all());
+  StateRegistry state;
+  sync->register_state(state);
+  CHECK(state.entries().empty());  // nothing of its own to checkpoint
+}
+
+TEST_CASE("sync accumulate K: K micro-batches, one round, divided by W*K", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("accumulate");
+  s.sync.every = 3;
+  auto sync = choose_sync_strategy(f.buffers(), s);
+  REQUIRE(sync->micro_batches() == 3);
+  sync->begin_step(0);
+  sync->gradients_ready(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  const auto g = host(f.grads);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(g[i] == Approx(mean_of(i, 0) / 3).epsilon(1e-6));
+}
+
+TEST_CASE("sync local K: no gradient traffic; every K steps the parameters become the mean", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("local");
+  s.sync.every = 2;
+  auto sync = choose_sync_strategy(f.buffers(), s);
+  sync->begin_step(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  CHECK(stats.rounds == 0);
+  CHECK(host(f.grads)[1] == value(mpi_rank(), 1));  // untouched: still this rank's own
+  sync->after_step(1, stats);  // not a sync step
+  CHECK(host(f.params)[1] == value(mpi_rank(), 1));
+  CHECK_FALSE(sync->agreement(1).params);
+  sync->after_step(2, stats);
+  const auto p = host(f.params);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(p[i] == Approx(mean_of(i, 0)).epsilon(1e-6));
+  CHECK(sync->agreement(2).params);
+  CHECK_FALSE(sync->agreement(2).optimizer);  // each rank's AdamW moments are its own
+  CHECK(sync->consensus_distance() >= 0);
+  if (mpi_size() == 1) CHECK(sync->consensus_distance() == 0);
+  // The phase ends in consensus: AdamW's moments too.
+  sync->end_phase(2, stats);
+  const auto m = host(f.m);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(m[i] == Approx(mean_of(i, 10)).epsilon(1e-6));
+}
+
+TEST_CASE("sync local nesterov: the outer step on anchor - mean, as the formula says", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("local");
+  s.sync.every = 1, s.sync.outer = "nesterov", s.sync.outer_lr = 0.5, s.sync.momentum = 0.9;
+  // Every rank starts from the same anchor: the parameters at the phase start.
+  Kokkos::deep_copy(f.params, 1.0f);
+  auto sync = choose_sync_strategy(f.buffers(), s);
+  StateRegistry state;
+  sync->register_state(state);
+  std::vector<std::string> names;
+  for (const auto& e : state.entries()) names.push_back(e.name);
+  CHECK(names == std::vector<std::string>{"outer.initial", "outer.anchor", "outer.momentum"});
+  f.fill(f.params, 0);  // the ranks' local steps moved them apart
+  CommStats stats;
+  sync->after_step(1, stats);
+  const auto p = host(f.params);
+  for (int64_t i = 0; i < f.P; ++i) {
+    const double delta = 1.0 - mean_of(i, 0), mom = delta;  // momentum 0 before
+    CHECK(p[i] == Approx(1.0 - 0.5 * (delta + 0.9 * mom)).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("topology ring: the gradients become (left + self + right) / 3", "[mpi][sync]") {
+  Fixture f;
+  std::string report;
+  auto sync = choose_sync_strategy(f.buffers(), settings("dense", "ring"), &report);
+  CHECK(report.rfind("gossip: ", 0) == 0);
+  sync->begin_step(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  const int W = mpi_size(), r = mpi_rank();
+  const auto g = host(f.grads);
+  for (int64_t i = 0; i < f.P; ++i) {
+    double expect = value(r, i);
+    if (W == 2) expect = (value(0, i) + value(1, i)) / 2;
+    if (W > 2) expect = (value((r + W - 1) % W, i) + value(r, i) + value((r + 1) % W, i)) / 3;
+    CHECK(g[i] == Approx(expect).epsilon(1e-6));
+  }
+  CHECK_FALSE(sync->agreement(1).params);
+}
+
+TEST_CASE("topology clusters: groups agree among themselves; the phase end makes everyone agree", "[mpi][sync]") {
+  Fixture f;
+  auto sync = choose_sync_strategy(f.buffers(), settings("dense", "clusters", 2));
+  sync->begin_step(0);
+  sync->gradients_ready(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  CHECK_FALSE(sync->agreement(1).all());  // clusters of 2 over 2 ranks is everyone, but no promise is made
+  sync->end_phase(1, stats);
+  const auto p = host(f.params), m = host(f.m);
+  for (int64_t i = 0; i < f.P; ++i) {
+    CHECK(p[i] == Approx(mean_of(i, 0)).epsilon(1e-6));
+    CHECK(m[i] == Approx(mean_of(i, 10)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("compress topk 1: every entry through the sparse path is the mean; the residual is named state",
+          "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("dense");
+  s.compress.kind = "topk", s.compress.ratio = 1.0, s.compress.transport = "mpi";
+  std::string report;
+  auto sync = choose_sync_strategy(f.buffers(), s, &report);
+  CHECK(report.rfind("compressed-gradient: ", 0) == 0);
+  REQUIRE(sync->compressor() != nullptr);
+  sync->begin_step(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  const auto g = host(f.grads);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(g[i] == Approx(mean_of(i, 0)).epsilon(1e-6));
+  CHECK(sync->agreement(1).all());
+  StateRegistry state;
+  sync->register_state(state);
+  REQUIRE(state.entries().size() == 1);
+  CHECK(state.entries()[0].name == "compress.residual");
+  CHECK(state.entries()[0].place == StatePlace::rank_buffer);
+}
+
+TEST_CASE("compress target update: the parameters move by the group's mean change", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("dense");
+  s.compress.kind = "topk", s.compress.ratio = 1.0, s.compress.target = "update", s.compress.transport = "mpi";
+  std::string report;
+  auto sync = choose_sync_strategy(f.buffers(), s, &report);
+  CHECK(report.rfind("compressed-update: ", 0) == 0);
+  Kokkos::deep_copy(f.params, 2.0f);
+  sync->before_update();
+  f.fill(f.params, 0);  // "the optimizer step": params = value(rank, i)
+  CommStats stats;
+  sync->after_update(0, stats);
+  const auto p = host(f.params);
+  for (int64_t i = 0; i < f.P; ++i) CHECK(p[i] == Approx(mean_of(i, 0)).epsilon(1e-5));
+  CHECK_FALSE(sync->agreement(1).optimizer);
+}
+
+TEST_CASE("a per-phase setting takes effect at its run: bucket size, evaluation, strategy", "[mpi][sync][deck]") {
+  const auto dir = shared_scratch("phase_rule");
+  const auto corpus = make_corpus(dir);
+  // Phase 1: one bucket, eval only at the phase end; phase 2: tiny buckets, eval every step, local SGD after.
+  const std::string deck = small_deck(corpus, dir + "/run", 2, "sync dense bucket_mb 8\n") +
+                           "sync dense bucket_mb 0.001\neval every 1 batches 1\nrun 2\nsync local 2\nrun 2\n";
+  RunOptions options;
+  options.quiet = true;
+  Trainer trainer(MPI_COMM_WORLD, make_program(dir, "deck", deck), options);
+  CHECK_THAT(trainer.backends(), Catch::Contains("dense: 1 buckets of 8 MB"));
+  trainer.run();
+  if (mpi_rank() != 0) return;
+  std::vector<nlohmann::json> log;
+  std::ifstream in(dir + "/run/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) log.push_back(nlohmann::json::parse(line));
+  REQUIRE(log.size() == 6);
+  CHECK_FALSE(log[0].contains("val_loss"));  // eval every 3 in phase 1: only at its end
+  CHECK(log[1].contains("val_loss"));
+  CHECK(log[2].contains("val_loss"));        // eval every 1 from phase 2 on
+  if (mpi_size() > 1) {
+    CHECK(log[0]["comm_rounds"] == 1);      // one 8 MB bucket
+    CHECK(log[2]["comm_rounds"].get<int64_t>() > 10);  // 1 KB buckets
+    CHECK(log[4]["comm_bytes"].get<int64_t>() < 100);  // sync local: no gradient traffic between syncs
+  }
+  CHECK(log[5].contains("consensus_distance"));  // a local sync happened in phase 3
+}
