@@ -441,6 +441,7 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
     write_string_attr(file, "format", "xuanxue-checkpoint");
     write_attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
     write_string_attr(file, "deck", data.deck);
+    if (!data.state_index.empty()) write_string_attr(file, "state_index", data.state_index);
     write_string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
     write_string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
     write_attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);

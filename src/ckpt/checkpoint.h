@@ -38,6 +38,9 @@ struct CheckpointData {
   std::map<std::string, std::vector<double>> series;
   TrainState state;
   std::string deck;  // resolved deck text
+  // The training-state registry's datasets in this file, one per line
+  // "WHERE NAME" (WHERE: /train, /buffers, /ranks/*), for tools/ckpt; root attribute state_index.
+  std::string state_index;
   std::string chain_kind = "base", chain_parent;  // diff across time: root attributes chain_kind, chain_parent
 };
 

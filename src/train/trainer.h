@@ -96,6 +96,7 @@ class Trainer {
                    const std::string& path);
   RankState merged_rank_state(const std::string& path, const CheckpointData& base, int old_world);
   std::map<std::string, int64_t> required_buffers(StatePlace place) const;
+  CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state
   void save_checkpoint(double loss);
   void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded, int64_t keep);
   void log_checkpoint();

@@ -206,14 +206,8 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
 // Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
 // bits on every rank; each rank's own state goes to /ranks/<r> as it is
 // (mode full) or as its difference from the base (mode diff, by the codec).
-void Trainer::save_checkpoint(double loss) {
-  if (last_saved_ == step_) return;
-  last_saved_ = step_;
-  const double t0 = MPI_Wtime();
-  finish_checkpoint();  // one write at a time: the previous one is on disk before this one starts
-  const double waited = MPI_Wtime() - t0;
+CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
-  RankState mine;
   mine.params = to_host(model_->params());
   mine.adam_m = to_host(optimizer_->m());
   mine.adam_v = to_host(optimizer_->v());
@@ -222,9 +216,14 @@ void Trainer::save_checkpoint(double loss) {
   for (const auto* registry : {&state_, &strategy_state_})
     for (const auto& e : registry->entries()) {
       if (e.is_series()) {
-        if (auto v = e.save_doubles ? e.save_doubles() : std::vector<double>{}; !v.empty()) data.series[e.name] = v;
+        if (auto v = e.save_doubles ? e.save_doubles() : std::vector<double>{}; !v.empty()) {
+          data.series[e.name] = v;
+          data.state_index += "/train " + e.name + "\n";
+        }
       } else if (auto v = e.save_floats ? e.save_floats() : std::vector<float>{}; !v.empty()) {
-        (e.place == StatePlace::rank_buffer ? mine.extra : data.buffers)[e.name] = std::move(v);
+        const bool own = e.place == StatePlace::rank_buffer;
+        (own ? mine.extra : data.buffers)[e.name] = std::move(v);
+        data.state_index += (own ? "/ranks/* " : "/buffers ") + e.name + "\n";
       }
     }
   data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
@@ -249,6 +248,17 @@ void Trainer::save_checkpoint(double loss) {
   data.state.world_size = world_;
   data.state.last_loss = loss;
   data.deck = program_.deck_text;
+  return data;
+}
+
+void Trainer::save_checkpoint(double loss) {
+  if (last_saved_ == step_) return;
+  last_saved_ = step_;
+  const double t0 = MPI_Wtime();
+  finish_checkpoint();  // one write at a time: the previous one is on disk before this one starts
+  const double waited = MPI_Wtime() - t0;
+  RankState mine;
+  const CheckpointData data = snapshot(loss, mine);
   CheckpointFormat format;
   format.mode = cfg_.checkpoint.mode;
   format.codec.kind = *kernels::ckpt_codec::codec_from_name(cfg_.checkpoint.codec);

@@ -45,6 +45,17 @@ rc=$?
 check [ $rc -eq 1 ] || fail "exit code $rc (expected 1)"
 check grep -q "dataset '/model/head' cannot be read" "$T/err" || fail "the message does not name /model/head: $(cat "$T/err")"
 
+begin "show lists the state registry; verify fails a file missing one of its datasets, naming it"
+/usr/bin/python3 "$CKPT" show "$B" >"$T/show" 2>&1
+check grep -q "state registry (.* entries): .*adam_steps (/train).*data_start (/train)" "$T/show" ||
+  fail "show lists no state registry: $(grep -i state "$T/show")"
+cp "$B" "$T/lost.h5"
+/usr/bin/python3 -c "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); del f['train/adam_steps']" "$T/lost.h5"
+/usr/bin/python3 "$CKPT" verify "$T/lost.h5" >"$T/out" 2>"$T/err"
+rc=$?
+check [ $rc -eq 1 ] || fail "exit code $rc (expected 1)"
+check grep -q "dataset '/train/adam_steps' of the state registry is missing" "$T/err" || fail "$(cat "$T/err")"
+
 begin "verify and show refuse a file that is not a checkpoint (exit 2)"
 printf 'not hdf5' >"$T/junk.h5"
 /usr/bin/python3 "$CKPT" show "$T/junk.h5" >"$T/out" 2>"$T/err"
