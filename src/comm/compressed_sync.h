@@ -26,7 +26,7 @@
 #include <vector>
 #include "comm/grad_sync.h"
 #include "comm/ops.h"
-#include "config.h"
+#include "deck/config.h"
 #include "kernels/compress.h"
 #include "model/params.h"
 

@@ -1,7 +1,7 @@
 // The MFU denominator: one core's measured SGEMM rate on the model's own
 // GEMM shapes (../shared/MEASURING.md).
 #pragma once
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 
