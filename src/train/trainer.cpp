@@ -133,7 +133,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     update_delta_ = Buffer<float>("Trainer::update_delta", model_->layout().total());
   }
   if (topk)
-    compressed_ = std::make_unique<CompressedSync>(model_->layout(),
+    compressed_ = std::make_unique<CompressedSync>(model_->layout().spans(),
                                                    topk->target == "update" ? update_delta_ : model_->grads(), *topk,
                                                    cfg_.sync.bucket_mb);
   topology_ = std::make_unique<Topology>(comm_, cfg_.seed);
