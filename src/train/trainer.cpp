@@ -11,7 +11,6 @@
 #include <unistd.h>
 #include <fmt/format.h>
 #include "core/error.h"
-#include "core/peak.h"
 #include "core/rng.h"
 #include "data/seeding.h"
 #include "resilience/health.h"
@@ -196,10 +195,13 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
                                           cfg_.data.workers, cfg_.data.queue, start_batch_,
                                           pool_ ? pool_->tokens() : PoolTokens{});
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
-  peak_gflops_ = cfg_.peak_gflops;
-  if (peak_gflops_ <= 0) {
-    if (rank_ == 0) peak_gflops_ = measure_sgemm_gflops(cfg_.model, cfg_.data.batch, 0.3);
-    MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, comm_);
+  // The MFU denominator: the deck's, or the peak file's entry for this
+  // machine; a run never measures it. Only rank 0 reports an MFU.
+  if (rank_ == 0) {
+    std::string why_none;
+    auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), this_machine(), &why_none);
+    mfu_ = MfuMeter(std::move(peak), why_none);
+    if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
   }
   log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,
                          split_.train_windows, split_.valid_windows, samples_per_epoch));
@@ -238,8 +240,7 @@ std::string Trainer::backends() const {
   out += fmt::format("  {:<18} parallel HDF5 (MPI-IO, collective), per-rank state {}{}, fletcher32 + crc32c\n",
                      "checkpoints", ck.mode, ck.mode == "diff" ? " " + ck.codec : "");
   out += fmt::format("  {:<18} {} threads, queue {}\n", "data loader", cfg_.data.workers, cfg_.data.queue);
-  out += fmt::format("  {:<18} {:.1f} GFLOP/s per core{}\n", "peak (MFU)", peak_gflops_,
-                     cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)");
+  out += fmt::format("  {:<18} {}\n", "peak (MFU)", mfu_.describe());
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters", model_->layout().total(),
                      model_->layout().matmul_per_token(), flops_per_token_);
   return out;
@@ -723,11 +724,12 @@ void Trainer::run_phases() {
       if (log_now) {
         const double ms = 1e3 * interval_seconds / interval_steps;
         const double tok_s = interval_tokens / interval_seconds;
-        const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
+        const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
         const auto& c = step_comm_;
         record = {{"step", step_}, {"loss", loss}, {"loss_main", last_loss_.main}, {"lr", last_lr_},
-                  {"grad_norm", last_norm_}, {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu},
+                  {"grad_norm", last_norm_}, {"ms_per_step", ms}, {"tokens_per_s", tok_s},
                   {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+        if (mfu) record["mfu"] = *mfu;  // no peak, or a wrong one: no mfu
         if (cfg_.model.mtp.depth > 0) record["loss_mtp"] = last_loss_.mtp;
         if (consensus_ >= 0) record["consensus_distance"] = consensus_;
         if (nonfinite_skipped_ > 0) record["nonfinite_skipped"] = nonfinite_skipped_;  // health nan skip
@@ -771,8 +773,8 @@ void Trainer::run_phases() {
           extra = fmt::format(" | load cv {:.2f}", std::sqrt(var) / mean);
         }
         log_->console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
-                                  "| MFU {:.1f}%{}",
-                                  step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, 100 * mfu, extra));
+                                  "| {}{}",
+                                  step_, phase_end, loss, last_lr_, last_norm_, ms, tok_s, mfu_.format(mfu), extra));
         log_->rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", step_,
                                loader_->position(), c.bytes_sent, c.rounds, c.seconds));
         log_->rank_scalars(step_, {{"loss", own_loss_}, {"ms_per_step", ms}, {"comm_bytes", double(c.bytes_sent)},
@@ -802,11 +804,13 @@ void Trainer::run_phases() {
   }
   finish_checkpoint();  // the last checkpoint is on disk before the run reports
   const double tok_s = steps_here ? tokens_here / train_seconds : 0;
-  const double mfu = flops_per_token_ * tok_s / (peak_gflops_ * 1e9 * world_);
-  log_->console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={:.4f} "
-                            "peak_gflops_per_core={:.1f} final_loss={:.6f}",
-                            steps_here, world_, tok_s, steps_here ? 1e3 * train_seconds / steps_here : 0.0, mfu,
-                            peak_gflops_, loss));
+  const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
+  const std::optional<double> peak = mfu_.peak_gflops();
+  log_->console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={} "
+                            "peak_gflops_per_core={} final_loss={:.6f}",
+                            steps_here, world_, tok_s, steps_here ? 1e3 * train_seconds / steps_here : 0.0,
+                            mfu ? fmt::format("{:.4f}", *mfu) : "n/a", peak ? fmt::format("{:.1f}", *peak) : "n/a",
+                            loss));
 }
 
 }  // namespace xx

@@ -19,6 +19,7 @@
 #include "data/loader.h"
 #include "deck/deck.h"
 #include "io/log.h"
+#include "io/peak_file.h"
 #include "model/transformer.h"
 #include "resilience/watchdog.h"
 #include "train/loss_scale.h"
@@ -119,7 +120,8 @@ class Trainer {
   std::unique_ptr<BatchLoader> loader_;
   Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
   int64_t step_ = 0, last_saved_ = -1;
-  double peak_gflops_ = 0, flops_per_token_ = 0;
+  double flops_per_token_ = 0;
+  MfuMeter mfu_;  // against the deck's or the peak file's peak (io/peak_file.h); none: MFU n/a
   // Figures of the last step, for the log.
   double last_norm_ = 0, last_lr_ = 0;
   LossParts last_loss_;
