@@ -267,8 +267,12 @@ int run(const Args& a) {
   if (write) xx::write_peak_entry(a.out, entry);
   const double kept = write ? best : earlier->gflops_per_core;
   if (a.quiet) {
-    fmt::print("peak {:.1f} GFLOP/s per core (best of {} trials on {}'s GEMMs, median {:.1f}){} {}\n", kept, a.trials,
-               a.deck, mid, write ? " ->" : "; kept the higher entry in", a.out);
+    const double load = std::max(load_before, load_after);
+    fmt::print("peak {:.1f} GFLOP/s per core (best of {} trials on {}'s GEMMs, median {:.1f}){} {}{}\n", kept,
+               a.trials, a.deck, mid, write ? " ->" : "; kept the higher entry in", a.out,
+               load >= 0.5 ? fmt::format(" (load average {:.2f} on {} cores: rerun when the machine is quiet)", load,
+                                         cores)
+                           : std::string());
   } else {
     for (const auto& n : notes) fmt::print("# note: {}\n", n);
     fmt::print("# peak {:.1f} GFLOP/s per core (best of {} trials; median {:.1f}); {} {}\n", kept, a.trials, mid,
