@@ -3,7 +3,7 @@
 // batches of a fixed arithmetic pattern.
 #pragma once
 #include <string>
-#include "config.h"
+#include "deck/config.h"
 #include "core/views.h"
 
 // "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp"

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 #include "core/error.h"
+#include "core/permutation.h"
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/sampler.h"

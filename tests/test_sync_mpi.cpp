@@ -37,7 +37,7 @@ struct Fixture {
   SyncBuffers buffers() {
     return {MPI_COMM_WORLD, params, grads, {m, v}, &ops, 7,
             [this](Buffer<float> target, const CompressConfig& c, double mb) {
-              return std::make_unique<CompressedSync>(layout, target, c, mb);
+              return std::make_unique<CompressedSync>(layout.spans(), target, c, mb);
             }};
   }
 };

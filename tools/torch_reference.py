@@ -38,7 +38,7 @@ def _keywords(words):
 
 
 def model_config(deck):
-    """Architecture from the deck lines; defaults as in src/config.h. The last
+    """Architecture from the deck lines; defaults as in src/deck/config.h. The last
     line of each command before the first `run` wins."""
     cfg = None
     att = {"kind": "mha"}

@@ -85,7 +85,7 @@ def expand_deck(text, overrides):
 
 
 def train_config(deck):
-    """Data, optimizer, schedule and seed, with src/config.h's defaults."""
+    """Data, optimizer, schedule and seed, with src/deck/config.h's defaults."""
     c = {"seed": 1234, "data": None, "batch": None, "valid": 0.05, "lr": 3e-4, "beta1": 0.9, "beta2": 0.95,
          "eps": 1e-8, "weight_decay": 0.1, "clip": 1.0, "warmup": 0, "min_lr": 0.0, "total": 0, "log_every": 10,
          "init_std": 0.02, "runs": 0}

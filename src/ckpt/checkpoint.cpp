@@ -1,7 +1,5 @@
 #include "ckpt/checkpoint.h"
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <deque>
@@ -10,6 +8,7 @@
 #include <regex>
 #include <set>
 #include <fmt/format.h>
+#include "core/atomic_file.h"
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "kernels/ckpt_codec.h"
@@ -33,13 +32,6 @@ struct H5 {
 };
 
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw std::runtime_error("cannot open " + path + " to fsync");
-  ::fsync(fd);
-  ::close(fd);
-}
 
 void check(herr_t status, const std::string& what) {
   if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
@@ -154,23 +146,6 @@ std::map<std::string, std::vector<double>> read_series(hid_t group, const std::s
     out[name] = read_vector<double>(group, name, H5T_NATIVE_DOUBLE, -1, "/train/" + name, path);
   return out;
 }
-
-
-}  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error("cannot write " + tmp);
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, path);
-  fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(), true);
-}
-
-namespace {
 
 // The collective writer: every rank of `comm` calls every HDF5 function in
 // the same order with the same arguments (metadata is collective in parallel

@@ -134,7 +134,4 @@ std::vector<std::string> step_files(const std::string& dir);
 // The newest complete checkpoint in DIR ("" when there is none).
 std::string latest_checkpoint(const std::string& dir);
 
-// Writes `text` to `path` through a temp file, fsync and rename.
-void write_file_atomic(const std::string& path, const std::string& text);
-
 }  // namespace xx

@@ -31,8 +31,8 @@ void copy_ranges(const Buffer<float>& flat, const Buffer<float>& packed,
 
 }  // namespace
 
-CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, const CompressConfig& cfg,
-                               double bucket_mb)
+CompressedSync::CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<float> grads,
+                               const CompressConfig& cfg, double bucket_mb)
     : cfg_(cfg), grads_(grads) {
   settings_.ratio = cfg.ratio;
   settings_.quant = quant_of(cfg.quant);
@@ -43,7 +43,7 @@ CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, c
     if (!to.empty() && to.back().first + to.back().second == offset) to.back().second += size;
     else to.emplace_back(offset, size);
   };
-  for (const auto& t : layout.tensors()) {
+  for (const auto& t : tensors) {
     if (t.size >= cfg.min_size) add(sparse_ranges_, t.offset, t.size), sparse_n_ += t.size;
     else add(dense_ranges_, t.offset, t.size), dense_n_ += t.size;
   }
@@ -53,7 +53,7 @@ CompressedSync::CompressedSync(const ParamLayout& layout, Buffer<float> grads, c
   // of bucket_mb.
   const int64_t per_bucket = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
   int64_t largest = 0;
-  for (int64_t at = 0; const auto& t : layout.tensors()) {
+  for (int64_t at = 0; const auto& t : tensors) {
     if (t.size < cfg.min_size) continue;
     for (int64_t b = 0; b < t.size; b += per_bucket) {
       buckets_.push_back({at + b, at + std::min(t.size, b + per_bucket)});

@@ -26,15 +26,18 @@
 #include <vector>
 #include "comm/grad_sync.h"
 #include "comm/ops.h"
-#include "config.h"
+#include "core/tensor_span.h"
+#include "deck/config.h"
 #include "kernels/compress.h"
-#include "model/params.h"
 
 namespace xx {
 
 class CompressedSync {
  public:
-  CompressedSync(const ParamLayout& layout, Buffer<float> grads, const CompressConfig& cfg, double bucket_mb);
+  // `tensors`: every tensor of the flat gradient, in buffer order (the model's
+  // ParamLayout::spans()); buckets never span two of them.
+  CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<float> grads, const CompressConfig& cfg,
+                 double bucket_mb);
 
   // Averages the gradients over `members` (sorted world ranks, this rank
   // among them; `group` is their communicator). `step` counts optimizer steps

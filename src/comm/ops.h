@@ -18,7 +18,7 @@
 #include <vector>
 #include "comm/exchange.h"
 #include "comm/grad_sync.h"
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

@@ -33,7 +33,7 @@
 #include "comm/grad_sync.h"
 #include "comm/ops.h"
 #include "comm/topology.h"
-#include "config.h"
+#include "deck/config.h"
 #include "core/state.h"
 #include "core/views.h"
 #include "deck/deck.h"

@@ -1,7 +1,7 @@
 #include "comm/topology.h"
 #include <algorithm>
+#include "core/permutation.h"
 #include "core/rng.h"
-#include "data/sampler.h"
 #include "kernels/elementwise.h"
 
 namespace xx {

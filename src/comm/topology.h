@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 #include "comm/grad_sync.h"
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

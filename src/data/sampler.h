@@ -93,8 +93,4 @@ class DistributedSampler {
   std::vector<int64_t> pool_perm_;  // pool permutation of the cached cycle
 };
 
-// Deterministic permutation of [0, n) from a seed (own Fisher-Yates: the
-// standard library's shuffle differs between implementations).
-std::vector<int64_t> permutation(int64_t n, uint64_t seed);
-
 }  // namespace xx

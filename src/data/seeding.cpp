@@ -6,7 +6,7 @@
 #include <fstream>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include "ckpt/checkpoint.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/rng.h"
 

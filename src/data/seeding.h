@@ -6,7 +6,7 @@
 #include <mpi.h>
 #include <cstdint>
 #include <string>
-#include "config.h"
+#include "deck/config.h"
 #include "data/sampler.h"
 
 namespace xx {

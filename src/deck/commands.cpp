@@ -169,7 +169,6 @@ struct Command {
   std::vector<Variant> variants;
   std::string usage;
   Scope scope = Scope::phase;
-  std::vector<std::string> phase_keywords;  // of a per-job command, the keywords that are per-phase
   bool has_kind() const { return !variants.front().kind.empty(); }
 };
 
@@ -387,7 +386,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           choice("progress", &c.output.progress, {"auto", "on", "off"}), on_off("tensorboard", &c.output.tensorboard)},
          {"dir"},
          {}}},
-       "output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]", Scope::job, {"log_every"}},
+       "output dir PATH [log_every N] [progress auto|on|off] [tensorboard on|off]", Scope::job},
       {"eval",
        nullptr,
        "",
@@ -557,9 +556,7 @@ std::vector<std::pair<std::string, std::string>> job_rows(const Command& cmd) {
   std::vector<std::pair<std::string, std::string>> out;
   if (cmd.scope != Scope::job) return out;
   for (auto& row : rows(cmd)) {
-    const bool per_phase = std::any_of(cmd.phase_keywords.begin(), cmd.phase_keywords.end(),
-                                       [&](const std::string& k) { return row.first == cmd.name + "." + k; });
-    if (!per_phase) out.push_back(std::move(row));
+    if (row.first != "output.log_every") out.push_back(std::move(row));  // the one per-phase keyword of a per-job command
   }
   return out;
 }

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 #include <vector>
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

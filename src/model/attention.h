@@ -3,7 +3,7 @@
 // attention (MLA). Forward and backward side by side in attention.cpp.
 #pragma once
 #include <string>
-#include "config.h"
+#include "deck/config.h"
 #include "kernels/attention.h"
 #include "model/store.h"
 

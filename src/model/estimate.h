@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

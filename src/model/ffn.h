@@ -5,7 +5,7 @@
 #pragma once
 #include <string>
 #include <vector>
-#include "config.h"
+#include "deck/config.h"
 #include "kernels/moe.h"
 #include "model/store.h"
 

@@ -103,6 +103,13 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   tensors_.push_back(std::move(t));
 }
 
+std::vector<TensorSpan> ParamLayout::spans() const {
+  std::vector<TensorSpan> out;
+  out.reserve(tensors_.size());
+  for (const auto& t : tensors_) out.push_back({.name = t.name, .offset = t.offset, .size = t.size});
+  return out;
+}
+
 const TensorInfo& ParamLayout::at(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return t;

@@ -7,7 +7,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include "config.h"
+#include "core/tensor_span.h"
+#include "deck/config.h"
 
 namespace xx {
 
@@ -29,6 +30,7 @@ class ParamLayout {
   explicit ParamLayout(const ModelConfig& m);
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  std::vector<TensorSpan> spans() const;  // (name, offset, size) of every tensor, in layout order
   int64_t total() const { return total_; }
   const TensorInfo& at(const std::string& name) const;  // throws std::out_of_range
   bool has(const std::string& name) const;

@@ -9,7 +9,7 @@
 #include <functional>
 #include <memory>
 #include <vector>
-#include "config.h"
+#include "deck/config.h"
 #include "core/views.h"
 #include "kernels/precision.h"
 #include "model/attention.h"

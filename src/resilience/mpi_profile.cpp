@@ -13,7 +13,7 @@
 //    its request: those are wrapped too (MPI_Wait*, MPI_Test*, and
 //    MPI_Request_free, which gives it up).
 //
-// This object is pulled into every binary that links xuanxue_core through
+// This object is pulled into every binary that links xx_resilience through
 // MPI_Init/MPI_Init_thread, which every main calls.
 #include <mpi.h>
 #include <vector>

@@ -9,7 +9,7 @@
 #include <array>
 #include <string>
 #include <vector>
-#include "config.h"
+#include "deck/config.h"
 #include "model/transformer.h"
 
 namespace xx {

@@ -7,7 +7,7 @@
 #pragma once
 #include <mpi.h>
 #include <memory>
-#include "config.h"
+#include "deck/config.h"
 #include "core/state.h"
 #include "kernels/precision.h"
 #include "model/transformer.h"

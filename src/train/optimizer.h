@@ -2,7 +2,7 @@
 // learning-rate schedule (cosine, sgdr, step) is Schedule in train/schedule.h.
 #pragma once
 #include <cstdint>
-#include "config.h"
+#include "deck/config.h"
 #include "core/views.h"
 #include "model/params.h"
 #include "train/schedule.h"

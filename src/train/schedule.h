@@ -22,7 +22,7 @@
 // min_lr (a one-step cycle stays at its peak).
 #pragma once
 #include <cstdint>
-#include "config.h"
+#include "deck/config.h"
 
 namespace xx {
 

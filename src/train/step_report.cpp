@@ -48,12 +48,8 @@ std::string add_expert_load(nlohmann::json& record, const StepFigures& f) {
 
 }  // namespace
 
-StepReport::StepReport(RunLog& log, int rank, int world, double flops_per_token, double peak_gflops,
-                       int64_t total_steps)
-    : log_(log), rank_(rank), world_(world), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops),
-      total_steps_(total_steps) {}
-
-double StepReport::mfu(double tokens_per_s) const { return flops_per_token_ * tokens_per_s / (peak_gflops_ * 1e9 * world_); }
+StepReport::StepReport(RunLog& log, int rank, int world, double flops_per_token, MfuMeter& mfu, int64_t total_steps)
+    : log_(log), rank_(rank), world_(world), flops_per_token_(flops_per_token), mfu_(mfu), total_steps_(total_steps) {}
 
 void StepReport::step_done(const StepFigures& f, double seconds, int64_t tokens) {
   seconds_ += seconds, interval_seconds_ += seconds;
@@ -68,9 +64,11 @@ void StepReport::log_step(const StepFigures& f) {
   const double ms = 1e3 * interval_seconds_ / interval_steps_;
   const double tok_s = interval_tokens_ / interval_seconds_;
   const auto& c = f.comm;
+  const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
   record_ = {{"step", f.step}, {"loss", f.loss}, {"loss_main", f.parts.main}, {"lr", f.lr},
-             {"grad_norm", f.norm}, {"ms_per_step", ms}, {"tokens_per_s", tok_s}, {"mfu", mfu(tok_s)},
+             {"grad_norm", f.norm}, {"ms_per_step", ms}, {"tokens_per_s", tok_s},
              {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+  if (mfu) record_["mfu"] = *mfu;  // no peak, or a wrong one: no mfu
   if (f.mtp) record_["loss_mtp"] = f.parts.mtp;
   if (f.consensus >= 0) record_["consensus_distance"] = f.consensus;
   if (f.nonfinite_skipped > 0) record_["nonfinite_skipped"] = f.nonfinite_skipped;
@@ -83,8 +81,8 @@ void StepReport::log_step(const StepFigures& f) {
   if (f.lossagg && f.lossagg_kind != "off") add_lossagg(record_, f, rank_, log_);
   const std::string extra = f.expert_load.empty() ? "" : add_expert_load(record_, f);
   log_.console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
-                           "| MFU {:.1f}%{}",
-                           f.step, f.phase_end, f.loss, f.lr, f.norm, ms, tok_s, 100 * mfu(tok_s), extra));
+                           "| {}{}",
+                           f.step, f.phase_end, f.loss, f.lr, f.norm, ms, tok_s, mfu_.format(mfu), extra));
   log_.rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", f.step, f.batch_position,
                         c.bytes_sent, c.rounds, c.seconds));
   log_.rank_scalars(f.step, {{"loss", f.own_loss}, {"ms_per_step", ms}, {"comm_bytes", double(c.bytes_sent)},
@@ -107,9 +105,12 @@ void StepReport::flush() {
 
 void StepReport::performance(double final_loss) {
   const double tok_s = steps_ ? tokens_ / seconds_ : 0;
-  log_.console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={:.4f} "
-                           "peak_gflops_per_core={:.1f} final_loss={:.6f}",
-                           steps_, world_, tok_s, steps_ ? 1e3 * seconds_ / steps_ : 0.0, mfu(tok_s), peak_gflops_,
+  const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
+  const std::optional<double> peak = mfu_.peak_gflops();
+  log_.console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={} "
+                           "peak_gflops_per_core={} final_loss={:.6f}",
+                           steps_, world_, tok_s, steps_ ? 1e3 * seconds_ / steps_ : 0.0,
+                           mfu ? fmt::format("{:.4f}", *mfu) : "n/a", peak ? fmt::format("{:.1f}", *peak) : "n/a",
                            final_loss));
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include "comm/grad_sync.h"
 #include "io/log.h"
+#include "io/peak_file.h"
 #include "model/transformer.h"
 #include "train/loss_scale.h"
 #include "train/lossagg.h"
@@ -34,7 +35,8 @@ struct StepFigures {
 
 class StepReport {
  public:
-  StepReport(RunLog& log, int rank, int world, double flops_per_token, double peak_gflops, int64_t total_steps);
+  // mfu: against the deck's or the peak file's peak; none: MFU n/a (rank 0 only reports one).
+  StepReport(RunLog& log, int rank, int world, double flops_per_token, MfuMeter& mfu, int64_t total_steps);
 
   // Every step: its wall time and the tokens it trained (all ranks).
   void step_done(const StepFigures& f, double seconds, int64_t tokens);
@@ -44,10 +46,10 @@ class StepReport {
   void performance(double final_loss);  // the closing line
 
  private:
-  double mfu(double tokens_per_s) const;
   RunLog& log_;
   int rank_, world_;
-  double flops_per_token_, peak_gflops_;
+  double flops_per_token_;
+  MfuMeter& mfu_;
   int64_t total_steps_;
   int64_t steps_ = 0, tokens_ = 0, interval_steps_ = 0, interval_tokens_ = 0;
   double seconds_ = 0, interval_seconds_ = 0, smoothed_ = 0;

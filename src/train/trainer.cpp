@@ -193,7 +193,7 @@ void Trainer::run_phases() {
   const auto& progress = cfg_.output.progress;
   const bool terminal = ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
   log_->show_progress(progress == "on" || (progress == "auto" && terminal));
-  report_ = std::make_unique<StepReport>(*log_, rank_, world_, flops_per_token_, peak_gflops_, total_steps);
+  report_ = std::make_unique<StepReport>(*log_, rank_, world_, flops_per_token_, mfu_, total_steps);
   double loss = 0;
   for (size_t phase = phase_; phase < program_.phases.size(); ++phase) {
     if (phase != phase_) enter_phase(phase);

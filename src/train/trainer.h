@@ -21,6 +21,7 @@
 #include "data/loader.h"
 #include "deck/deck.h"
 #include "io/log.h"
+#include "io/peak_file.h"
 #include "model/transformer.h"
 #include "resilience/watchdog.h"
 #include "train/lossagg.h"
@@ -143,7 +144,8 @@ class Trainer {
   // the step
   int64_t step_ = 0, last_saved_ = -1;
   std::vector<double> losses_;
-  double peak_gflops_ = 0, flops_per_token_ = 0;
+  double flops_per_token_ = 0;
+  MfuMeter mfu_;  // against the deck's or the peak file's peak (io/peak_file.h); none: MFU n/a
   double last_norm_ = 0, last_lr_ = 0, own_loss_ = 0, consensus_ = -1;
   LossParts last_loss_;
   CommStats step_comm_;               // this step's communication, all kinds

@@ -4,7 +4,6 @@
 #include <unistd.h>
 #include <fmt/format.h>
 #include "core/error.h"
-#include "core/peak.h"
 #include "data/seeding.h"
 #include "kernels/precision.h"
 #include "train/trainer.h"
@@ -33,10 +32,13 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   if (!log_note_.empty()) log_->console(log_note_);
   build_data_stream(resume_path);
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
-  peak_gflops_ = cfg_.peak_gflops;
-  if (peak_gflops_ <= 0) {
-    if (rank_ == 0) peak_gflops_ = measure_sgemm_gflops(cfg_.model, cfg_.data.batch, 0.3);
-    MPI_Bcast(&peak_gflops_, 1, MPI_DOUBLE, 0, comm_);
+  // The MFU denominator: the deck's, or the peak file's entry for this
+  // machine; a run never measures it. Only rank 0 reports an MFU.
+  if (rank_ == 0) {
+    std::string why_none;
+    auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), this_machine(), &why_none);
+    mfu_ = MfuMeter(std::move(peak), why_none);
+    if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
   }
 }
 
@@ -120,7 +122,7 @@ void Trainer::enter_phase(size_t phase) {
   } else {
     SyncBuffers buffers{comm_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
-                          return std::make_unique<CompressedSync>(model_->layout(), target, c, mb);
+                          return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         }};
     strategy_ = choose_sync_strategy(buffers, settings, &strategy_report_);
     strategy_state_ = StateRegistry();
@@ -169,8 +171,7 @@ std::string Trainer::backends() const {
   row("checkpoints", fmt::format("parallel HDF5 (MPI-IO, collective), per-rank state {}{}, fletcher32 + crc32c",
                                  ck.mode, ck.mode == "diff" ? " " + ck.codec : ""));
   row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
-  row("peak (MFU)", fmt::format("{:.1f} GFLOP/s per core{}", peak_gflops_,
-                                cfg_.peak_gflops > 0 ? " (from deck)" : " (measured SGEMM)"));
+  row("peak (MFU)", mfu_.describe());
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
                      model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);
   return out;

@@ -234,7 +234,7 @@ struct LossAggConfig {
 
 struct Config {
   uint64_t seed = 1234;
-  double peak_gflops = 0.0;  // 0: measure one core's SGEMM on the model's shapes at start-up
+  double peak_gflops = 0.0;  // MFU denominator; 0: the peak file's entry for this machine, else none (io/peak_file.h)
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
