@@ -596,10 +596,16 @@ void Trainer::check_health_now() {
 // Stop signals: every rank looks at the step boundary, and one all-reduce
 // makes a signal to any rank stop them all.
 bool Trainer::stop_requested() {
-  int mine = pending_stop_signal();
-  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MAX, comm_);
-  stop_signal_ = mine;
-  return mine != 0;
+  // With the signal, whether a background checkpoint write failed: its
+  // writers fail on every rank alike, but the ranks see it at different steps.
+  int mine[2] = {pending_stop_signal(), checkpoint_write_failed()};
+  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, mine, 2, MPI_INT, MPI_MAX, comm_);
+  if (mine[1]) {
+    finish_checkpoint();  // rethrows the writer's CheckpointWriteError
+    throw CheckpointWriteError("a background checkpoint write failed on another rank");
+  }
+  stop_signal_ = mine[0];
+  return mine[0] != 0;
 }
 
 void Trainer::stop_on_signal(double loss) {
