@@ -98,6 +98,7 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     }
     RunOptions options;
     options.resume = args.resume;
+    if (rank == 0) clear_stop_marker(program.phases.front().config.output.dir);  // a marker says: this launch stopped
     install_stop_signals();
     Trainer trainer(comm, program, options);
     if (rank == 0) fmt::print("# backends\n{}\n\n", trainer.backends());

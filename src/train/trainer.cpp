@@ -612,6 +612,7 @@ void Trainer::stop_on_signal(double loss) {
   save_checkpoint(loss);  // a no-op when this step's checkpoint was just written
   finish_checkpoint();    // durably on disk before anyone exits
   ignore_stop_signals();  // the state is safe: a requeue's SIGTERM need not cut the exit short
+  if (rank_ == 0) write_stop_marker(cfg_.output.dir, step_, stop_signal_, world_);  // a launcher's proof of it
   log_->console(fmt::format("stopped at step {} on {}; resume with -resume auto", step_, signal_name(stop_signal_)));
   const char* job = std::getenv("SLURM_JOB_ID");
   if (rank_ == 0 && cfg_.resilience.requeue && job) {
