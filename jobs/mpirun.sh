@@ -19,8 +19,8 @@
 # second later, KILL a second after that), too soon for a checkpoint of any
 # size. A second signal is passed on as it is, and cuts the stop short.
 # mpirun runs in a process group of its own, so a Ctrl-C reaches only this
-# script (and a kill -9 of this script leaves mpirun running: send USR1 to
-# mpirun, or anything but KILL to the script).
+# script; should the script die (kill -9, a timeout's SIGKILL), mpirun gets a
+# SIGTERM (setpriv --pdeathsig) and ends the job.
 #
 # Exit status (README.md, "Exit codes"): 0 when the run ended, or when it
 # stopped cleanly on a signal with its checkpoint on disk (rank 0 then writes
@@ -98,10 +98,13 @@ done
 
 # In the background (so that a trap runs as soon as its signal comes) and,
 # with job control, in its own process group (so that a terminal's Ctrl-C
-# comes only here); stdin from /dev/null, which a background group may not read.
+# comes only here); stdin from /dev/null, which a background group may not
+# read; a TERM to mpirun if this script dies (it no longer execs mpirun).
+launcher=(mpirun)
+setpriv --pdeathsig TERM true 2>/dev/null && launcher=(setpriv --pdeathsig TERM mpirun)
 set -m
 # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of flags
-mpirun -n "$n" "${bind[@]}" "${env_flags[@]}" ${MPIRUN_ARGS:-} "$bin" -in "$deck" "$@" </dev/null &
+"${launcher[@]}" -n "$n" "${bind[@]}" "${env_flags[@]}" ${MPIRUN_ARGS:-} "$bin" -in "$deck" "$@" </dev/null &
 pid=$!
 set +m
 [ -z "$early" ] || send "$early"

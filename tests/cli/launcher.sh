@@ -8,6 +8,7 @@
 #   - SIGINT (a terminal's Ctrl-C) the same;
 #   - an exception on rank 1 (`fault throw`): exit 1, no marker;
 #   - a second SIGTERM while the stop cannot finish (rank 0 hangs): 143;
+#   - the script SIGKILLed (a timeout): mpirun and the ranks end as well;
 #   - a bad deck: 2; a NaN under `health nan stop`: 3.
 # usage: launcher.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -122,6 +123,21 @@ check [ "$RC" -eq 143 ] || { fail "exit code $RC (expected 143 = 128 + SIGTERM)"
 check grep -q 'second stop signal (SIGTERM): exiting now' "$T/err" || { fail "no message for the second signal"; show_run; }
 check [ ! -e "$T/run_hang/stopped.json" ] || fail "a stop marker without a stop checkpoint"
 no_marker_left
+
+begin "SIGKILL of jobs/mpirun.sh (a timeout): mpirun and the ranks end too"
+launch "$T/run_kill" "$T/long.deck" -var steps 100000
+wait_until 600 grep -q 'step     50/' "$T/out" || fail "the run never reached step 50"
+kill -KILL "$PID"
+wait "$PID" 2>/dev/null
+# the job's processes are the ones with this run directory on their command line
+running() { pgrep -f -- "-var run_dir $T/run_kill" >/dev/null; }
+check wait_until 300 eval '! running' || {
+  fail "mpirun or a rank still runs 30 s after the script was killed"
+  for p in $(pgrep -f -- "-var run_dir $T/run_kill"); do kill -KILL "$p"; done
+}
+# (mpirun's TERM may still let the ranks stop cleanly; the marker rank 0 then
+# writes has no script left to remove it)
+rm -f "$T"/.xuanxue-stop.*
 
 begin "bad input through jobs/mpirun.sh: 2; a NaN under health nan stop: 3"
 deck "$T/bad.deck" "run 3" "sed 1"
