@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 #include <fmt/format.h>
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "deck/deck.h"
 #include "model/estimate.h"
@@ -97,12 +98,17 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     }
     RunOptions options;
     options.resume = args.resume;
+    if (rank == 0) clear_stop_marker(program.phases.front().config.output.dir);  // a marker says: this launch stopped
     install_stop_signals();
     Trainer trainer(comm, program, options);
     if (rank == 0) fmt::print("# backends\n{}\n\n", trainer.backends());
     std::fflush(stdout);
     trainer.run();
     return 0;
+  } catch (const CheckpointWriteError& e) {
+    // Every rank of the write agreed on the failure (src/ckpt/checkpoint.cpp): one message.
+    if (rank == 0) fmt::print(stderr, "xuanxue: {}\n", e.what());
+    return kExitWriteFailed;
   } catch (const HealthError& e) {
     // Every rank reached the same verdict (one all-gather): one message.
     if (rank == 0) fmt::print(stderr, "xuanxue: {}\n", e.what());

@@ -1,12 +1,21 @@
 #include "ckpt/checkpoint.h"
+#include <fcntl.h>
 #include <hdf5.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <set>
+#include <thread>
 #include <fmt/format.h>
 #include "core/atomic_file.h"
 #include "core/crc32c.h"
@@ -33,26 +42,7 @@ struct H5 {
 
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-void check(herr_t status, const std::string& what) {
-  if (status < 0) throw std::runtime_error("HDF5: " + what + " failed");
-}
-
-template <class V>
-void write_attr(hid_t obj, const char* name, hid_t type, const V& value) {
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  check(H5Awrite(attr, type, &value), std::string("write attribute ") + name);
-}
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  H5 type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, std::max<size_t>(1, value.size()));
-  H5Tset_strpad(type, H5T_STR_NULLPAD);
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  check(H5Awrite(attr, type, value.data()), std::string("write attribute ") + name);
-}
-
+std::string errno_text(int e) { return std::strerror(e); }
 
 template <class V>
 V read_attr(hid_t obj, const char* name, hid_t type, const std::string& path) {
@@ -147,27 +137,288 @@ std::map<std::string, std::vector<double>> read_series(hid_t group, const std::s
   return out;
 }
 
+
+
+// ---------------------------------------------------------------------------
+// A write that fails (docs/RESILIENCE.md, "A failed checkpoint write").
+//
+// A write fails on some ranks only: with MPI-IO's collective buffering only
+// the aggregators touch the disk, so a full disk fails rank 0's pwritev
+// inside H5Dwrite while rank 1's returns success; rank 0's rename and
+// `latest` are its own. Throwing there hung the job: rank 0 unwound into
+// H5Fclose (collective: ompio's barrier in MPI_File_set_size) while rank 1
+// had gone on to the next dataset's H5Dwrite (an MPI_Allreduce), each
+// waiting for the other forever. So the Writer never throws where it fails:
+// it records this rank's first error, every rank goes on making the same
+// HDF5 calls, and at each sync point (the file created, every group and
+// dataset, the flush, the close, rank 0's rename) one MPI_Allreduce tells
+// every rank whether any rank failed; then all of them throw the same error
+// from the same place, close the file together, and rank 0 removes it.
+// Two backstops for a failure deep inside HDF5 or MPI-IO that leaves the
+// ranks unable to meet again:
+//  - MPI-IO errors are recorded where they happen, with their errno, by an
+//    error handler that every file opened afterwards inherits (set on
+//    MPI_FILE_NULL): the message says "No space left on device".
+//  - a deadline: kFailureDeadline seconds after a rank first knows of a
+//    failure, if the write has not been given up cleanly by then, that rank
+//    prints the error, removes the .tmp and ends the job with MPI_Abort
+//    (exit code kExitWriteFailed).
+constexpr double kFailureDeadline = 10;  // seconds
+
+std::atomic<bool> g_write_failed{false};
+
+// The write in progress in this process (one at a time: the trainer waits
+// for the previous one), for the MPI-IO error handler.
+struct ActiveWrite {
+  std::mutex mutex;
+  bool active = false;
+  std::string path, tmp;  // the checkpoint being written, and its temporary file
+  int rank = 0;
+  std::string io_error;   // this rank's first MPI-IO error in it ("" : none)
+};
+ActiveWrite& active_write() {
+  static auto* w = new ActiveWrite;  // never destroyed: the deadline thread may outlive main
+  return *w;
+}
+
+// "DIR/step_N.h5" as `latest` names it, when that file is there; else "none".
+std::string last_good_checkpoint(const std::string& dir) {
+  std::string name;
+  if (std::ifstream in(fs::path(dir) / "latest"); in) std::getline(in, name);
+  std::error_code ec;
+  if (!name.empty() && fs::is_regular_file(fs::path(dir) / name, ec)) return (fs::path(dir) / name).string();
+  return fmt::format("none (no {}/latest)", dir);
+}
+
+// The one line the job ends with.
+std::string failure_line(const std::string& path, const std::string& error) {
+  const std::string dir = fs::path(path).parent_path().string();
+  return fmt::format("checkpoint {} could not be written: {}; the last good checkpoint is {} (resume with "
+                     "-resume auto once the cause is fixed); the partial {}.tmp was removed",
+                     path, error, last_good_checkpoint(dir), fs::path(path).filename().string());
+}
+
+std::atomic<uint64_t> g_deadline_generation{0};
+
+void disarm_deadline() { ++g_deadline_generation; }
+
+// From now on this rank has kFailureDeadline seconds to give the write up
+// cleanly (disarm_deadline); then it ends the job itself.
+void arm_deadline(const std::string& path, const std::string& tmp, int rank, const std::string& error) {
+  static std::atomic<uint64_t> armed{0};
+  const uint64_t generation = g_deadline_generation.load();
+  if (armed.exchange(generation + 1) == generation + 1) return;  // armed already for this write
+  const std::string line = fmt::format("xuanxue: rank {}: {} (the ranks could not give the write up together within "
+                                       "{:.0f} s: ending the job)", rank, failure_line(path, error), kFailureDeadline);
+  std::thread([generation, line, tmp] {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(kFailureDeadline);
+    while (std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (g_deadline_generation.load() != generation) return;
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+    ::unlink(tmp.c_str());
+    MPI_Abort(MPI_COMM_WORLD, kExitWriteFailed);
+  }).detach();
+}
+
+// An MPI error code as the reason a file operation failed: the errno text
+// where MPI's class names one, else errno at the failure, and MPI's words.
+std::string io_error_text(int code, int saved_errno) {
+  int cls = MPI_ERR_OTHER, n = 0;
+  MPI_Error_class(code, &cls);
+  char buf[MPI_MAX_ERROR_STRING] = {0};
+  MPI_Error_string(code, buf, &n);
+  int e = saved_errno;
+  if (cls == MPI_ERR_NO_SPACE) e = ENOSPC;
+  if (cls == MPI_ERR_QUOTA) e = EDQUOT;
+  if (cls == MPI_ERR_READ_ONLY) e = EROFS;
+  if (cls == MPI_ERR_NO_SUCH_FILE) e = ENOENT;
+  if (cls == MPI_ERR_ACCESS) e = EACCES;
+  const std::string mpi(buf, size_t(std::max(n, 0)));
+  return e ? fmt::format("{} (MPI-IO: {})", errno_text(e), mpi) : fmt::format("MPI-IO: {}", mpi);
+}
+
+void on_file_error(MPI_File*, int* code, ...) {
+  const int saved_errno = errno;
+  auto& w = active_write();
+  std::lock_guard lock(w.mutex);
+  if (!w.active || !w.io_error.empty()) return;
+  w.io_error = io_error_text(*code, saved_errno);
+  arm_deadline(w.path, w.tmp, w.rank, w.io_error);
+}
+
+void install_file_error_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Errhandler handler;
+    MPI_File_create_errhandler(on_file_error, &handler);
+    MPI_File_set_errhandler(MPI_FILE_NULL, handler);  // the default of every file opened from now on
+  });
+}
+
+// The innermost message on HDF5's error stack (the cause), "" when empty.
+std::string hdf5_error() {
+  std::string out;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+        if (e->desc && *e->desc) *static_cast<std::string*>(data) = fmt::format("{}: {}", e->func_name, e->desc);
+        return 0;
+      },
+      &out);
+  return out;
+}
+
+// Parallel HDF5 writes metadata at "sync points", whenever the ranks have
+// made dirty_bytes_threshold bytes of it (256 KB by default): inside
+// whichever call made it, where a failed write on one rank leaves the others
+// waiting inside HDF5. Holding it all (up to 32 MB, far more than a
+// checkpoint's metadata) until the flush at the end leaves the chunks
+// (allocated and filled at H5Dcreate, written at H5Dwrite, each dataset
+// followed by a sync) and the flush as the places to fail.
+void hold_metadata(hid_t fapl) {
+  H5AC_cache_config_t config;
+  config.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  if (H5Pget_mdc_config(fapl, &config) < 0) return;
+  config.set_initial_size = true;
+  config.initial_size = size_t(32) << 20;
+  config.min_size = std::min(config.min_size, config.initial_size);
+  config.max_size = std::max(config.max_size, size_t(64) << 20);
+  config.dirty_bytes_threshold = size_t(32) << 20;  // HDF5's largest
+  H5Pset_mdc_config(fapl, &config);  // (tuning only: the default works too, with more places to fail)
+}
+
+// Why a write may have failed when nothing said (ompio reports a write cut
+// short by a full disk as a short count, without errno): the file system's
+// state, "" when it looks fine.
+std::string file_system_state(const std::string& path) {
+  struct statvfs v {};
+  const std::string dir = fs::path(path).parent_path().string();
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &v) != 0) return "";
+  if (v.f_flag & ST_RDONLY) return fmt::format("{} ({} is read-only)", errno_text(EROFS), dir);
+  const double free = double(v.f_bavail) * double(v.f_frsize);
+  if (free < (1 << 20)) return fmt::format("{} ({:.0f} bytes free in {})", errno_text(ENOSPC), free, dir);
+  return "";
+}
+
+// Thrown by Writer::sync on every rank alike: the first failure, its rank.
+struct WriteFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void broadcast_text(std::string& s, int root, MPI_Comm comm) {
+  int n = int(s.size());
+  MPI_Bcast(&n, 1, MPI_INT, root, comm);
+  s.resize(size_t(n));
+  MPI_Bcast(s.data(), n, MPI_CHAR, root, comm);
+}
+
 // The collective writer: every rank of `comm` calls every HDF5 function in
 // the same order with the same arguments (metadata is collective in parallel
 // HDF5); a dataset's data comes from one rank (`owner`), the others select
 // nothing, in one collective transfer (filters such as fletcher32 need it).
+// A failure is recorded, not thrown, until the next sync() (above).
 class Writer {
  public:
   Writer(MPI_Comm comm, const std::string& path) : comm_(comm) {
     MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &world_);
+    install_file_error_handler();
     H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "set MPI-IO file access");
+    ok(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "set MPI-IO file access");
+    hold_metadata(fapl);
+    errno = 0;
     file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (file_ < 0) throw std::runtime_error("HDF5: cannot create " + path);
+    if (file_ < 0) fail("create the file");
     dxpl_ = H5Pcreate(H5P_DATASET_XFER);
-    check(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), "set collective transfer");
+    ok(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), "set collective transfer");
+    try {
+      sync();
+    } catch (...) {
+      release();
+      throw;
+    }
   }
-  ~Writer() {
-    if (dxpl_ >= 0) H5Pclose(dxpl_);
-    if (file_ >= 0) H5Fclose(file_);
-  }
+  ~Writer() { release(); }
   hid_t file() const { return file_; }
   int rank() const { return rank_; }
+
+  // Closes the file (collective; it flushes what HDF5 still holds) and syncs.
+  void close() {
+    errno = 0;
+    H5Pclose(dxpl_);
+    dxpl_ = -1;
+    const herr_t status = H5Fclose(file_);
+    file_ = -1;
+    ok(status, "close the file");
+    sync();
+  }
+
+  // Collective: when any rank has failed since the last sync, every rank
+  // throws WriteFailed with the lowest failing rank's error.
+  void sync() {
+    if (error_.empty()) {  // an MPI-IO error that HDF5 did not report is a failure all the same
+      auto& w = active_write();
+      std::lock_guard lock(w.mutex);
+      if (!w.io_error.empty()) error_ = w.io_error;
+    }
+    int first = error_.empty() ? world_ : rank_;
+    MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_);
+    if (first == world_) return;
+    std::string error = error_;
+    broadcast_text(error, first, comm_);
+    error = fmt::format("{} (rank {})", error, first);
+    std::string tmp;
+    {
+      auto& w = active_write();
+      std::lock_guard lock(w.mutex);
+      arm_deadline(w.path, w.tmp, rank_, error);
+      tmp = w.tmp;
+    }
+    // The file is given up: its space back first (a full disk), so that the
+    // collective close can write what HDF5 still holds without failing again.
+    if (rank_ == 0 && ::truncate(tmp.c_str(), 0) != 0) {
+      // (nothing to give back: the close may fail again, and the deadline covers it)
+    }
+    MPI_Barrier(comm_);
+    throw WriteFailed(error);
+  }
+
+  // A group; a failure is recorded (the id is then invalid, and so are the
+  // calls on it, on this rank only, until the sync after it).
+  H5 group(hid_t parent, const std::string& name) {
+    errno = 0;  // so that a failure's errno is its own
+    const hid_t id = H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (id < 0) fail("create group " + name);
+    return H5(id, H5Gclose);
+  }
+
+  template <class V>
+  void attr(hid_t obj, const char* name, hid_t type, const V& value) {
+    errno = 0;
+    H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+    H5 a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    if (a < 0) return fail(std::string("create attribute ") + name);
+    ok(H5Awrite(a, type, &value), std::string("write attribute ") + name);
+  }
+
+  void string_attr(hid_t obj, const char* name, const std::string& value) {
+    errno = 0;
+    H5 type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type, std::max<size_t>(1, value.size()));
+    H5Tset_strpad(type, H5T_STR_NULLPAD);
+    H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+    H5 a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    if (a < 0) return fail(std::string("create attribute ") + name);
+    ok(H5Awrite(a, type, value.data()), std::string("write attribute ") + name);
+  }
+
+  void flush() {
+    errno = 0;
+    ok(H5Fflush(file_, H5F_SCOPE_GLOBAL), "flush the file");
+  }
 
   // Dataset `name` in `group` of `type` and shape `dims`, chunked, fletcher32,
   // optionally shuffle + deflate; data from `owner` (nullptr elsewhere);
@@ -175,6 +426,7 @@ class Writer {
   // `offset` >= 0: the tensor's offset in the flat buffer, as attribute `offset`.
   void dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
                const void* data, uint32_t crc, bool deflate = false, int64_t offset = -1) {
+    errno = 0;
     H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
     H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     hsize_t total = 1;
@@ -183,28 +435,58 @@ class Writer {
     const hsize_t row = dims.empty() || dims[0] == 0 ? 1 : total / dims[0];
     if (!chunk.empty()) chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1u << 18) / std::max<hsize_t>(1, row)));
     if (total > 0) {
-      check(H5Pset_chunk(plist, int(chunk.size()), chunk.data()), "set chunk");
-      if (deflate) check(H5Pset_shuffle(plist), "set shuffle"), check(H5Pset_deflate(plist, 1), "set deflate");
-      check(H5Pset_fletcher32(plist), "set fletcher32");
+      ok(H5Pset_chunk(plist, int(chunk.size()), chunk.data()), "set chunk");
+      if (deflate) ok(H5Pset_shuffle(plist), "set shuffle"), ok(H5Pset_deflate(plist, 1), "set deflate");
+      ok(H5Pset_fletcher32(plist), "set fletcher32");
     }
     H5 ds(H5Dcreate2(group, name.c_str(), type, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
-    if (ds < 0) throw std::runtime_error("HDF5: cannot create dataset " + name);
+    if (ds < 0) fail("create dataset " + name);
     if (total > 0) {
       H5 mem(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
       H5 file(H5Dget_space(ds), H5Sclose);
       if (rank_ != owner) H5Sselect_none(mem), H5Sselect_none(file);
-      check(H5Dwrite(ds, type, mem, file, dxpl_, rank_ == owner ? data : nullptr), "write " + name);
+      ok(H5Dwrite(ds, type, mem, file, dxpl_, rank_ == owner ? data : nullptr), "write dataset " + name);
     }
     // The owner's checksum: attributes are collective, and only the owner's bytes were written.
     MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
-    write_attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
-    if (offset >= 0) write_attr(ds, "offset", H5T_NATIVE_INT64, offset);
+    attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
+    if (offset >= 0) attr(ds, "offset", H5T_NATIVE_INT64, offset);
+    sync();
   }
 
  private:
+  bool ok(herr_t status, const std::string& what) {
+    if (status < 0) fail(what);
+    return status >= 0;
+  }
+  // This rank's first failure: what it was doing, and why (MPI-IO's error
+  // with its errno when the handler saw one, else HDF5's innermost message).
+  void fail(const std::string& what) {
+    const int e = errno;  // set by this call: every operation clears it first
+    if (!error_.empty()) return;
+    auto& w = active_write();
+    std::lock_guard lock(w.mutex);
+    std::string hdf5 = hdf5_error();
+    if (hdf5.empty()) hdf5 = "HDF5 error";
+    const std::string state = w.io_error.empty() && !e ? file_system_state(w.tmp) : "";
+    if (!w.io_error.empty()) error_ = fmt::format("{}: {}", what, w.io_error);
+    else if (e) error_ = fmt::format("{}: {} ({})", what, errno_text(e), hdf5);
+    else if (!state.empty()) error_ = fmt::format("{}: {} ({})", what, state, hdf5);
+    else error_ = fmt::format("{}: {}", what, hdf5);
+    arm_deadline(w.path, w.tmp, rank_, error_);
+  }
+  // Collective: every rank closes what it still holds (after a sync threw,
+  // at the same place on every rank).
+  void release() {
+    if (dxpl_ >= 0) H5Pclose(dxpl_);
+    if (file_ >= 0) H5Fclose(file_);
+    dxpl_ = file_ = -1;
+  }
+
   MPI_Comm comm_;
-  int rank_ = 0;
+  int rank_ = 0, world_ = 1;
   hid_t file_ = -1, dxpl_ = -1;
+  std::string error_;  // this rank's first failure since the file was created
 };
 
 // Bytes `data` points to as one CRC-32C.
@@ -399,30 +681,114 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
   return out;
 }
 
+namespace {
+
+// Marks the write in progress for the MPI-IO error handler, for one call of write_encoded.
+struct ActiveWriteScope {
+  ActiveWriteScope(const std::string& path, const std::string& tmp, int rank) {
+    auto& w = active_write();
+    std::lock_guard lock(w.mutex);
+    w.active = true, w.path = path, w.tmp = tmp, w.rank = rank, w.io_error.clear();
+  }
+  ~ActiveWriteScope() {
+    auto& w = active_write();
+    std::lock_guard lock(w.mutex);
+    w.active = false;
+  }
+};
+
+// Rank 0, before the file: DIR made when missing, but only inside a parent
+// that is there (the run directory, made at start-up): a run directory that
+// has vanished (purged, its file system unmounted) is an error, not a new one.
+std::string prepare_directory(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) return "";
+  const fs::path parent = fs::path(dir).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    return fmt::format("its directory's parent {} is gone: {}", parent.string(), errno_text(ENOENT));
+  if (parent.empty() ? !fs::create_directories(dir, ec) && ec : !fs::create_directory(dir, ec) && ec)
+    return fmt::format("cannot create the directory {}: {}", dir, ec.message());
+  return "";
+}
+
+// The bytes a checkpoint needs at least: its datasets stored as they are
+// (deflated ones may shrink, so they count for nothing).
+int64_t bytes_at_least(const EncodedCheckpoint& enc, int world) {
+  int64_t n = 0;
+  if (enc.kind == "base")
+    for (const auto& t : enc.tensors) n += 3 * t.size * int64_t(sizeof(float));
+  for (const auto& [name, values] : enc.data.buffers) n += int64_t(values.size() * sizeof(float));
+  for (const auto& [name, values] : enc.data.series) n += int64_t(values.size() * sizeof(double));
+  if (enc.has_ranks)
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < enc.parts.size(); ++i)
+        if (const auto& p = enc.parts[i]; p.codec == "full")
+          n += enc.meta[r * 2 * enc.parts.size() + 2 * i] * int64_t(H5Tget_size(p.type));
+  return n;
+}
+
+// Rank 0, before HDF5 touches the disk: room for `bytes` in the file's place
+// (fallocate, then the file removed again). A full disk, a quota, a
+// read-only file system are found here, where every rank can still stop
+// cleanly, rather than inside a collective HDF5 call. File systems without
+// fallocate skip the check.
+std::string reserve_space(const std::string& tmp, int64_t bytes) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fmt::format("cannot create {}: {}", tmp, errno_text(errno));
+  const int e = bytes <= 0 || ::fallocate(fd, 0, 0, off_t(bytes)) == 0 ? 0 : errno;
+  ::close(fd);
+  ::unlink(tmp.c_str());
+  if (e == 0 || e == EOPNOTSUPP || e == ENOSYS || e == EINVAL) return "";
+  return fmt::format("no room for its {:.2f} MB: {}", double(bytes) / 1e6, errno_text(e));
+}
+
+// Rank 0, after the file is closed on every rank: fsync, rename, `latest`.
+std::string publish(const std::string& tmp, const std::string& path, const std::string& dir, const std::string& name) {
+  try {
+    fsync_path(tmp, false);
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      return fmt::format("cannot rename {} to {}: {}", tmp, path, errno_text(errno));
+    fsync_path(dir, true);
+    write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+bool checkpoint_write_failed() { return g_write_failed; }
+
 std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& enc) {
   quiet_hdf5();
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
   const std::string path = (fs::path(dir) / enc.name).string(), tmp = path + ".tmp";
-  if (rank == 0) fs::create_directories(dir);
-  MPI_Barrier(comm);
+  ActiveWriteScope scope(path, tmp, rank);
+  // Every failure below ends up in `error`, the same text on every rank.
+  std::string error;
+  if (rank == 0) error = prepare_directory(dir);
+  if (rank == 0 && error.empty()) error = reserve_space(tmp, bytes_at_least(enc, world));
+  broadcast_text(error, 0, comm);
   const auto& data = enc.data;
   const auto& format = enc.format;
   const bool diff = enc.has_ranks && format.mode == "diff";
-  {
+  if (error.empty()) try {
     Writer w(comm, tmp);
     const hid_t file = w.file();
-    write_string_attr(file, "format", "xuanxue-checkpoint");
-    write_attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
-    write_string_attr(file, "deck", data.deck);
-    if (!data.state_index.empty()) write_string_attr(file, "state_index", data.state_index);
-    write_string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
-    write_string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
-    write_attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
-    write_string_attr(file, "chain_kind", enc.kind);
-    write_string_attr(file, "chain_parent", enc.parent);
-    if (enc.kind == "delta") write_string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
+    w.string_attr(file, "format", "xuanxue-checkpoint");
+    w.attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
+    w.string_attr(file, "deck", data.deck);
+    if (!data.state_index.empty()) w.string_attr(file, "state_index", data.state_index);
+    w.string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
+    w.string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
+    w.attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
+    w.string_attr(file, "chain_kind", enc.kind);
+    w.string_attr(file, "chain_parent", enc.parent);
+    if (enc.kind == "delta") w.string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
+    w.sync();
     // The base: rank 0's copy of what every rank passes alike.
     auto tensors = [&](hid_t group, const std::vector<float>& flat) {
       for (const auto& t : enc.tensors) {
@@ -441,37 +807,40 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
       else tensors(group, flat);
     };
     {
-      H5 model(H5Gcreate2(file, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 model = w.group(file, "model");
       base_group(model, 0, data.params);
-      H5 opt(H5Gcreate2(file, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      write_string_attr(opt, "kind", "adamw");
-      H5 m(H5Gcreate2(opt, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 opt = w.group(file, "optimizer");
+      w.string_attr(opt, "kind", "adamw");
+      w.sync();
+      H5 m = w.group(opt, "m");
       base_group(m, 1, data.adam_m);
-      H5 v(H5Gcreate2(opt, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 v = w.group(opt, "v");
       base_group(v, 2, data.adam_v);
       if (!data.buffers.empty()) {
-        H5 buffers(H5Gcreate2(file, "buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+        H5 buffers = w.group(file, "buffers");
         for (const auto& [n, values] : data.buffers)
           w.dataset(buffers, n, H5T_NATIVE_FLOAT, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
       }
-      H5 train(H5Gcreate2(file, "train", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 train = w.group(file, "train");
       const auto& s = data.state;
-      write_attr(train, "step", H5T_NATIVE_INT64, s.step);
-      write_attr(train, "sampler_batches", H5T_NATIVE_INT64, s.sampler_batches);
-      write_attr(train, "epoch", H5T_NATIVE_INT64, s.epoch);
-      write_attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
-      write_attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
-      write_attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
-      write_attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
+      w.attr(train, "step", H5T_NATIVE_INT64, s.step);
+      w.attr(train, "sampler_batches", H5T_NATIVE_INT64, s.sampler_batches);
+      w.attr(train, "epoch", H5T_NATIVE_INT64, s.epoch);
+      w.attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
+      w.attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
+      w.attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
+      w.attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
+      w.sync();
       for (const auto& [n, values] : data.series)
         w.dataset(train, n, H5T_NATIVE_DOUBLE, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
     }
     if (enc.has_ranks) {
       const size_t stride = 2 * enc.parts.size();
-      H5 ranks(H5Gcreate2(file, "ranks", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 ranks = w.group(file, "ranks");
       for (int r = 0; r < world; ++r) {
-        H5 group(H5Gcreate2(ranks, std::to_string(r).c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-        write_attr(group, "sampler_batches", H5T_NATIVE_INT64, enc.batches[r]);
+        H5 group = w.group(ranks, std::to_string(r).c_str());
+        w.attr(group, "sampler_batches", H5T_NATIVE_INT64, enc.batches[r]);
+        w.sync();
         for (size_t i = 0; i < enc.parts.size(); ++i) {
           const int64_t count = enc.meta[r * stride + 2 * i];
           const auto crc = uint32_t(enc.meta[r * stride + 2 * i + 1]);
@@ -483,21 +852,38 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
           if (p.codec != "full") {
             const std::string tensor = p.name.substr(0, p.name.find('.'));
             if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
-              write_string_attr(group, (tensor + ".codec").c_str(), p.codec);
+              w.string_attr(group, (tensor + ".codec").c_str(), p.codec);
           }
+        w.sync();
       }
     }
-    H5Fflush(file, H5F_SCOPE_GLOBAL);
-    write_attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
+    w.flush();
+    w.sync();
+    w.attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
+    w.close();
+  } catch (const WriteFailed& e) {
+    error = e.what();  // thrown on every rank at the same sync; the file is closed
   }
+  // Rank 0 makes it the checkpoint; the broadcast is the barrier that keeps
+  // every rank here until it is on disk.
+  if (error.empty()) {
+    if (rank == 0) error = publish(tmp, path, dir, enc.name);
+    broadcast_text(error, 0, comm);
+  }
+  if (error.empty()) {
+    disarm_deadline();
+    return path;
+  }
+  std::string line;
   if (rank == 0) {
-    fsync_path(tmp, false);
-    fs::rename(tmp, path);
-    fsync_path(dir, true);
-    write_file_atomic((fs::path(dir) / "latest").string(), enc.name + "\n");
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    line = failure_line(path, error);
   }
-  MPI_Barrier(comm);
-  return path;
+  broadcast_text(line, 0, comm);
+  g_write_failed = true;
+  disarm_deadline();  // given up together
+  throw CheckpointWriteError(line);
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
@@ -507,6 +893,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
 }
 
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
+  fs::create_directories(dir);
   return write_checkpoint(MPI_COMM_SELF, dir, layout, data, nullptr, {});
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 #include "kernels/ckpt_codec.h"
@@ -17,6 +18,19 @@ namespace xx {
 
 // 2: per-rank state under /ranks, crc32c attributes, mode and codec; version 1 files still load.
 constexpr int kCheckpointVersion = 2;
+
+// A checkpoint that could not be written (no space, an I/O error, the
+// directory gone): every rank of the writing communicator throws it alike,
+// with the same one-line message (the file, the error, the last good
+// checkpoint); the partial .tmp is removed and `latest` left as it was. The
+// job ends with kExitWriteFailed (docs/RESILIENCE.md, "A failed checkpoint write").
+constexpr int kExitWriteFailed = 4;
+struct CheckpointWriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// True once a write in this process ended in CheckpointWriteError (on any
+// thread): an asynchronous writer's failure, for the training loop to agree on.
+bool checkpoint_write_failed();
 
 // Everything besides the tensors that a run needs to continue exactly.
 struct TrainState {
@@ -84,6 +98,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
                                                      const CheckpointFormat& format, ChainBase* chain = nullptr);
 // Collective over comm (the same ranks as encode_checkpoint's, possibly a
 // dup): writes the file atomically and points DIR/latest at it; returns its path.
+// A failure on any rank throws CheckpointWriteError on every rank (above).
 std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded);
 // The file's chain kind ("base" or "delta") once encoded.
 std::string chain_kind_of(const EncodedCheckpoint& encoded);

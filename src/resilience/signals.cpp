@@ -1,8 +1,15 @@
 #include "resilience/signals.h"
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <vector>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
+#include "core/atomic_file.h"
 
 namespace xx {
 namespace {
@@ -49,6 +56,42 @@ const char* signal_name(int sig) {
     case SIGKILL: return "SIGKILL";
     default: return "signal";
   }
+}
+
+namespace {
+
+std::vector<std::string> marker_paths(const std::string& run_dir) {
+  std::vector<std::string> out = {(std::filesystem::path(run_dir) / "stopped.json").string()};
+  if (const char* env = std::getenv(kStopFileEnv); env && *env) out.emplace_back(env);
+  return out;
+}
+
+}  // namespace
+
+void clear_stop_marker(const std::string& run_dir) {
+  for (const auto& path : marker_paths(run_dir)) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+}
+
+void write_stop_marker(const std::string& run_dir, int64_t step, int sig, int world) {
+  const auto dir = std::filesystem::path(run_dir) / "ckpt";
+  std::string latest;
+  if (std::ifstream in(dir / "latest"); in) std::getline(in, latest);
+  nlohmann::json marker = {{"stopped", true},
+                           {"signal", signal_name(sig)},
+                           {"step", step},
+                           {"checkpoint", latest.empty() ? std::string() : (dir / latest).string()},
+                           {"run_dir", run_dir},
+                           {"ranks", world},
+                           {"resume", "-resume auto"}};
+  for (const auto& path : marker_paths(run_dir)) try {
+      write_file_atomic(path, marker.dump() + "\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "xuanxue: warning: the stop marker was not written (%s): a launcher may take this clean "
+                   "stop for a failure\n", e.what());
+    }
 }
 
 }  // namespace xx

@@ -66,16 +66,23 @@ void Trainer::check_health_now() {
 // Stop signals: every rank looks at the step boundary, and one all-reduce
 // makes a signal to any rank stop them all.
 bool Trainer::stop_requested() {
-  int mine = pending_stop_signal();
-  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MAX, comm_);
-  stop_signal_ = mine;
-  return mine != 0;
+  // With the signal, whether a background checkpoint write failed: its
+  // writers fail on every rank alike, but the ranks see it at different steps.
+  int mine[2] = {pending_stop_signal(), checkpoint_write_failed()};
+  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, mine, 2, MPI_INT, MPI_MAX, comm_);
+  if (mine[1]) {
+    finish_checkpoint();  // rethrows the writer's CheckpointWriteError
+    throw CheckpointWriteError("a background checkpoint write failed on another rank");
+  }
+  stop_signal_ = mine[0];
+  return mine[0] != 0;
 }
 
 void Trainer::stop_on_signal(double loss) {
   save_checkpoint(loss);  // a no-op when this step's checkpoint was just written
   finish_checkpoint();    // durably on disk before anyone exits
   ignore_stop_signals();  // the state is safe: a requeue's SIGTERM need not cut the exit short
+  if (rank_ == 0) write_stop_marker(cfg_.output.dir, step_, stop_signal_, world_);  // a launcher's proof of it
   log_->console(fmt::format("stopped at step {} on {}; resume with -resume auto", step_, signal_name(stop_signal_)));
   const char* job = std::getenv("SLURM_JOB_ID");
   if (rank_ == 0 && cfg_.resilience.requeue && job) {

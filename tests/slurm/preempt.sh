@@ -187,6 +187,11 @@ fi
 if [ "$PREEMPT" = usr1 ]; then
   grep -q "train.sbatch: requeued job $jid" "$T/job.log" || fail "train.sbatch did not requeue the job"
 fi
+# The stop marker: the batch script saw a clean stop (and exits 0 for it,
+# whatever srun says after Slurm's SIGTERM).
+grep -q "train.sbatch: stopped cleanly: .*\"signal\":\"$stop_signal\"" "$T/job.log" ||
+  fail "train.sbatch did not see xuanxue's stop marker (expected 'stopped cleanly: {...$stop_signal...}')"
+grep -E "train.sbatch: (xuanxue exited|stopped cleanly|exit 0, not)" "$T/job.log" | head -n 3 | sed 's/^/    /'
 grep -q "train.sbatch: job $jid restart 1:" "$T/job.log" || fail "no second start (restart 1) in the job log"
 
 note "(b) the loss curve equals the uninterrupted run's"
