@@ -756,6 +756,99 @@ std::string publish(const std::string& tmp, const std::string& path, const std::
   return "";
 }
 
+// The root attributes: format, deck, state index, mode, codec, chain.
+void write_root(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
+  const auto& data = enc.data;
+  const auto& format = enc.format;
+  const bool diff = enc.has_ranks && format.mode == "diff";
+  w.string_attr(file, "format", "xuanxue-checkpoint");
+  w.attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
+  w.string_attr(file, "deck", data.deck);
+  if (!data.state_index.empty()) w.string_attr(file, "state_index", data.state_index);
+  w.string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
+  w.string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
+  w.attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
+  w.string_attr(file, "chain_kind", enc.kind);
+  w.string_attr(file, "chain_parent", enc.parent);
+  if (enc.kind == "delta") w.string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
+  w.sync();
+}
+
+// The base: /model, /optimizer, /buffers, /train.
+void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
+  const auto& data = enc.data;
+  // The base: rank 0's copy of what every rank passes alike.
+  auto tensors = [&](hid_t group, const std::vector<float>& flat) {
+    for (const auto& t : enc.tensors) {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
+      w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
+    }
+  };
+  // A delta: each tensor's change since the chain's base, flat, through its codec.
+  auto changes = [&](hid_t group, const std::vector<Part>& parts) {
+    for (const auto& p : parts)
+      w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
+  };
+  auto base_group = [&](hid_t group, int i, const std::vector<float>& flat) {
+    if (enc.kind == "delta") changes(group, enc.base_parts[i]);
+    else tensors(group, flat);
+  };
+  {
+    H5 model = w.group(file, "model");
+    base_group(model, 0, data.params);
+    H5 opt = w.group(file, "optimizer");
+    w.string_attr(opt, "kind", "adamw");
+    w.sync();
+    H5 m = w.group(opt, "m");
+    base_group(m, 1, data.adam_m);
+    H5 v = w.group(opt, "v");
+    base_group(v, 2, data.adam_v);
+    if (!data.buffers.empty()) {
+      H5 buffers = w.group(file, "buffers");
+      for (const auto& [n, values] : data.buffers)
+        w.dataset(buffers, n, H5T_NATIVE_FLOAT, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
+    }
+    H5 train = w.group(file, "train");
+    const auto& s = data.state;
+    w.attr(train, "step", H5T_NATIVE_INT64, s.step);
+    w.attr(train, "sampler_batches", H5T_NATIVE_INT64, s.sampler_batches);
+    w.attr(train, "epoch", H5T_NATIVE_INT64, s.epoch);
+    w.attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
+    w.attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
+    w.attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
+    w.attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
+    w.sync();
+    for (const auto& [n, values] : data.series)
+      w.dataset(train, n, H5T_NATIVE_DOUBLE, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
+  }
+}
+
+// Each rank's own state: /ranks/<r>.
+void write_ranks(Writer& w, hid_t file, const EncodedCheckpoint& enc, int world) {
+  const size_t stride = 2 * enc.parts.size();
+  H5 ranks = w.group(file, "ranks");
+  for (int r = 0; r < world; ++r) {
+    H5 group = w.group(ranks, std::to_string(r).c_str());
+    w.attr(group, "sampler_batches", H5T_NATIVE_INT64, enc.batches[r]);
+    w.sync();
+    for (size_t i = 0; i < enc.parts.size(); ++i) {
+      const int64_t count = enc.meta[r * stride + 2 * i];
+      const auto crc = uint32_t(enc.meta[r * stride + 2 * i + 1]);
+      const auto& p = enc.parts[i];
+      w.dataset(group, p.name, p.type, {hsize_t(count)}, r, r == w.rank() ? p.data : nullptr, crc,
+                p.codec != "full");
+    }
+    for (const auto& p : enc.parts)
+      if (p.codec != "full") {
+        const std::string tensor = p.name.substr(0, p.name.find('.'));
+        if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
+          w.string_attr(group, (tensor + ".codec").c_str(), p.codec);
+      }
+    w.sync();
+  }
+}
+
 }  // namespace
 
 bool checkpoint_write_failed() { return g_write_failed; }
@@ -772,91 +865,12 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
   if (rank == 0) error = prepare_directory(dir);
   if (rank == 0 && error.empty()) error = reserve_space(tmp, bytes_at_least(enc, world));
   broadcast_text(error, 0, comm);
-  const auto& data = enc.data;
-  const auto& format = enc.format;
-  const bool diff = enc.has_ranks && format.mode == "diff";
   if (error.empty()) try {
     Writer w(comm, tmp);
     const hid_t file = w.file();
-    w.string_attr(file, "format", "xuanxue-checkpoint");
-    w.attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
-    w.string_attr(file, "deck", data.deck);
-    if (!data.state_index.empty()) w.string_attr(file, "state_index", data.state_index);
-    w.string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
-    w.string_attr(file, "codec", diff ? kernels::ckpt_codec::codec_name(format.codec.kind) : "none");
-    w.attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
-    w.string_attr(file, "chain_kind", enc.kind);
-    w.string_attr(file, "chain_parent", enc.parent);
-    if (enc.kind == "delta") w.string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
-    w.sync();
-    // The base: rank 0's copy of what every rank passes alike.
-    auto tensors = [&](hid_t group, const std::vector<float>& flat) {
-      for (const auto& t : enc.tensors) {
-        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-        const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
-        w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
-      }
-    };
-    // A delta: each tensor's change since the chain's base, flat, through its codec.
-    auto changes = [&](hid_t group, const std::vector<Part>& parts) {
-      for (const auto& p : parts)
-        w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
-    };
-    auto base_group = [&](hid_t group, int i, const std::vector<float>& flat) {
-      if (enc.kind == "delta") changes(group, enc.base_parts[i]);
-      else tensors(group, flat);
-    };
-    {
-      H5 model = w.group(file, "model");
-      base_group(model, 0, data.params);
-      H5 opt = w.group(file, "optimizer");
-      w.string_attr(opt, "kind", "adamw");
-      w.sync();
-      H5 m = w.group(opt, "m");
-      base_group(m, 1, data.adam_m);
-      H5 v = w.group(opt, "v");
-      base_group(v, 2, data.adam_v);
-      if (!data.buffers.empty()) {
-        H5 buffers = w.group(file, "buffers");
-        for (const auto& [n, values] : data.buffers)
-          w.dataset(buffers, n, H5T_NATIVE_FLOAT, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
-      }
-      H5 train = w.group(file, "train");
-      const auto& s = data.state;
-      w.attr(train, "step", H5T_NATIVE_INT64, s.step);
-      w.attr(train, "sampler_batches", H5T_NATIVE_INT64, s.sampler_batches);
-      w.attr(train, "epoch", H5T_NATIVE_INT64, s.epoch);
-      w.attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
-      w.attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
-      w.attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
-      w.attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
-      w.sync();
-      for (const auto& [n, values] : data.series)
-        w.dataset(train, n, H5T_NATIVE_DOUBLE, {hsize_t(values.size())}, 0, values.data(), crc_of(values));
-    }
-    if (enc.has_ranks) {
-      const size_t stride = 2 * enc.parts.size();
-      H5 ranks = w.group(file, "ranks");
-      for (int r = 0; r < world; ++r) {
-        H5 group = w.group(ranks, std::to_string(r).c_str());
-        w.attr(group, "sampler_batches", H5T_NATIVE_INT64, enc.batches[r]);
-        w.sync();
-        for (size_t i = 0; i < enc.parts.size(); ++i) {
-          const int64_t count = enc.meta[r * stride + 2 * i];
-          const auto crc = uint32_t(enc.meta[r * stride + 2 * i + 1]);
-          const auto& p = enc.parts[i];
-          w.dataset(group, p.name, p.type, {hsize_t(count)}, r, r == w.rank() ? p.data : nullptr, crc,
-                    p.codec != "full");
-        }
-        for (const auto& p : enc.parts)
-          if (p.codec != "full") {
-            const std::string tensor = p.name.substr(0, p.name.find('.'));
-            if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
-              w.string_attr(group, (tensor + ".codec").c_str(), p.codec);
-          }
-        w.sync();
-      }
-    }
+    write_root(w, file, enc);
+    write_base(w, file, enc);
+    if (enc.has_ranks) write_ranks(w, file, enc, world);
     w.flush();
     w.sync();
     w.attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
