@@ -51,11 +51,11 @@ std::string add_expert_load(nlohmann::json& record, const StepFigures& f) {
 StepReport::StepReport(RunLog& log, int rank, int world, double flops_per_token, MfuMeter& mfu, int64_t total_steps)
     : log_(log), rank_(rank), world_(world), flops_per_token_(flops_per_token), mfu_(mfu), total_steps_(total_steps) {}
 
-void StepReport::step_done(const StepFigures& f, double seconds, int64_t tokens) {
+void StepReport::step_done(int64_t step, double loss, double seconds, int64_t tokens) {
   seconds_ += seconds, interval_seconds_ += seconds;
   smoothed_ = steps_ == 0 ? seconds : 0.9 * smoothed_ + 0.1 * seconds;  // for the ETA
-  log_.progress(fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}", f.step, total_steps_, f.loss,
-                            tokens / smoothed_, duration((total_steps_ - f.step) * smoothed_)));
+  log_.progress(fmt::format("step {}/{} | loss {:.4f} | {:.0f} tok/s | ETA {}", step, total_steps_, loss,
+                            tokens / smoothed_, duration((total_steps_ - step) * smoothed_)));
   ++steps_, ++interval_steps_;
   tokens_ += tokens, interval_tokens_ += tokens;
 }

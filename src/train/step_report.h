@@ -39,7 +39,7 @@ class StepReport {
   StepReport(RunLog& log, int rank, int world, double flops_per_token, MfuMeter& mfu, int64_t total_steps);
 
   // Every step: its wall time and the tokens it trained (all ranks).
-  void step_done(const StepFigures& f, double seconds, int64_t tokens);
+  void step_done(int64_t step, double loss, double seconds, int64_t tokens);
   void log_step(const StepFigures& f);  // the step line; the interval starts again
   void log_validation(int64_t step, int64_t phase_end, double val);
   void flush();                         // this step's metrics record, if any

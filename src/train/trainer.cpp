@@ -218,11 +218,10 @@ void Trainer::run_phases() {
 void Trainer::after_step(double loss, double seconds) {
   const bool end = step_ == phase_end_;
   auto due = [this](int64_t every) { return every > 0 && step_ % every == 0; };
-  const StepFigures f = figures(loss);
-  report_->step_done(f, seconds, int64_t(cfg_.data.batch) * cfg_.model.seq * world_ * strategy_->micro_batches());
+  report_->step_done(step_, loss, seconds, int64_t(cfg_.data.batch) * cfg_.model.seq * world_ * strategy_->micro_batches());
   losses_.push_back(loss);
   if (due(cfg_.health.every)) check_health_now();
-  if (due(cfg_.output.log_every) || end) report_->log_step(f);
+  if (due(cfg_.output.log_every) || end) report_->log_step(figures(loss));
   double val = std::numeric_limits<double>::quiet_NaN();
   if (due(cfg_.eval.every) || end) {
     val = evaluate();

@@ -73,12 +73,13 @@ class Trainer {
   void inject_gradient_fault(int64_t step, int rank, float value = std::numeric_limits<float>::infinity());
 
  private:
-  // set-up (trainer.cpp)
+  // set-up (trainer_setup.cpp) and the loop (trainer.cpp)
   void load_data();
   void build_model();
   void build_data_stream(const std::string& resume_path);
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy
+  bool keeps_strategy(size_t phase) const;  // its sync settings equal the phase before's
   std::function<void(int64_t)> gradient_hook(bool last);
   void load_batch(int64_t index);
   LossWeights weigh_losses(const LossParts& parts);

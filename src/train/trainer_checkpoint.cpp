@@ -125,9 +125,7 @@ void Trainer::restore(const std::string& path) {
   for (int64_t end = program_.phases[0].steps; phase + 1 < program_.phases.size() && step_ >= end;)
     end += program_.phases[++phase].steps;
   enter_phase(phase);
-  const bool strategy_goes_on = step_ > phase_start_ ||
-                                (phase > 0 && sync_settings(program_.phases[phase - 1].config, phase_start_) ==
-                                                  sync_settings(cfg_, phase_start_));
+  const bool strategy_goes_on = step_ > phase_start_ || keeps_strategy(phase);
   if (!strategy_goes_on) strategy_state_ = StateRegistry();  // a fresh strategy: nothing of it is in the file
   // Every rank's state is checked before any rank takes its own: no partial restore.
   on_rank0_or_throw(comm_, rank_, [&] {

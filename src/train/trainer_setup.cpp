@@ -116,20 +116,23 @@ void Trainer::enter_phase(size_t phase) {
   phase_end_ = 0;
   for (size_t i = 0; i <= phase; ++i) phase_end_ += program_.phases[i].steps;
   phase_start_ = phase_end_ - p.steps;
-  const SyncSettings settings = sync_settings(cfg_, phase_start_);
-  if (strategy_ && phase > 0 && settings == sync_settings(program_.phases[phase - 1].config, phase_start_)) {
+  if (strategy_ && keeps_strategy(phase)) {
     strategy_->continue_into(phase_start_);
   } else {
     SyncBuffers buffers{comm_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         }};
-    strategy_ = choose_sync_strategy(buffers, settings, &strategy_report_);
+    strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     strategy_state_ = StateRegistry();
     strategy_->register_state(strategy_state_);
     if (log_ && phase > 0) log_->console(fmt::format("{}: sync {}", p.where, strategy_report_));
   }
   inject_gradient_fault(fault_step_, fault_rank_, fault_value_);  // the checks on the gradients, for this phase
+}
+
+bool Trainer::keeps_strategy(size_t phase) const {
+  return phase > 0 && sync_settings(program_.phases[phase - 1].config, 0) == sync_settings(program_.phases[phase].config, 0);
 }
 
 // Checks on each final range of this rank's gradients, in order: an
