@@ -1,15 +1,15 @@
 // Causal self-attention, block by block, so that the masked upper triangle is
 // never computed: query block i (rows [i*Bk, i*Bk + Bk)) only meets keys
 // [0, (i+1)*Bk). Scores and probabilities live in a packed lower block
-// triangle per (batch, head); GEMMs go through KokkosKernels. Only the
+// triangle per (batch, head); GEMMs go through the seam (kernels/gemm.h). Only the
 // diagonal blocks compute masked entries (a fraction Bk / (2T) of the work);
 // they are zeroed after the softmax.
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
-#include <KokkosBlas3_gemm.hpp>
 #include <cmath>
 #include <vector>
 #include "core/views.h"
+#include "kernels/gemm.h"
 #include "kernels/math.h"
 
 namespace xx::kernels {
@@ -52,41 +52,62 @@ void causal_softmax_rows(Mat<T> p, int64_t first_row) {
       });
 }
 
-// dp (rows, cols) <- p * (dp - sum_s p * dp) * scale, in place.
+// dp (rows, cols) <- p * (dp - sum_s p * dp) * scale, in place; p is read
+// from its T values, or from its 16-bit copy (`half`, of `type`).
 template <class T>
-void causal_softmax_rows_backward(Mat<T> dp, Mat<const T> p, T scale) {
-  const int64_t cols = p.extent(1);
+void causal_softmax_rows_backward(Mat<T> dp, const T* p, const uint16_t* half, Precision type, T scale) {
+  const int64_t cols = dp.extent(1);
   Kokkos::parallel_for(
-      "attention::softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
-        const T* prow = &p(r, 0);
+      "attention::softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, dp.extent(0)), KOKKOS_LAMBDA(int64_t r) {
         T* drow = &dp(r, 0);
         T dot = 0;
+        if (half) {
+          const uint16_t* prow = half + r * cols;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t s = 0; s < cols; ++s) dot += prow[s] * drow[s];
+          for (int64_t s = 0; s < cols; ++s) dot += T(half_bits_to_float(prow[s], type)) * drow[s];
 #pragma omp simd
-        for (int64_t s = 0; s < cols; ++s) drow[s] = prow[s] * (drow[s] - dot) * scale;
+          for (int64_t s = 0; s < cols; ++s) drow[s] = T(half_bits_to_float(prow[s], type)) * (drow[s] - dot) * scale;
+        } else {
+          const T* prow = p + r * cols;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t s = 0; s < cols; ++s) dot += prow[s] * drow[s];
+#pragma omp simd
+          for (int64_t s = 0; s < cols; ++s) drow[s] = prow[s] * (drow[s] - dot) * scale;
+        }
       });
 }
 
-// out (BH*T, Dv), att (BH * blocks.per_head()) from q, k (BH*T, D) and v
-// (BH*T, Dv), head-major. Scores are scaled by 1/sqrt(D).
+// The probabilities kept for the backward: T values, or (mixed precision)
+// only their 16-bit copy; BH * blocks.per_head() of either.
 template <class T>
-void attention_forward(Mat<T> out, Vec<T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
-                       const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.extent(1), Dv = v.extent(1);
+struct KeptProbabilities {
+  T* values = nullptr;
+  uint16_t* half = nullptr;
+  Precision type = Precision::fp32;
+  GemmIn<T> block(int64_t offset, int64_t rows, int64_t cols) const {
+    return half ? GemmIn<T>::of_half(half + offset, rows, cols, type) : GemmIn<T>(Mat<const T>(values + offset, rows, cols));
+  }
+};
+
+// out (BH*T, Dv), att from q, k (BH*T, D) and v (BH*T, Dv), head-major.
+// Scores are scaled by 1/sqrt(D). With 16-bit probabilities, each block's
+// scores and softmax are computed in T in `scratch` (>= Bk * T) and then
+// kept as 16 bits.
+template <class T>
+void attention_forward(Mat<T> out, const KeptProbabilities<T>& att, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v,
+                       Vec<T> scratch, const CausalBlocks& blocks, int64_t BH) {
+  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
   const T scale = T(1) / T(std::sqrt(double(D)));
   for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t head = bh * Tn * D, vhead = bh * Tn * Dv;
     for (int64_t i = 0; i < blocks.count; ++i) {
       const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
-      Mat<const T> qi(q.data() + head + r0 * D, rows, D);
-      Mat<const T> keys(k.data() + head, cols, D);
-      Mat<const T> values(v.data() + vhead, cols, Dv);
-      Mat<T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
-      Mat<T> oi(out.data() + vhead + r0 * Dv, rows, Dv);
-      KokkosBlas::gemm("N", "T", scale, qi, keys, T(0), p);
+      const int64_t offset = bh * blocks.per_head() + blocks.offset[i];
+      Mat<T> p(att.half ? scratch.data() : att.values + offset, rows, cols);
+      Mat<T> oi(out.data() + (bh * Tn + r0) * Dv, rows, Dv);
+      gemm<T>("N", q.rows_from(bh * Tn + r0, rows), "T", k.rows_from(bh * Tn, cols), scale, T(0), p);
       causal_softmax_rows(p, r0);
-      KokkosBlas::gemm("N", "N", T(1), Mat<const T>(p), values, T(0), oi);
+      if (att.half) pack_half(att.half + offset, p.data(), rows * cols, att.type);
+      gemm<T>("N", att.block(offset, rows, cols), "N", v.rows_from(bh * Tn, cols), T(1), T(0), oi);
     }
   }
 }
@@ -94,30 +115,30 @@ void attention_forward(Mat<T> out, Vec<T> att, Mat<const T> q, Mat<const T> k, M
 // dq, dk (BH*T, D), dv (BH*T, Dv) = gradients; scratch holds one block of dp (>= Bk * T).
 template <class T>
 void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout,
-                        Vec<const T> att, Mat<const T> q, Mat<const T> k, Mat<const T> v,
+                        const KeptProbabilities<T>& att, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v,
                         const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.extent(1), Dv = v.extent(1);
+  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
   const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));
+  const GemmIn<T> dO = as_gemm_input_like<T>(dout, q, 1);  // 16 bits once, when q is
   for (int64_t bh = 0; bh < BH; ++bh) {
     const int64_t head = bh * Tn * D, vhead = bh * Tn * Dv;
     for (int64_t i = 0; i < blocks.count; ++i) {
       const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
-      Mat<const T> p(att.data() + bh * blocks.per_head() + blocks.offset[i], rows, cols);
-      Mat<const T> doi(dout.data() + vhead + r0 * Dv, rows, Dv);
-      Mat<const T> qi(q.data() + head + r0 * D, rows, D);
-      Mat<const T> keys(k.data() + head, cols, D);
-      Mat<const T> values(v.data() + vhead, cols, Dv);
+      const int64_t offset = bh * blocks.per_head() + blocks.offset[i];
+      const GemmIn<T> p = att.block(offset, rows, cols), doi = dO.rows_from(bh * Tn + r0, rows);
+      const GemmIn<T> qi = q.rows_from(bh * Tn + r0, rows), keys = k.rows_from(bh * Tn, cols);
       Mat<T> dp(scratch.data(), rows, cols);
       Mat<T> dqi(dq.data() + head + r0 * D, rows, D);
       Mat<T> dkeys(dk.data() + head, cols, D);
       Mat<T> dvalues(dv.data() + vhead, cols, Dv);
-      KokkosBlas::gemm("N", "T", T(1), doi, values, T(0), dp);      // dp = dO V^T
-      KokkosBlas::gemm("T", "N", T(1), p, doi, T(1), dvalues);      // dV += P^T dO
-      causal_softmax_rows_backward(dp, p, scale);                   // dS = P (dP - rowsum) * scale
-      KokkosBlas::gemm("N", "N", T(1), Mat<const T>(dp), keys, T(0), dqi);  // dQ = dS K
-      KokkosBlas::gemm("T", "N", T(1), Mat<const T>(dp), qi, T(1), dkeys);  // dK += dS^T Q
+      gemm<T>("N", doi, "T", v.rows_from(bh * Tn, cols), T(1), T(0), dp);  // dp = dO V^T
+      gemm<T>("T", p, "N", doi, T(1), T(1), dvalues);                      // dV += P^T dO
+      causal_softmax_rows_backward<T>(dp, p.values, p.half, p.type, scale);  // dS = P (dP - rowsum) * scale
+      const GemmIn<T> ds = as_gemm_input_like<T>(Mat<const T>(dp), q, 2);
+      gemm<T>("N", ds, "N", keys, T(1), T(0), dqi);   // dQ = dS K
+      gemm<T>("T", ds, "N", qi, T(1), T(1), dkeys);   // dK += dS^T Q
     }
   }
 }

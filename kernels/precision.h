@@ -71,6 +71,11 @@ KOKKOS_INLINE_FUNCTION float fp16_bits_to_float(uint16_t h) {
   return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// The float value of a 16-bit pattern of type p (bf16 or fp16).
+KOKKOS_INLINE_FUNCTION float half_bits_to_float(uint16_t h, Precision p) {
+  return p == Precision::bf16 ? bf16_bits_to_float(h) : fp16_bits_to_float(h);
+}
+
 // The nearest value of type p (ties to even), as a float.
 KOKKOS_INLINE_FUNCTION float round_to(float x, Precision p) {
   if (p == Precision::bf16) return bf16_bits_to_float(float_to_bf16_bits(x));

@@ -99,11 +99,12 @@ TEST_CASE("peak: writing replaces this machine's entry and keeps the others", "[
 }
 
 TEST_CASE("peak: this machine has a CPU and a backend", "[peak]") {
-  const PeakKey key = this_machine();
+  const PeakKey key = this_machine("oneDNN 2.6.3 brg:avx512_core_bf16", "bf16");
   CHECK_FALSE(key.cpu.empty());
-  CHECK_FALSE(key.backend.empty());
-  CHECK(key.precision == "fp32");
-  CHECK(this_machine() == key);
+  CHECK(key.backend == "oneDNN 2.6.3 brg:avx512_core_bf16");
+  CHECK(key.precision == "bf16");
+  CHECK(this_machine("oneDNN 2.6.3 brg:avx512_core_bf16", "bf16") == key);
+  CHECK_FALSE(this_machine("oneDNN 2.6.3 brg:avx512_core", "fp32") == key);
   CHECK(default_peak_file().ends_with("/peak.json"));
 }
 

@@ -319,7 +319,7 @@ TEST_CASE("a power-of-two loss scale multiplies every gradient exactly (main, MT
   }
 }
 
-TEST_CASE("rounding the residual stream and logits moves the loss by about the type's precision", "[precision]") {
+TEST_CASE("16-bit GEMM operands move the loss by about the type's precision", "[precision]") {
   const ModelConfig cfg = architecture("dense");
   const int B = 2;
   const int64_t N = int64_t(B) * cfg.seq;
@@ -329,9 +329,9 @@ TEST_CASE("rounding the residual stream and logits moves the loss by about the t
   ref.init(7);
   const double loss32 = ref.forward(in, tgt).main;
   for (auto p : {k::Precision::bf16, k::Precision::fp16}) {
-    Transformer<float> model(cfg, B);
+    Transformer<float> model(cfg, B, p);
     model.init(7);
-    model.set_precision(p);
+    CHECK(model.gemm_type() == p);
     const double loss = model.forward(in, tgt).main;
     // bf16 keeps 8 significant bits (relative error 2^-9 per rounding), fp16 11.
     CHECK(loss != loss32);

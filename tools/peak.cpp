@@ -1,13 +1,16 @@
-// xx_peak: one core's SGEMM rate on a deck's GEMM shapes, the MFU
+// xx_peak: one core's GEMM rate on a deck's GEMM shapes, the MFU
 // denominator (../shared/MEASURING.md), written to the peak file that runs
 // read (src/io/peak_file.h). Run it through `tools/bench peak`, which gives it
 // the environment of tools/env.sh, as every run has.
 //
 // usage: xx_peak -in DECK [-var NAME VALUE]... [--out FILE] [--trials N] [--seconds S]
-//          [--replace] [--if-missing] [--quiet]
+//          [--precision fp32,bf16] [--gemm auto|onednn|blas] [--replace] [--if-missing] [--quiet]
 //
-// What is timed: with one BLAS thread, KokkosBlas::gemm<float> (what the
-// model calls, kernels/linear.h) on the forward, input-gradient and
+// What is timed: on one thread, the GEMM seam (kernels/gemm.h, the backend
+// --gemm chooses, as a deck's `gemm` does) through the model's own calls
+// (kernels/linear.h), once per --precision: fp32 operands, or 16-bit ones
+// (the weights and inputs packed beforehand, as a step packs them; the
+// output gradient packed inside, as the backward does), on the forward, input-gradient and
 // weight-gradient GEMMs of the deck's dense block (fused QKV (3C, C), output
 // (C, C), fused gate/up (2F, C), down (C, F)) and of the head (V, C), each on
 // N = batch * seq rows. One untimed pass, then --trials trials; a trial
@@ -16,7 +19,7 @@
 // The peak is the best trial: on a shared machine a slow trial measures the
 // neighbours, never a faster core. Median and min-max are printed beside it.
 //
-// The file keeps one entry per (CPU model, BLAS backend and kernels,
+// The file keeps one entry per (CPU model, GEMM library and kernel,
 // precision); the entry for this machine is replaced only by a higher peak
 // (a busier machine only measures lower), unless --replace. --if-missing
 // measures only when the file has no entry for this machine.
@@ -63,11 +66,13 @@ struct Args {
   int trials = 9;
   double seconds = 0.3;
   bool replace = false, if_missing = false, quiet = false;
+  std::vector<std::string> precisions = {"fp32", "bf16"};
+  std::string gemm = "auto";
 };
 
 const char* kUsage =
-    "usage: xx_peak -in DECK [-var NAME VALUE]... [--out FILE] [--trials N] [--seconds S] [--replace] "
-    "[--if-missing] [--quiet]\n";
+    "usage: xx_peak -in DECK [-var NAME VALUE]... [--out FILE] [--trials N] [--seconds S] "
+    "[--precision fp32,bf16] [--gemm auto|onednn|blas] [--replace] [--if-missing] [--quiet]\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "xx_peak: %s\n%s", what.c_str(), kUsage);
@@ -90,6 +95,17 @@ Args parse(int argc, char** argv) {
       } else if (arg == "--out") a.out = value(i);
       else if (arg == "--trials") a.trials = std::stoi(value(i));
       else if (arg == "--seconds") a.seconds = std::stod(value(i));
+      else if (arg == "--precision") {
+        a.precisions.clear();
+        std::string list = value(i);
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          const std::string p = list.substr(at, comma - at);
+          if (p != "fp32" && p != "bf16" && p != "fp16") usage_error("--precision: '" + p + "' (expected fp32, bf16 or fp16)");
+          a.precisions.push_back(p);
+          at = comma + 1;
+        }
+      } else if (arg == "--gemm") a.gemm = value(i);
       else if (arg == "--replace") a.replace = true;
       else if (arg == "--if-missing") a.if_missing = true;
       else if (arg == "--quiet") a.quiet = true;
@@ -143,11 +159,11 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-int run(const Args& a) {
-  const xx::Program program = xx::build_program(xx::read_deck(a.deck, a.vars), /*check_files=*/false);
-  const xx::Config& cfg = program.phases.front().config;
+// One precision's peak: measured, printed, written (or kept).
+int measure(const Args& a, const xx::Config& cfg, const std::string& precision) {
   const xx::ModelConfig& m = cfg.model;
-  const xx::PeakKey key = xx::this_machine();
+  const auto type = xx::kernels::precision_from_name(precision);
+  const xx::PeakKey key = xx::this_machine(xx::kernels::gemm_backend().kernel(type), precision);
 
   if (a.if_missing) {
     const auto entry = xx::find_peak_entry(xx::read_peak_file(a.out), key);
@@ -159,7 +175,6 @@ int run(const Args& a) {
     }
   }
 
-  one_blas_thread();
   const int64_t N = int64_t(cfg.data.batch) * m.seq, C = m.dim, F = m.ffn, V = m.vocab;
   const std::vector<Shape> shapes = {{"qkv", 3 * C, C}, {"out", C, C}, {"gate_up", 2 * F, C}, {"down", C, F},
                                      {"head", V, C}};
@@ -170,6 +185,17 @@ int run(const Args& a) {
   Kokkos::deep_copy(x, 0.01f);
   Kokkos::deep_copy(w, 0.01f);
   Kokkos::deep_copy(y, 0.01f);
+  // 16-bit runs: the inputs and weights as the model keeps them
+  xx::Buffer<uint16_t> x16("peak::x16", type == xx::kernels::Precision::fp32 ? 0 : N * widest),
+      w16("peak::w16", type == xx::kernels::Precision::fp32 ? 0 : largest);
+  if (x16.extent(0) > 0) {
+    xx::kernels::pack_half(x16.data(), x.data(), N * widest, type);
+    xx::kernels::pack_half(w16.data(), w.data(), largest, type);
+  }
+  using In = xx::kernels::GemmIn<float>;
+  auto input = [&](const xx::Buffer<float>& f, const xx::Buffer<uint16_t>& h, int64_t rows, int64_t cols) {
+    return h.extent(0) > 0 ? In::of_half(h.data(), rows, cols, type) : In(xx::mat(f, rows, cols));
+  };
 
   // One pass: the three GEMMs of every shape; adds each shape's seconds.
   std::vector<double> shape_seconds(shapes.size());
@@ -177,9 +203,9 @@ int run(const Args& a) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       const Shape& s = shapes[i];
       const auto t0 = Clock::now();
-      xx::kernels::linear_forward<float>(xx::mat(y, N, s.out), xx::mat(x, N, s.in), xx::mat(w, s.out, s.in));
+      xx::kernels::linear_forward<float>(xx::mat(y, N, s.out), input(x, x16, N, s.in), input(w, w16, s.out, s.in));
       xx::kernels::linear_backward<float>(xx::mat(dx, N, s.in), xx::mat(dw, s.out, s.in), xx::mat(y, N, s.out),
-                                          xx::mat(x, N, s.in), xx::mat(w, s.out, s.in));
+                                          input(x, x16, N, s.in), input(w, w16, s.out, s.in));
       xx::ExecSpace().fence();
       shape_seconds[i] += std::chrono::duration<double>(Clock::now() - t0).count();
     }
@@ -214,12 +240,13 @@ int run(const Args& a) {
   const unsigned cores = std::thread::hardware_concurrency();
 
   if (!a.quiet) {
-    fmt::print("# xx_peak: one core's SGEMM rate on {}'s GEMM shapes (N = batch {} x seq {} = {} rows)\n", a.deck,
-               cfg.data.batch, m.seq, N);
+    fmt::print("# xx_peak: one core's {} GEMM rate on {}'s GEMM shapes (N = batch {} x seq {} = {} rows)\n",
+               precision, a.deck, cfg.data.batch, m.seq, N);
     fmt::print("#   {:<10} {}\n", "cpu", key.cpu);
     fmt::print("#   {:<10} {}\n", "backend", key.backend);
-    fmt::print("#   {:<10} {} (KokkosBlas::gemm<float>, kernels/linear.h), 1 BLAS thread\n", "precision",
-               key.precision);
+    fmt::print("#   {:<10} {} operands, fp32 accumulation (kernels/linear.h on the seam kernels/gemm.h), 1 thread\n",
+               "precision", key.precision);
+    fmt::print("#   {:<10} {}\n", "gemm", xx::kernels::gemm_report(type));
     fmt::print("#   {:<10} a trial repeats forward, input-gradient and weight-gradient GEMMs of every shape for "
                "{:.2f} s;\n", "method", a.seconds);
     fmt::print("#   {:<10} {} trials after one untimed pass; peak = the best trial\n", "", a.trials);
@@ -268,8 +295,8 @@ int run(const Args& a) {
   const double kept = write ? best : earlier->gflops_per_core;
   if (a.quiet) {
     const double load = std::max(load_before, load_after);
-    fmt::print("peak {:.1f} GFLOP/s per core (best of {} trials on {}'s GEMMs, median {:.1f}){} {}{}\n", kept,
-               a.trials, a.deck, mid, write ? " ->" : "; kept the higher entry in", a.out,
+    fmt::print("peak {} {:.1f} GFLOP/s per core (best of {} trials on {}'s GEMMs, median {:.1f}){} {}{}\n",
+               precision, kept, a.trials, a.deck, mid, write ? " ->" : "; kept the higher entry in", a.out,
                load >= 0.5 ? fmt::format(" (load average {:.2f} on {} cores: rerun when the machine is quiet)", load,
                                          cores)
                            : std::string());
@@ -280,6 +307,19 @@ int run(const Args& a) {
     fmt::print("# OK\n");
   }
   return 0;
+}
+
+int run(const Args& a) {
+  const xx::Program program = xx::build_program(xx::read_deck(a.deck, a.vars), /*check_files=*/false);
+  try {
+    xx::kernels::select_gemm_backend(a.gemm);
+  } catch (const std::runtime_error& e) {
+    usage_error(std::string("--gemm: ") + e.what());
+  }
+  one_blas_thread();
+  int status = 0;
+  for (const auto& p : a.precisions) status = std::max(status, measure(a, program.phases.front().config, p));
+  return status;
 }
 
 }  // namespace

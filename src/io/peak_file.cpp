@@ -1,5 +1,4 @@
 #include "io/peak_file.h"
-#include <dlfcn.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -26,33 +25,14 @@ std::string cpu_model() {
   return "unknown";
 }
 
-// A C function of the BLAS library, looked up at run time: present when the
-// process links OpenBLAS (directly or as Debian's libblas alternative).
-const char* blas_string(const char* symbol) {
-  using Fn = char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, symbol));
-  return fn ? fn() : nullptr;
-}
-
-std::string trimmed(std::string s) {
-  s.erase(0, s.find_first_not_of(" \t\n"));
-  s.erase(s.find_last_not_of(" \t\n") + 1);
-  return s;
-}
-
 std::string describe_key(const PeakKey& k) {
   return fmt::format("cpu '{}', backend '{}', {}", k.cpu, k.backend, k.precision);
 }
 
 }  // namespace
 
-PeakKey this_machine() {
-  PeakKey key;
-  key.cpu = cpu_model();
-  const char* config = blas_string("openblas_get_config");
-  const char* core = blas_string("openblas_get_corename");
-  key.backend = config ? trimmed(config) + (core ? ", core " + trimmed(core) : "") : "BLAS (not OpenBLAS, unidentified)";
-  return key;
+PeakKey this_machine(const std::string& backend, const std::string& precision) {
+  return {cpu_model(), backend, precision};
 }
 
 std::string default_peak_file() {

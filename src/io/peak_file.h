@@ -26,16 +26,15 @@ namespace xx {
 // What a peak was measured on; an entry serves a run only where all three match.
 struct PeakKey {
   std::string cpu;                 // /proc/cpuinfo "model name"
-  std::string backend;             // the BLAS behind KokkosBlas::gemm and its kernels, e.g.
-                                   // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64, core SkylakeX"
-  std::string precision = "fp32";  // GEMMs run in float under every `precision` setting
+  std::string backend;             // the GEMM library and kernel (kernels/gemm.h, GemmBackend::kernel), e.g.
+                                   // "oneDNN 2.6.3 brg:avx512_core_bf16"
+  std::string precision = "fp32";  // what the GEMM operands are: fp32, bf16, fp16
   bool operator==(const PeakKey&) const = default;
 };
 
-// This process's key. The backend is asked of the BLAS library at run time
-// (OpenBLAS's openblas_get_config and openblas_get_corename, when present),
-// so OPENBLAS_CORETYPE, which changes the kernels, changes the key.
-PeakKey this_machine();
+// This machine's key for GEMMs run by `backend` (GemmBackend::kernel, asked
+// of the library at run time, so e.g. OPENBLAS_CORETYPE changes it) in `precision`.
+PeakKey this_machine(const std::string& backend, const std::string& precision);
 
 struct Peak {
   double gflops_per_core = 0;

@@ -29,14 +29,14 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
       q_norm_ = store(p + "attn.q_norm");
       wq_b_ = store(p + "attn.wq_b");
       qa_ = activation<T>("qa", N_, a.q_lora_rank);
-      qan_ = activation<T>("qan", N_, a.q_lora_rank);
+      qan_ = GemmInput<T>("qan", N_, a.q_lora_rank, store.type, ws);
       rstd_q_ = activation<T>("rstd_q", N_);
     }
     wkv_a_ = store(p + "attn.wkv_a");
     kv_norm_ = store(p + "attn.kv_norm");
     wkv_b_ = store(p + "attn.wkv_b");
     c_ = activation<T>("c", N_, a.kv_lora_rank);
-    cn_ = activation<T>("cn", N_, a.kv_lora_rank);
+    cn_ = GemmInput<T>("cn", N_, a.kv_lora_rank, store.type, ws);
     rstd_c_ = activation<T>("rstd_c", N_);
     krope_ = activation<T>("krope", N_, a.rope_dim);
   }
@@ -44,19 +44,25 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
   rope_cos_ = activation<T>("rope_cos", T_, rope / 2);
   rope_sin_ = activation<T>("rope_sin", T_, rope / 2);
   k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), m.rope_theta);
-  q_ = activation<T>("q", B_ * H_ * T_, qk_);
-  k_ = activation<T>("k", B_ * H_ * T_, qk_);
-  v_ = activation<T>("v", B_ * H_ * T_, vd_);
-  att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
-  o_ = activation<T>("o", N_, H_ * vd_);
+  q_ = GemmInput<T>("q", B_ * H_ * T_, qk_, store.type, ws);
+  k_ = GemmInput<T>("k", B_ * H_ * T_, qk_, store.type, ws);
+  v_ = GemmInput<T>("v", B_ * H_ * T_, vd_, store.type, ws);
+  if (store.type == kernels::Precision::fp32) att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
+  else att_half_ = Buffer<uint16_t>("Activation::att(16-bit)", B_ * H_ * blocks_.per_head());
+  o_ = GemmInput<T>("o", N_, H_ * vd_, store.type, ws);
 }
 
 template <class T>
-void Attention<T>::forward(Mat<T> out, Mat<const T> xn) {
+kernels::KeptProbabilities<T> Attention<T>::probabilities() {
+  return {att_.data(), att_half_.data(), q_.in().type};
+}
+
+template <class T>
+void Attention<T>::forward(Mat<T> out, In xn) {
   m_.attention.mla() ? forward_mla(out, xn) : forward_mha(out, xn);
 }
 template <class T>
-void Attention<T>::backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+void Attention<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   m_.attention.mla() ? backward_mla(dxn, dout, xn) : backward_mha(dxn, dout, xn);
 }
 
@@ -65,10 +71,11 @@ template <class T>
 void Attention<T>::attend_forward(Mat<T> out) {
   const int64_t BHT = B_ * H_ * T_;
   auto heads = ws_.mat("attn_heads", BHT, vd_);
-  k::attention_forward<T>(heads, Vec<T>(att_.data(), att_.extent(0)), mat(q_, BHT, qk_), mat(k_, BHT, qk_),
-                          mat(v_, BHT, vd_), blocks_, B_ * H_);
-  k::merge_heads_forward<T>(mat(o_, N_, H_ * vd_), heads, B_, T_, H_);
-  k::linear_forward<T>(out, mat(o_, N_, H_ * vd_), wo_.mat(C_, H_ * vd_), T(1));
+  k::attention_forward<T>(heads, probabilities(), q_.in(), k_.in(), v_.in(), ws_.vec("attn_p", kAttentionBlock * T_),
+                          blocks_, B_ * H_);
+  k::merge_heads_forward<T>(o_.target(), heads, B_, T_, H_);
+  o_.keep();
+  k::linear_forward<T>(out, o_.in(), wo_.in(C_, H_ * vd_), T(1));
 }
 
 // From dout to the per-head gradients, left in the workspace as dq, dk, dv.
@@ -76,37 +83,37 @@ template <class T>
 void Attention<T>::attend_backward(Mat<const T> dout) {
   const int64_t BHT = B_ * H_ * T_;
   auto dO = ws_.mat("attn_do", N_, H_ * vd_);
-  k::linear_backward<T>(dO, wo_.dmat(C_, H_ * vd_), dout, mat(o_, N_, H_ * vd_), wo_.mat(C_, H_ * vd_));
+  k::linear_backward<T>(dO, wo_.dmat(C_, H_ * vd_), dout, o_.in(), wo_.in(C_, H_ * vd_));
   auto dheads = ws_.mat("attn_heads", BHT, vd_);
   k::merge_heads_backward<T>(dheads, dO, B_, T_, H_);
   k::attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_), ws_.mat("attn_dv", BHT, vd_),
-                           ws_.vec("attn_dp", kAttentionBlock * T_), dheads,
-                           Vec<const T>(att_.data(), att_.extent(0)), mat(q_, BHT, qk_), mat(k_, BHT, qk_),
-                           mat(v_, BHT, vd_), blocks_, B_ * H_);
+                           ws_.vec("attn_dp", kAttentionBlock * T_), dheads, probabilities(), q_.in(), k_.in(),
+                           v_.in(), blocks_, B_ * H_);
 }
 
 // ---------------------------------------------------------------------------
 // MHA: qkv = xn . [Wq|Wk|Wv]^T, rotate q and k, attend.
 
 template <class T>
-void Attention<T>::forward_mha(Mat<T> out, Mat<const T> xn) {
-  const int64_t BHT = B_ * H_ * T_, D = qk_;
+void Attention<T>::forward_mha(Mat<T> out, In xn) {
+  const int64_t D = qk_;
   auto qkv = ws_.mat("mha_qkv", N_, 3 * C_);
-  k::linear_forward<T>(qkv, xn, wq_.mat(3 * C_, C_));
-  k::split_heads_rope_forward<T>(mat(q_, BHT, D), mat(k_, BHT, D), mat(v_, BHT, D), qkv, mat(rope_cos_, T_, D / 2),
+  k::linear_forward<T>(qkv, xn, wq_.in(3 * C_, C_));
+  k::split_heads_rope_forward<T>(q_.target(), k_.target(), v_.target(), qkv, mat(rope_cos_, T_, D / 2),
                                  mat(rope_sin_, T_, D / 2), B_, T_, H_);
+  q_.keep(), k_.keep(), v_.keep();
   attend_forward(out);
 }
 
 template <class T>
-void Attention<T>::backward_mha(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+void Attention<T>::backward_mha(Mat<T> dxn, Mat<const T> dout, In xn) {
   const int64_t BHT = B_ * H_ * T_, D = qk_;
   attend_backward(dout);
   auto dqkv = ws_.mat("mha_qkv", N_, 3 * C_);
   k::split_heads_rope_backward<T>(dqkv, ws_.mat("attn_dq", BHT, D), ws_.mat("attn_dk", BHT, D),
                                   ws_.mat("attn_dv", BHT, D), mat(rope_cos_, T_, D / 2), mat(rope_sin_, T_, D / 2), B_,
                                   T_, H_);
-  k::linear_backward<T>(dxn, wq_.dmat(3 * C_, C_), dqkv, xn, wq_.mat(3 * C_, C_));
+  k::linear_backward<T>(dxn, wq_.dmat(3 * C_, C_), dqkv, xn, wq_.in(3 * C_, C_));
 }
 
 // ---------------------------------------------------------------------------
@@ -114,31 +121,34 @@ void Attention<T>::backward_mha(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) 
 // from a normed latent c, the rope key from its own rows of wkv_a.
 
 template <class T>
-void Attention<T>::forward_mla(Mat<T> out, Mat<const T> xn) {
+void Attention<T>::forward_mla(Mat<T> out, In xn) {
   const auto& a = m_.attention;
   const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim, BHT = B_ * H_ * T_;
   auto q = ws_.mat("mla_q", N_, H_ * qk_);
   if (Q == 0) {
-    k::linear_forward<T>(q, xn, wq_.mat(H_ * qk_, C_));
+    k::linear_forward<T>(q, xn, wq_.in(H_ * qk_, C_));
   } else {
-    k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.mat(Q, C_));
-    k::rmsnorm_forward<T>(mat(qan_, N_, Q), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q), m_.norm_eps);
-    k::linear_forward<T>(q, mat(qan_, N_, Q), wq_b_.mat(H_ * qk_, Q));
+    k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.in(Q, C_));
+    k::rmsnorm_forward<T>(qan_.target(), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q), m_.norm_eps);
+    qan_.keep();
+    k::linear_forward<T>(q, qan_.in(), wq_b_.in(H_ * qk_, Q));
   }
   // wkv_a rows [0, R) give the latent, rows [R, R + rope) the shared rope key.
-  k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.mat(R, C_));
-  k::linear_forward<T>(mat(krope_, N_, rope), xn, Mat<const T>(wkv_a_.w + R * C_, rope, C_));
-  k::rmsnorm_forward<T>(mat(cn_, N_, R), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.norm_eps);
+  k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.in(R, C_));
+  k::linear_forward<T>(mat(krope_, N_, rope), xn, wkv_a_.in(rope, C_, R));
+  k::rmsnorm_forward<T>(cn_.target(), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.norm_eps);
+  cn_.keep();
   auto kv = ws_.mat("mla_kv", N_, H_ * (a.qk_nope_dim + vd_));
-  k::linear_forward<T>(kv, mat(cn_, N_, R), wkv_b_.mat(H_ * (a.qk_nope_dim + vd_), R));
-  k::mla_split_heads_forward<T>(mat(q_, BHT, qk_), mat(k_, BHT, qk_), mat(v_, BHT, vd_), q, kv, mat(krope_, N_, rope),
+  k::linear_forward<T>(kv, cn_.in(), wkv_b_.in(H_ * (a.qk_nope_dim + vd_), R));
+  k::mla_split_heads_forward<T>(q_.target(), k_.target(), v_.target(), q, kv, mat(krope_, N_, rope),
                                 mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), B_, T_,
                                 {H_, a.qk_nope_dim, rope, vd_});
+  q_.keep(), k_.keep(), v_.keep();
   attend_forward(out);
 }
 
 template <class T>
-void Attention<T>::backward_mla(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+void Attention<T>::backward_mla(Mat<T> dxn, Mat<const T> dout, In xn) {
   const auto& a = m_.attention;
   const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim, BHT = B_ * H_ * T_;
   const int64_t kvw = H_ * (a.qk_nope_dim + vd_);
@@ -150,19 +160,18 @@ void Attention<T>::backward_mla(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) 
                                  ws_.mat("attn_dv", BHT, vd_), mat(rope_cos_, T_, rope / 2),
                                  mat(rope_sin_, T_, rope / 2), B_, T_, {H_, a.qk_nope_dim, rope, vd_});
   auto dcn = ws_.mat("mla_dcn", N_, R);
-  k::linear_backward<T>(dcn, wkv_b_.dmat(kvw, R), dkv, mat(cn_, N_, R), wkv_b_.mat(kvw, R));
+  k::linear_backward<T>(dcn, wkv_b_.dmat(kvw, R), dkv, cn_.in(), wkv_b_.in(kvw, R));
   auto dc = ws_.mat("mla_dc", N_, R);
   k::rmsnorm_backward<T>(dc, kv_norm_.dvec(R), dcn, mat(c_, N_, R), kv_norm_.vec(R), Vec<const T>(rstd_c_.data(), N_));
-  k::linear_backward<T>(dxn, wkv_a_.dmat(R, C_), dc, xn, wkv_a_.mat(R, C_));
-  k::linear_backward<T>(dxn, Mat<T>(wkv_a_.g + R * C_, rope, C_), dkrope, xn,
-                        Mat<const T>(wkv_a_.w + R * C_, rope, C_), T(1));
+  k::linear_backward<T>(dxn, wkv_a_.dmat(R, C_), dc, xn, wkv_a_.in(R, C_));
+  k::linear_backward<T>(dxn, Mat<T>(wkv_a_.g + R * C_, rope, C_), dkrope, xn, wkv_a_.in(rope, C_, R), T(1));
   if (Q == 0) {
-    k::linear_backward<T>(dxn, wq_.dmat(H_ * qk_, C_), dq, xn, wq_.mat(H_ * qk_, C_), T(1));
+    k::linear_backward<T>(dxn, wq_.dmat(H_ * qk_, C_), dq, xn, wq_.in(H_ * qk_, C_), T(1));
   } else {
     auto dqan = ws_.mat("mla_dqan", N_, Q), dqa = ws_.mat("mla_dqa", N_, Q);
-    k::linear_backward<T>(dqan, wq_b_.dmat(H_ * qk_, Q), dq, mat(qan_, N_, Q), wq_b_.mat(H_ * qk_, Q));
+    k::linear_backward<T>(dqan, wq_b_.dmat(H_ * qk_, Q), dq, qan_.in(), wq_b_.in(H_ * qk_, Q));
     k::rmsnorm_backward<T>(dqa, q_norm_.dvec(Q), dqan, mat(qa_, N_, Q), q_norm_.vec(Q), Vec<const T>(rstd_q_.data(), N_));
-    k::linear_backward<T>(dxn, wq_a_.dmat(Q, C_), dqa, xn, wq_a_.mat(Q, C_), T(1));
+    k::linear_backward<T>(dxn, wq_a_.dmat(Q, C_), dqa, xn, wq_a_.in(Q, C_), T(1));
   }
 }
 

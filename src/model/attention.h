@@ -14,14 +14,16 @@ class Attention {
  public:
   Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, int64_t batch,
             Workspace<T>& ws);
-  void forward(Mat<T> out, Mat<const T> xn);                     // out += attention(xn)
-  void backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);  // dxn = d/dxn
+  using In = kernels::GemmIn<T>;
+  void forward(Mat<T> out, In xn);                     // out += attention(xn)
+  void backward(Mat<T> dxn, Mat<const T> dout, In xn);  // dxn = d/dxn
 
  private:
-  void forward_mha(Mat<T> out, Mat<const T> xn);
-  void backward_mha(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);
-  void forward_mla(Mat<T> out, Mat<const T> xn);
-  void backward_mla(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);
+  void forward_mha(Mat<T> out, In xn);
+  void backward_mha(Mat<T> dxn, Mat<const T> dout, In xn);
+  void forward_mla(Mat<T> out, In xn);
+  void backward_mla(Mat<T> dxn, Mat<const T> dout, In xn);
+  kernels::KeptProbabilities<T> probabilities();
   void attend_forward(Mat<T> out);
   void attend_backward(Mat<const T> dout);
 
@@ -32,9 +34,13 @@ class Attention {
   Param<T> wq_, wq_a_, q_norm_, wq_b_, wkv_a_, kv_norm_, wkv_b_, wo_;  // MHA uses wq (fused qkv) and wo
   Buffer<T> rope_cos_, rope_sin_;                                      // (T, rope width / 2)
   // kept for backward
-  Buffer<T> q_, k_, v_, att_, o_;           // heads (B*H*T, qk | v), probabilities, merged output (N, H*v)
-  Buffer<T> qa_, qan_, rstd_q_;             // MLA query latent (q_lora_rank > 0)
-  Buffer<T> c_, cn_, rstd_c_, krope_;       // MLA key/value latent and shared rope key
+  GemmInput<T> q_, k_, v_, o_;    // heads (B*H*T, qk | v), merged output (N, H*v)
+  Buffer<T> att_;                 // probabilities: T values, or
+  Buffer<uint16_t> att_half_;     //   their 16-bit copy under mixed precision
+  Buffer<T> qa_, rstd_q_;         // MLA query latent (q_lora_rank > 0) ...
+  GemmInput<T> qan_;              //   and its norm
+  Buffer<T> c_, rstd_c_, krope_;  // MLA key/value latent and shared rope key ...
+  GemmInput<T> cn_;               //   and the latent's norm
 };
 
 }  // namespace xx

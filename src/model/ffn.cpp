@@ -34,34 +34,35 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     counts_ = k::Index1("Moe::counts", E_);
     offsets_ = k::Index1("Moe::offsets", E_ + 1);
     token_of_ = k::Index1("Moe::token_of", N_ * K_);
-    xe_ = activation<T>("expert_in", N_ * K_, C_);
+    xe_ = GemmInput<T>("expert_in", N_ * K_, C_, store.type, ws);
     he_ = activation<T>("expert_h", N_ * K_, 2 * e.ffn);
-    ae_ = activation<T>("expert_a", N_ * K_, e.ffn);
+    ae_ = GemmInput<T>("expert_a", N_ * K_, e.ffn, store.type, ws);
     ye_ = activation<T>("expert_out", N_ * K_, C_);
     bias_ = Buffer<float>("Moe::bias", E_);
     counts_host_.assign(E_, 0);
     offsets_host_.assign(E_ + 1, 0);
   }
-  if (F_ > 0) h_ = activation<T>("ffn_h", N_, 2 * F_), a_ = activation<T>("ffn_a", N_, F_);
+  if (F_ > 0) h_ = activation<T>("ffn_h", N_, 2 * F_), a_ = GemmInput<T>("ffn_a", N_, F_, store.type, ws);
 }
 
 // out += W2 . swiglu(W13 . x), keeping h = W13 . x and a = swiglu(h)
 template <class T>
-void FeedForward<T>::swiglu_forward(Mat<T> out, Mat<const T> x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h,
-                                    Mat<T> a) {
-  k::linear_forward<T>(h, x, w13.mat(2 * width, C_));
-  k::swiglu_forward<T>(a, h);
-  k::linear_forward<T>(out, a, w2.mat(C_, width), T(1));
+void FeedForward<T>::swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h,
+                                    GemmInput<T>& a) {
+  k::linear_forward<T>(h, x, w13.in(2 * width, C_));
+  k::swiglu_forward<T>(a.target(), h);
+  a.keep();
+  k::linear_forward<T>(out, a.in(), w2.in(C_, width), T(1));
 }
 
 template <class T>
-void FeedForward<T>::swiglu_backward(Mat<T> dx, Mat<const T> dout, Mat<const T> x, Param<T> w13, Param<T> w2,
-                                     int64_t width, Mat<const T> h, Mat<const T> a, T dx_beta) {
-  const int64_t rows = x.extent(0);
+void FeedForward<T>::swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2,
+                                     int64_t width, Mat<const T> h, In a, T dx_beta) {
+  const int64_t rows = x.rows;
   auto da = ws_.mat("ffn_da", rows, width), dh = ws_.mat("ffn_dh", rows, 2 * width);
-  k::linear_backward<T>(da, w2.dmat(C_, width), dout, a, w2.mat(C_, width));
+  k::linear_backward<T>(da, w2.dmat(C_, width), dout, a, w2.in(C_, width));
   k::swiglu_backward<T>(dh, da, h);
-  k::linear_backward<T>(dx, w13.dmat(2 * width, C_), dh, x, w13.mat(2 * width, C_), dx_beta);
+  k::linear_backward<T>(dx, w13.dmat(2 * width, C_), dh, x, w13.in(2 * width, C_), dx_beta);
 }
 
 template <class T>
@@ -76,13 +77,13 @@ std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const
 }
 
 template <class T>
-void FeedForward<T>::forward(Mat<T> out, Mat<const T> xn) {
-  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), mat(a_, N_, F_));
+void FeedForward<T>::forward(Mat<T> out, In xn) {
+  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_);
   if (!moe_) return;
   const auto& e = m_.moe;
   const int64_t Fm = e.ffn;
   // route: scores, top-k, positions in the expert-sorted batch
-  k::linear_forward<T>(mat(logits_, N_, E_), xn, gate_.mat(E_, C_));
+  k::linear_forward<T>(mat(logits_, N_, E_), xn, gate_.in(E_, C_));
   k::router_scores_forward<T>(mat(scores_, N_, E_), mat(logits_, N_, E_), gate_kind_);
   // (the bias stays zero unless balance is bias)
   k::router_topk<T>(idx_, mat(weights_, N_, K_), mat(scores_, N_, E_), Vec<const float>(bias_.data(), E_), gate_kind_);
@@ -90,19 +91,21 @@ void FeedForward<T>::forward(Mat<T> out, Mat<const T> xn) {
   Kokkos::deep_copy(Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(counts_host_.data(), E_), counts_);
   Kokkos::deep_copy(Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(offsets_host_.data(), E_ + 1), offsets_);
   // dispatch, one grouped GEMM pass over the experts that got tokens, combine
-  k::dispatch_forward<T>(mat(xe_, N_ * K_, C_), xn, token_of_);
+  // (16-bit inputs are gathered as they are: a copy, no rounding twice)
+  if (xn.is_half()) k::dispatch_forward<uint16_t>(Mat<uint16_t>(xe_.half(), N_ * K_, C_), Mat<const uint16_t>(xn.half, N_, C_), token_of_);
+  else k::dispatch_forward<T>(xe_.target(), Mat<const T>(xn.values, N_, C_), token_of_);
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(he_.data() + r0 * 2 * Fm, n, 2 * Fm), Mat<const T>(xe_.data() + r0 * C_, n, C_),
-                         ew1_[x].mat(2 * Fm, C_));
+    k::linear_forward<T>(Mat<T>(he_.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n),
+                         ew1_[x].in(2 * Fm, C_));
   }
-  k::swiglu_forward<T>(mat(ae_, N_ * K_, Fm), mat(he_, N_ * K_, 2 * Fm));
+  k::swiglu_forward<T>(ae_.target(), mat(he_, N_ * K_, 2 * Fm));
+  ae_.keep();
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), Mat<const T>(ae_.data() + r0 * Fm, n, Fm),
-                         ew2_[x].mat(C_, Fm));
+    k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n), ew2_[x].in(C_, Fm));
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
@@ -129,13 +132,13 @@ void FeedForward<T>::scale_balance_gradient(double factor) {
 }
 
 template <class T>
-void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
+void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   if (!moe_) {
-    swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), mat(a_, N_, F_), T(0));
+    swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_.in(), T(0));
     return;
   }
   const int64_t Fm = m_.moe.ffn;
-  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), mat(a_, N_, F_), T(0));
+  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_.in(), T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
   k::combine_backward<T>(dye, dw, dout, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
@@ -145,16 +148,15 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
     k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
-                          Mat<const T>(dye.data() + r0 * C_, n, C_), Mat<const T>(ae_.data() + r0 * Fm, n, Fm),
-                          ew2_[x].mat(C_, Fm));
+                          Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n), ew2_[x].in(C_, Fm));
   }
   k::swiglu_backward<T>(dhe, dae, mat(he_, N_ * K_, 2 * Fm));
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
     k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
-                          Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm), Mat<const T>(xe_.data() + r0 * C_, n, C_),
-                          ew1_[x].mat(2 * Fm, C_));
+                          Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n),
+                          ew1_[x].in(2 * Fm, C_));
   }
   auto dx_routed = ws_.mat("moe_dx", N_, C_);
   k::dispatch_backward<T>(dx_routed, dxe, pos_);
@@ -163,7 +165,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn) {
   // the router: combine weights and balance loss back to the gate logits
   auto dlogits = ws_.mat("moe_dlogits", N_, E_);
   k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
-  k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.mat(E_, C_), T(1));
+  k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.in(E_, C_), T(1));
 }
 
 template <class T>

@@ -16,8 +16,9 @@ class FeedForward {
  public:
   FeedForward(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, bool moe, int64_t batch,
               Workspace<T>& ws);
-  void forward(Mat<T> out, Mat<const T> xn);                     // out += ffn(xn)
-  void backward(Mat<T> dxn, Mat<const T> dout, Mat<const T> xn);  // dxn = d/dxn
+  using In = kernels::GemmIn<T>;
+  void forward(Mat<T> out, In xn);                     // out += ffn(xn)
+  void backward(Mat<T> dxn, Mat<const T> dout, In xn);  // dxn = d/dxn
 
   bool is_moe() const { return moe_; }
   double aux_loss() const { return aux_loss_; }                 // balance loss of the last forward (aux mode)
@@ -32,9 +33,9 @@ class FeedForward {
   void update_bias(const std::vector<double>& global_load, double gamma);
 
  private:
-  void swiglu_forward(Mat<T> out, Mat<const T> x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h, Mat<T> a);
-  void swiglu_backward(Mat<T> dx, Mat<const T> dout, Mat<const T> x, Param<T> w13, Param<T> w2, int64_t width,
-                       Mat<const T> h, Mat<const T> a, T dx_beta);
+  void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h, GemmInput<T>& a);
+  void swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2, int64_t width,
+                       Mat<const T> h, In a, T dx_beta);
 
   const ModelConfig m_;
   bool moe_;
@@ -44,8 +45,10 @@ class FeedForward {
   Param<T> gate_;
   std::vector<Param<T>> ew1_, ew2_;            // routed experts
   kernels::GateKind gate_kind_;
-  Buffer<T> h_, a_;                            // dense or shared SwiGLU: (N, 2F), (N, F)
-  Buffer<T> logits_, scores_, weights_, xe_, he_, ae_, ye_, score_grad_;
+  Buffer<T> h_;                                // dense or shared SwiGLU: (N, 2F) ...
+  GemmInput<T> a_;                             //   and its output (N, F)
+  Buffer<T> logits_, scores_, weights_, he_, ye_, score_grad_;
+  GemmInput<T> xe_, ae_;                       // routed experts' inputs and SwiGLU outputs
   kernels::Index2 idx_, pos_;
   kernels::Index1 counts_, offsets_, token_of_;
   Buffer<float> bias_;

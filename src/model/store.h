@@ -1,20 +1,30 @@
 // How model pieces reach their weights and scratch memory.
-// Param: a tensor's window into the flat parameter and gradient buffers,
-// resolved by name once at construction. Workspace: scratch buffers shared by
-// all blocks, allocated at first use and reused every step.
+// Param: a tensor's window into the flat parameter and gradient buffers (and,
+// under mixed precision, into the 16-bit copy of the parameters that GEMMs
+// read), resolved by name once at construction. Workspace: scratch buffers
+// shared by all blocks, allocated at first use and reused every step.
+// GemmInput: an activation kept for GEMMs only, in 16 bits under mixed precision.
 #pragma once
 #include <map>
 #include <string>
 #include "core/views.h"
+#include "kernels/gemm.h"
 #include "model/params.h"
 
 namespace xx {
 
 template <class T>
 struct Param {
-  T* w = nullptr;  // parameters
-  T* g = nullptr;  // gradients
+  T* w = nullptr;                // parameters
+  T* g = nullptr;                // gradients
+  const uint16_t* h = nullptr;   // the parameters' 16-bit copy (mixed precision), else null
+  kernels::Precision type = kernels::Precision::fp32;
   Mat<const T> mat(int64_t rows, int64_t cols) const { return Mat<const T>(w, rows, cols); }
+  // As a GEMM reads rows [row0, row0 + rows) of it: the 16-bit copy when there is one.
+  kernels::GemmIn<T> in(int64_t rows, int64_t cols, int64_t row0 = 0) const {
+    if (h) return kernels::GemmIn<T>::of_half(h + row0 * cols, rows, cols, type);
+    return kernels::GemmIn<T>(Mat<const T>(w + row0 * cols, rows, cols));
+  }
   Mat<T> dmat(int64_t rows, int64_t cols) const { return Mat<T>(g, rows, cols); }
   Vec<const T> vec(int64_t n) const { return Vec<const T>(w, n); }
   Vec<T> dvec(int64_t n) const { return Vec<T>(g, n); }
@@ -25,9 +35,11 @@ struct ParamStore {
   const ParamLayout* layout;
   T* params;
   T* grads;
+  const uint16_t* half = nullptr;                      // 16-bit copy of params, or null
+  kernels::Precision type = kernels::Precision::fp32;  // what GEMM inputs are stored as
   Param<T> operator()(const std::string& name) const {
     const auto& t = layout->at(name);
-    return {params + t.offset, grads + t.offset};
+    return {params + t.offset, grads + t.offset, half ? half + t.offset : nullptr, type};
   }
 };
 
@@ -45,6 +57,42 @@ class Workspace {
 
  private:
   std::map<std::string, Buffer<T>> buffers_;
+};
+
+// An activation that, once written, only GEMMs read (a normed input, the
+// attention heads, SwiGLU's output, ...). Under fp32 it is a T buffer. Under
+// bf16/fp16 only its 16-bit copy is kept, which halves its memory: the
+// producing kernel writes T values into target(), a scratch shared by every
+// activation of the same name, and keep() packs them.
+template <class T>
+class GemmInput {
+ public:
+  GemmInput() = default;
+  GemmInput(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws)
+      : what_("gemm_input:" + what), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
+    if (type == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + what, rows * cols);
+    else half_ = Buffer<uint16_t>("Activation::" + what + "(16-bit)", rows * cols);
+  }
+  bool is_half() const { return type_ != kernels::Precision::fp32; }
+  // Where the producer writes T values (valid, under 16 bits, until the next
+  // activation of this name is written).
+  Mat<T> target() { return is_half() ? ws_->mat(what_, rows_, cols_) : Mat<T>(values_.data(), rows_, cols_); }
+  void keep() {
+    if (is_half()) kernels::pack_half(half_.data(), target().data(), rows_ * cols_, type_);
+  }
+  uint16_t* half() const { return half_.data(); }  // the kept 16 bits, to be written directly
+  kernels::GemmIn<T> in() const {
+    if (is_half()) return kernels::GemmIn<T>::of_half(half_.data(), rows_, cols_, type_);
+    return kernels::GemmIn<T>(Mat<const T>(values_.data(), rows_, cols_));
+  }
+
+ private:
+  std::string what_;
+  int64_t rows_ = 0, cols_ = 0;
+  kernels::Precision type_ = kernels::Precision::fp32;
+  Workspace<T>* ws_ = nullptr;
+  Buffer<T> values_;
+  Buffer<uint16_t> half_;
 };
 
 // A (rows, cols) activation kept for the backward pass.

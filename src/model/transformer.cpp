@@ -18,21 +18,23 @@ Block<T>::Block(const ModelConfig& m, const ParamStore<T>& store, const std::str
                 Workspace<T>& ws)
     : N_(batch * m.seq), C_(m.dim), eps_(m.norm_eps), ws_(ws), attn_norm_(store(p + "attn_norm")),
       ffn_norm_(store(p + "ffn_norm")), attn_(m, store, p, batch, ws), ffn_(m, store, p, moe, batch, ws) {
-  xn_ = activation<T>("xn", N_, C_);
+  xn_ = GemmInput<T>("xn", N_, C_, store.type, ws);
   rstd1_ = activation<T>("rstd1", N_);
   xmid_ = activation<T>("xmid", N_, C_);
-  xn2_ = activation<T>("xn2", N_, C_);
+  xn2_ = GemmInput<T>("xn2", N_, C_, store.type, ws);
   rstd2_ = activation<T>("rstd2", N_);
 }
 
 template <class T>
 void Block<T>::forward(Mat<T> x_out, Mat<const T> x_in) {
-  k::rmsnorm_forward<T>(mat(xn_, N_, C_), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  xn_.keep();
   Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));  // residual: the branch adds into x
-  attn_.forward(mat(xmid_, N_, C_), mat(xn_, N_, C_));
-  k::rmsnorm_forward<T>(mat(xn2_, N_, C_), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  attn_.forward(mat(xmid_, N_, C_), xn_.in());
+  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  xn2_.keep();
   Kokkos::deep_copy(Buffer<T>(x_out.data(), N_ * C_), xmid_);
-  ffn_.forward(x_out, mat(xn2_, N_, C_));
+  ffn_.forward(x_out, xn2_.in());
 }
 
 template <class T>
@@ -40,11 +42,11 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
   auto dnorm = ws_.mat("block_dnorm", N_, C_), dbranch = ws_.mat("block_dbranch", N_, C_);
   Vec<T> dx_flat(dx.data(), N_ * C_);
   Vec<const T> dbranch_flat(dbranch.data(), N_ * C_);
-  ffn_.backward(dnorm, dx, mat(xn2_, N_, C_));
+  ffn_.backward(dnorm, dx, xn2_.in());
   k::rmsnorm_backward<T>(dbranch, ffn_norm_.dvec(C_), dnorm, mat(xmid_, N_, C_), ffn_norm_.vec(C_),
                          Vec<const T>(rstd2_.data(), N_));
   k::add_inplace<T>(dx_flat, dbranch_flat);
-  attn_.backward(dnorm, dx, mat(xn_, N_, C_));
+  attn_.backward(dnorm, dx, xn_.in());
   k::rmsnorm_backward<T>(dbranch, attn_norm_.dvec(C_), dnorm, x_in, attn_norm_.vec(C_), Vec<const T>(rstd1_.data(), N_));
   k::add_inplace<T>(dx_flat, dbranch_flat);
 }
@@ -53,12 +55,15 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 // Transformer
 
 template <class T>
-Transformer<T>::Transformer(const ModelConfig& config, int batch)
+Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type)
     : cfg_(config), layout_(config), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
   const int64_t C = cfg_.dim, V = cfg_.vocab;
+  if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
+  gemm_type_ = gemm_type;
   params_ = Buffer<T>("Transformer::params", layout_.total());
   grads_ = Buffer<T>("Transformer::grads", layout_.total());
-  const ParamStore<T> store{&layout_, params_.data(), grads_.data()};
+  if (gemm_type != kernels::Precision::fp32) params_half_ = Buffer<uint16_t>("Transformer::params(16-bit)", layout_.total());
+  const ParamStore<T> store{&layout_, params_.data(), grads_.data(), params_half_.data(), gemm_type};
   embed_ = store("embed");
   norm_ = store("norm");
   head_ = store("head");
@@ -66,7 +71,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch)
     blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
                                                  cfg_.moe.is_moe_layer(l), batch, ws_));
   for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(activation<T>("resid", N_, C));
-  xf_ = activation<T>("xf", N_, C);
+  xf_ = GemmInput<T>("xf", N_, C, gemm_type, ws_);
   rstdf_ = activation<T>("rstdf", N_);
   logits_ = activation<T>("logits", N_, V);
   losses_ = activation<T>("losses", N_);
@@ -78,9 +83,10 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch)
     mod.proj = store(p + "proj");
     mod.norm = store(p + "norm");
     mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.enabled(), batch, ws_);
-    for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h, &mod.hf}) *b = activation<T>("mtp", N_, C);
+    for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
-    mod.cat = activation<T>("mtp_cat", N_, 2 * C);
+    mod.hf = GemmInput<T>("mtp_hf", N_, C, gemm_type, ws_);
+    mod.cat = GemmInput<T>("mtp_cat", N_, 2 * C, gemm_type, ws_);
     mod.logits = activation<T>("mtp_logits", N_, V);
     mod.in = Kokkos::View<int32_t*, MemSpace>("mtp_in", N_);
     mod.target = Kokkos::View<int32_t*, MemSpace>("mtp_target", N_);
@@ -104,6 +110,7 @@ void Transformer<T>::init(uint64_t seed) {
       host(t.offset + i) = t.is_norm ? T(1) : T(t.init_std * normal(stream, uint64_t(i)));
   }
   Kokkos::deep_copy(params_, host);
+  refresh_half_weights();
   zero_grads();
 }
 
@@ -119,8 +126,9 @@ void Transformer<T>::set_loss_scale(double scale) {
 }
 
 template <class T>
-void Transformer<T>::round_activation(T* data, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) k::round_inplace(Vec<float>(data, n), precision_);
+void Transformer<T>::refresh_half_weights() {
+  if (params_half_.extent(0) > 0)
+    k::pack_half(params_half_.data(), params_.data(), int64_t(params_.extent(0)), gemm_type_);
 }
 
 template <class T>
@@ -148,14 +156,10 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
   k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  round_activation(resid_[0].data(), N_ * C);
-  for (int l = 0; l < L; ++l) {
-    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
-    round_activation(resid_[l + 1].data(), N_ * C);
-  }
-  k::rmsnorm_forward<T>(mat(xf_, N_, C), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
-  k::linear_forward<T>(mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
-  round_activation(logits_.data(), N_ * V);
+  for (int l = 0; l < L; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  k::rmsnorm_forward<T>(xf_.target(), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
+  xf_.keep();
+  k::linear_forward<T>(mat(logits_, N_, V), xf_.in(), head_.in(V, C));
   k::cross_entropy_forward<T>(Vec<T>(losses_.data(), N_), mat(logits_, N_, V), targets);
   loss.main = k::sum<T>(Vec<const T>(losses_.data(), N_)) / double(N_);
 
@@ -171,13 +175,13 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
                           cfg_.norm_eps);
     k::embedding_forward<T>(mat(m.e, N_, C), in, embed_.mat(V, C));
     k::rmsnorm_forward<T>(mat(m.en, N_, C), Vec<T>(m.rstd_e.data(), N_), mat(m.e, N_, C), m.enorm.vec(C), cfg_.norm_eps);
-    k::concat_columns_forward<T>(mat(m.cat, N_, 2 * C), mat(m.hn, N_, C), mat(m.en, N_, C));
-    k::linear_forward<T>(mat(m.x0, N_, C), mat(m.cat, N_, 2 * C), m.proj.mat(C, 2 * C));
+    k::concat_columns_forward<T>(m.cat.target(), mat(m.hn, N_, C), mat(m.en, N_, C));
+    m.cat.keep();
+    k::linear_forward<T>(mat(m.x0, N_, C), m.cat.in(), m.proj.in(C, 2 * C));
     m.block->forward(mat(m.h, N_, C), mat(m.x0, N_, C));
-    round_activation(m.h.data(), N_ * C);
-    k::rmsnorm_forward<T>(mat(m.hf, N_, C), Vec<T>(m.rstd_f.data(), N_), mat(m.h, N_, C), m.norm.vec(C), cfg_.norm_eps);
-    k::linear_forward<T>(mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
-    round_activation(m.logits.data(), N_ * V);
+    k::rmsnorm_forward<T>(m.hf.target(), Vec<T>(m.rstd_f.data(), N_), mat(m.h, N_, C), m.norm.vec(C), cfg_.norm_eps);
+    m.hf.keep();
+    k::linear_forward<T>(mat(m.logits, N_, V), m.hf.in(), head_.in(V, C));
     k::cross_entropy_forward<T>(Vec<T>(m.losses.data(), N_), mat(m.logits, N_, V), target);
     if (m.labelled > 0) loss.mtp += k::sum<T>(Vec<const T>(m.losses.data(), N_)) / double(m.labelled);
     h_prev = m.h;
@@ -202,8 +206,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   auto dresid = ws_.mat("dresid", N_, C);
   k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets,
                                T(loss_scale_ * loss_weights_.main / double(N_)));
-  round_activation(logits_.data(), N_ * V);
-  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), mat(xf_, N_, C), head_.mat(V, C));
+  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), xf_.in(), head_.in(V, C));
   k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(resid_[L], N_, C), norm_.vec(C),
                          Vec<const T>(rstdf_.data(), N_));
 
@@ -215,15 +218,14 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
     const double seed = loss_scale_ * loss_weights_.mtp * cfg_.mtp.weight;
     const T dloss = m.labelled > 0 ? T(seed / double(mtp_.size()) / double(m.labelled)) : T(0);
     k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
-    round_activation(m.logits.data(), N_ * V);
-    k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), mat(m.hf, N_, C), head_.mat(V, C));
+    k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), m.hf.in(), head_.in(V, C));
     auto dbranch = ws_.mat("mtp_dbranch", N_, C);
     k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
                            Vec<const T>(m.rstd_f.data(), N_));
     if (d + 1 < int(mtp_.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
     m.block->backward(dbranch, mat(m.x0, N_, C));  // dbranch is now d/dx0
     auto dcat = ws_.mat("mtp_dcat", N_, 2 * C), dhn = ws_.mat("mtp_dhn", N_, C), den = ws_.mat("mtp_den", N_, C);
-    k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, mat(m.cat, N_, 2 * C), m.proj.mat(C, 2 * C));
+    k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, m.cat.in(), m.proj.in(C, 2 * C));
     k::concat_columns_backward<T>(dhn, den, dcat);
     auto de = ws_.mat("mtp_de", N_, C);
     k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
@@ -235,10 +237,8 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   }
   notify(layout_.layer_begin(L));
 
-  round_activation(dresid.data(), N_ * C);
   for (int l = L - 1; l >= 0; --l) {
     blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
-    round_activation(dresid.data(), N_ * C);
     notify(layout_.layer_begin(l));
   }
   k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);

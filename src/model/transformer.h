@@ -46,14 +46,17 @@ class Block {
   Param<T> attn_norm_, ffn_norm_;
   Attention<T> attn_;
   FeedForward<T> ffn_;
-  Buffer<T> xn_, rstd1_, xmid_, xn2_, rstd2_;
+  GemmInput<T> xn_, xn2_;
+  Buffer<T> rstd1_, xmid_, rstd2_;
 };
 
 template <class T>
 class Transformer {
  public:
-  // Allocates parameters, gradients and the activations of a batch of B sequences.
-  Transformer(const ModelConfig& config, int batch);
+  // Allocates parameters, gradients and the activations of a batch of B
+  // sequences. gemm_type: what GEMM inputs are stored and multiplied as
+  // (mixed precision; float only, a Transformer<double> runs double).
+  Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -75,11 +78,12 @@ class Transformer {
   // final, so the caller can start reducing those buckets.
   void backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready = {});
 
-  // Mixed precision (deck: precision). The forward rounds the residual stream
-  // after the embedding and after every block, and the logits, to this type;
-  // the backward rounds the logit gradients and the gradient between blocks.
-  // Float only: a Transformer<double> ignores it.
-  void set_precision(kernels::Precision p) { precision_ = p; }
+  // Mixed precision (deck: precision): GEMMs read a 16-bit copy of the
+  // parameters, made from them here (once per step, after the update), and
+  // 16-bit copies of the activations they multiply; their products
+  // accumulate in fp32 into fp32 results. Everything else stays T.
+  kernels::Precision gemm_type() const { return gemm_type_; }
+  void refresh_half_weights();
   // Loss scaling: the backward starts from d(scale * loss) (main, MTP and aux
   // seeds alike); 1 leaves every bit as it was.
   void set_loss_scale(double scale);
@@ -98,7 +102,8 @@ class Transformer {
   struct MtpModule {
     Param<T> hnorm, enorm, proj, norm;
     std::unique_ptr<Block<T>> block;
-    Buffer<T> hn, rstd_h, e, en, rstd_e, cat, x0, h, hf, rstd_f, logits, losses;
+    Buffer<T> hn, rstd_h, e, en, rstd_e, x0, h, rstd_f, logits, losses;
+    GemmInput<T> cat, hf;
     Kokkos::View<int32_t*, MemSpace> in, target;  // tokens t+d+1 and labels t+d+2 (-1 past the end)
     int64_t labelled = 0;
   };
@@ -112,11 +117,12 @@ class Transformer {
   std::vector<std::unique_ptr<Block<T>>> blocks_;
   std::vector<MtpModule> mtp_;
   std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)
-  Buffer<T> xf_, rstdf_, logits_, losses_;
-  kernels::Precision precision_ = kernels::Precision::fp32;
+  GemmInput<T> xf_;
+  Buffer<T> rstdf_, logits_, losses_;
+  kernels::Precision gemm_type_ = kernels::Precision::fp32;
+  Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty
   double loss_scale_ = 1.0;
   LossWeights loss_weights_;
-  void round_activation(T* data, int64_t n);  // to precision_, in place (float only)
 };
 
 }  // namespace xx

@@ -6,8 +6,6 @@ namespace xx {
 MixedPrecision::MixedPrecision(const PrecisionConfig& cfg, Transformer<float>& model)
     : type_(kernels::precision_from_name(cfg.kind)), model_(model) {
   if (type_ == kernels::Precision::fp32) return;
-  model_.set_precision(type_);
-  master_ = Buffer<float>("MixedPrecision::master_params", model_.layout().total());
   const bool fp16 = type_ == kernels::Precision::fp16;
   const std::string& s = cfg.loss_scale;
   scaler_ = std::make_unique<LossScaler>(
@@ -15,22 +13,12 @@ MixedPrecision::MixedPrecision(const PrecisionConfig& cfg, Transformer<float>& m
 }
 
 void MixedPrecision::begin_step() {
-  use_working_weights();
+  refresh_weights();
   step_scale_ = scaler_ ? scaler_->scale() : 1.0;
   if (scaler_) model_.set_loss_scale(step_scale_);
 }
 
-void MixedPrecision::use_working_weights() {
-  if (type_ == kernels::Precision::fp32) return;
-  Kokkos::deep_copy(master_, model_.params());
-  kernels::round_inplace(Vec<float>(model_.params().data(), model_.params().extent(0)), type_);
-}
-
-void MixedPrecision::restore_master_weights() {
-  if (type_ != kernels::Precision::fp32) Kokkos::deep_copy(model_.params(), master_);
-}
-
-void MixedPrecision::round_gradients(float* grads, int64_t n) const { kernels::round_inplace(Vec<float>(grads, n), type_); }
+void MixedPrecision::refresh_weights() { model_.refresh_half_weights(); }
 
 bool MixedPrecision::skip_or_unscale(MPI_Comm comm) {
   auto& g = model_.grads();

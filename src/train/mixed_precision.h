@@ -1,9 +1,10 @@
-// Mixed precision (deck: precision fp32|bf16|fp16; docs/DYNAMICS.md): the
-// forward and backward read the weights rounded to the type while AdamW
-// updates the fp32 master copy; gradients are rounded once final; under a
-// loss scaler the backward starts from the scaled loss, a step whose
-// gradients overflowed on any rank is skipped on every rank, and the others
-// are unscaled before clipping. Everything is a no-op under fp32.
+// Mixed precision (deck: precision fp32|bf16|fp16; docs/DYNAMICS.md): every
+// GEMM multiplies 16-bit operands (the model's GemmInputs and a 16-bit copy
+// of the weights, made once per step from the fp32 master weights that AdamW
+// updates) and accumulates in fp32. Under a loss scaler the backward starts
+// from the scaled loss, a step whose gradients overflowed on any rank is
+// skipped on every rank, and the others are unscaled before clipping.
+// Everything is a no-op under fp32.
 #pragma once
 #include <mpi.h>
 #include <memory>
@@ -21,11 +22,9 @@ class MixedPrecision {
 
   kernels::Precision type() const { return type_; }
   const LossScaler* scaler() const { return scaler_.get(); }
-  // Before a step's forward: working weights, and the loss scale the backward starts from.
+  // Before a step's forward: the 16-bit weights, and the loss scale the backward starts from.
   void begin_step();
-  void use_working_weights();    // master = params, then params rounded to the type
-  void restore_master_weights();  // params = master
-  void round_gradients(float* grads, int64_t n) const;  // in place, to the type
+  void refresh_weights();  // the 16-bit copy of the weights, from the master weights
   // After the gradients are averaged: true when the step must be skipped on
   // every rank (one all-reduce of the overflow flag); otherwise the
   // gradients are unscaled, so clipping sees the true ones.
@@ -35,7 +34,6 @@ class MixedPrecision {
  private:
   kernels::Precision type_;
   Transformer<float>& model_;
-  Buffer<float> master_;                // fp32 master weights while params hold their rounded copy
   std::unique_ptr<LossScaler> scaler_;  // bf16, fp16; null under fp32
   double step_scale_ = 1.0;             // the scale of the step being taken
 };

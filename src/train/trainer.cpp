@@ -38,7 +38,7 @@ double Trainer::train_step() {
   const int micro = sync.micro_batches();
   sync.begin_step(step_);
   model_->zero_grads();
-  precision_->begin_step();  // working weights in the type, the backward from the scaled loss
+  precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
   LossParts mean;
   own_nonfinite_ = false;
   for (int m = 0; m < micro; ++m) {
@@ -49,7 +49,6 @@ double Trainer::train_step() {
     mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
     model_->backward(inputs_, targets_, gradient_hook(m + 1 == micro));
   }
-  precision_->restore_master_weights();
   step_comm_ = CommStats{};
   sync.reduce_gradients(step_, step_comm_);
   if (lossagg_on_ && world_ > 1)  // one loss gather per micro-batch
@@ -154,7 +153,7 @@ double Trainer::evaluate() {
   // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
   const int64_t B = cfg_.data.batch;
   double sum = 0;
-  precision_->use_working_weights();
+  precision_->refresh_weights();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
     std::vector<int64_t> windows(B);
     for (int64_t b = 0; b < B; ++b) windows[b] = ((int64_t(j) * world_ + rank_) * B + b) % split_.valid_windows;
@@ -163,7 +162,6 @@ double Trainer::evaluate() {
     copy_tokens(targets_, batch.targets);
     sum += model_->forward(inputs_, targets_).main;
   }
-  precision_->restore_master_weights();
   double total = 0;
   MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, comm_);
   return total / double(world_ * cfg_.eval.batches);

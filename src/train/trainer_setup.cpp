@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "data/seeding.h"
+#include "kernels/gemm.h"
 #include "kernels/precision.h"
 #include "train/trainer.h"
 #include "train/transfer.h"
@@ -36,7 +37,9 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   // machine; a run never measures it. Only rank 0 reports an MFU.
   if (rank_ == 0) {
     std::string why_none;
-    auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), this_machine(), &why_none);
+    const auto type = kernels::precision_from_name(cfg_.precision.kind);
+    const PeakKey machine = this_machine(kernels::gemm_backend().kernel(type), cfg_.precision.kind);
+    auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), machine, &why_none);
     mfu_ = MfuMeter(std::move(peak), why_none);
     if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
   }
@@ -72,7 +75,13 @@ void Trainer::load_data() {
 
 void Trainer::build_model() {
   comm_ops_ = std::make_unique<Communicator>(comm_, sparse_transport(program_.phases));
-  model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch);
+  try {
+    kernels::select_gemm_backend(cfg_.gemm);
+  } catch (const std::runtime_error& e) {
+    input_error("deck: {} (expected gemm auto, or a backend this binary has)", e.what());
+  }
+  model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
+                                                kernels::precision_from_name(cfg_.precision.kind));
   model_->init(cfg_.seed);
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
@@ -149,8 +158,6 @@ void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
     });
   if (cfg_.grad_check.missing != "off")  // a rank that lossagg robust trimmed has no gradient by design
     on_gradients_.push_back([this](int64_t b, int64_t e) { if (seed_main_ != 0) check_missing_gradients(b, e); });
-  if (precision_->type() != kernels::Precision::fp32)  // after the check: an underflow to zero is no missing path
-    on_gradients_.push_back([this](int64_t b, int64_t e) { precision_->round_gradients(model_->grads().data() + b, e - b); });
   if (!precision_->scaler())
     on_gradients_.push_back([this](int64_t b, int64_t e) {
       own_nonfinite_ |= kernels::has_nonfinite(Vec<const float>(model_->grads().data() + b, e - b));
@@ -166,7 +173,7 @@ std::string Trainer::backends() const {
   std::string out;
   auto row = [&out](const char* what, const std::string& value) { out += fmt::format("  {:<18} {}\n", what, value); };
   row("kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
-  row("gemm", "KokkosBlas::gemm -> BLAS (host)");
+  row("gemm", kernels::gemm_report(precision_->type()));
   row("control", mpi_name);
   row("sync strategy", strategy_report_);
   out += comm_ops_->report() + "\n";

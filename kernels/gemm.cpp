@@ -1,0 +1,128 @@
+// The GEMM registry, the widening of 16-bit operands a backend cannot
+// multiply natively, and the scratch their copies live in.
+#include "kernels/gemm.h"
+#include <fmt/format.h>
+#include <stdexcept>
+
+namespace xx::kernels {
+namespace {
+
+struct Registry {
+  std::vector<std::unique_ptr<GemmBackend>> order;  // auto's order of preference
+  GemmBackend* chosen = nullptr;
+  Registry() {
+    if (auto onednn = make_onednn_gemm()) order.push_back(std::move(onednn));
+    order.push_back(make_blas_gemm());
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+// Scratch lives until Kokkos::finalize, which must not outlive it.
+struct Scratch {
+  Buffer<uint16_t> half[4];
+  Buffer<float> widened[2];
+  Scratch() {
+    Kokkos::push_finalize_hook([this] {
+      for (auto& b : half) b = {};
+      for (auto& b : widened) b = {};
+    });
+  }
+};
+
+Scratch& scratch() {
+  static Scratch s;
+  return s;
+}
+
+Buffer<uint16_t>& half_buffer(int slot) {
+  if (slot < 0 || slot >= 4) throw std::logic_error("half_scratch: no slot " + std::to_string(slot));
+  return scratch().half[slot];
+}
+
+Buffer<float>& widened_buffer(int slot) { return scratch().widened[slot]; }
+
+// The float values of a 16-bit operand, in `slot`'s scratch.
+GemmOperand widened(const GemmOperand& m, int slot) {
+  if (m.type == Precision::fp32) return m;
+  const int64_t n = m.rows * m.cols;
+  auto& b = widened_buffer(slot);
+  if (int64_t(b.extent(0)) < n) b = Buffer<float>("gemm::widened", n);
+  unpack_half(b.data(), static_cast<const uint16_t*>(m.data), n, m.type);
+  GemmOperand w = m;
+  w.data = b.data();
+  w.type = Precision::fp32;
+  return w;
+}
+
+}  // namespace
+
+void select_gemm_backend(const std::string& choice) {
+  auto& r = registry();
+  std::string passed;
+  for (auto& b : r.order) {
+    if (choice != "auto" && choice != b->name()) continue;
+    if (b->available()) {
+      r.chosen = b.get();
+      return;
+    }
+    if (choice != "auto") throw std::runtime_error("gemm " + choice + " cannot run here: " + b->unavailable_reason());
+  }
+  if (choice != "auto")
+    throw std::runtime_error("gemm " + choice + " is not built into this binary (xuanxue was built without it)");
+  throw std::runtime_error("no GEMM backend can run here");
+}
+
+GemmBackend& gemm_backend() {
+  if (!registry().chosen) select_gemm_backend("auto");
+  return *registry().chosen;
+}
+
+std::string gemm_report(Precision type) {
+  auto& b = gemm_backend();
+  std::string line = b.describe();
+  std::string passed;
+  for (auto& other : registry().order) {
+    if (other.get() == &b) break;
+    passed += fmt::format("{}{} ({})", passed.empty() ? "" : ", ", other->name(),
+                          other->available() ? "not chosen" : other->unavailable_reason());
+  }
+  if (!passed.empty()) line += "; passed over: " + passed;
+  if (type != Precision::fp32) {
+    const char* t = type == Precision::bf16 ? "bf16" : "fp16";
+    line += b.native(type) ? fmt::format("; {} products run natively", t)
+                           : fmt::format("; {} is EMULATED: operands are widened to fp32 before each GEMM, slower than fp32", t);
+  }
+  return line;
+}
+
+void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c) {
+  if (a.op_cols() != b.op_rows() || int64_t(c.extent(0)) != a.op_rows() || int64_t(c.extent(1)) != b.op_cols())
+    throw std::logic_error(fmt::format("gemm: shapes ({}x{}) . ({}x{}) -> ({}x{}) do not match", a.op_rows(),
+                                       a.op_cols(), b.op_rows(), b.op_cols(), c.extent(0), c.extent(1)));
+  if (c.extent(0) == 0 || c.extent(1) == 0) return;
+  if (a.op_cols() == 0) {  // an empty sum: c = beta c
+    if (beta == 0.0f) Kokkos::deep_copy(c, 0.0f);
+    else if (beta != 1.0f) Kokkos::parallel_for("gemm::scale", c.extent(0) * c.extent(1), KOKKOS_LAMBDA(int64_t i) {
+        c.data()[i] *= beta;
+      });
+    return;
+  }
+  auto& backend = gemm_backend();
+  if (a.type == b.type && (a.type == Precision::fp32 || backend.native(a.type))) {
+    backend.run(a, b, alpha, beta, c.data());
+    return;
+  }
+  backend.run(widened(a, 0), widened(b, 1), alpha, beta, c.data());
+}
+
+uint16_t* half_scratch(int slot, int64_t n) {
+  auto& b = half_buffer(slot);
+  if (int64_t(b.extent(0)) < n) b = Buffer<uint16_t>("gemm::half_scratch", n);
+  return b.data();
+}
+
+}  // namespace xx::kernels

@@ -1,0 +1,164 @@
+// The one GEMM seam. Every matrix product of the model goes through gemm()
+// below, which hands it to one backend chosen at start-up (deck: gemm):
+//
+//   onednn   oneDNN matmul (host): fp32, and bf16 x bf16 -> fp32 natively
+//            where the CPU has AVX512_BF16 or AMX (brgemm); one primitive per
+//            shape, created on first use and cached
+//   blas     KokkosBlas::gemm: the BLAS it was built on (host), cuBLAS (CUDA);
+//            fp32 only
+//
+// Operands are stored fp32, or in 16 bits (bf16, fp16) under mixed precision;
+// products accumulate in fp32 into an fp32 result. A 16-bit type the backend
+// cannot multiply natively is widened to fp32 first (the same products: a
+// 16-bit times 16-bit product is exact in fp32) and start-up says it is
+// emulated. double (the gradient checks) always runs on KokkosBlas.
+#pragma once
+#include <KokkosBlas3_gemm.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+#include "core/views.h"
+#include "kernels/precision.h"
+
+namespace xx::kernels {
+
+// A row-major (rows, cols) matrix as a GEMM reads it; op(X) is X^T when transposed.
+struct GemmOperand {
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  Precision type = Precision::fp32;  // fp32: float elements; bf16/fp16: their 16-bit patterns
+  bool transposed = false;
+  int64_t op_rows() const { return transposed ? cols : rows; }
+  int64_t op_cols() const { return transposed ? rows : cols; }
+};
+
+// c (M, N), float, row-major = alpha op(a) op(b) + beta c; a and b of one type.
+class GemmBackend {
+ public:
+  virtual ~GemmBackend() = default;
+  virtual std::string name() const = 0;
+  // What it runs, for the start-up table: library, version, the kernel it dispatched.
+  virtual std::string describe() const = 0;
+  virtual bool available() const = 0;
+  virtual std::string unavailable_reason() const = 0;
+  // True when products of `type` run without widening to fp32 first.
+  virtual bool native(Precision type) const = 0;
+  // The library and kernel that multiply `type` here, e.g. "oneDNN 2.6.3
+  // brg:avx512_core_bf16": what a GEMM peak is measured on (io/peak_file.h).
+  virtual std::string kernel(Precision type) const = 0;
+  virtual void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) = 0;
+};
+
+std::unique_ptr<GemmBackend> make_onednn_gemm();  // gemm_onednn.cpp (null when built without oneDNN)
+std::unique_ptr<GemmBackend> make_blas_gemm();    // gemm_blas.cpp
+
+// The registry: "auto" takes the first available of onednn, blas; a name
+// takes that one or throws std::runtime_error saying why it cannot run.
+void select_gemm_backend(const std::string& choice);
+GemmBackend& gemm_backend();  // selects "auto" when nothing was selected
+// One line for the start-up table: the backend and, under mixed precision,
+// whether products of `type` run natively or are emulated (and slower).
+std::string gemm_report(Precision type);
+
+// The float entry: widens 16-bit operands the backend cannot run natively.
+void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c);
+
+// ---------------------------------------------------------------------------
+// 16-bit copies of float values (round to nearest even), and back
+
+// dst[i] = the 16-bit pattern of src[i] in `type` (bf16 or fp16). (T is
+// float; double only compiles, for the gradient checks that never pack.)
+template <class T>
+void pack_half(uint16_t* dst, const T* src, int64_t n, Precision type) {
+  Kokkos::parallel_for(
+      "pack_half", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        if (type == Precision::bf16) {
+#pragma omp simd
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = float_to_bf16_bits(float(src[i]));
+        } else {
+#pragma omp simd
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = float_to_fp16_bits(float(src[i]));
+        }
+      });
+}
+
+// dst[i] = the float value of the 16-bit pattern src[i].
+inline void unpack_half(float* dst, const uint16_t* src, int64_t n, Precision type) {
+  Kokkos::parallel_for(
+      "unpack_half", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
+        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+        if (type == Precision::bf16) {
+#pragma omp simd
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = bf16_bits_to_float(src[i]);
+        } else {
+#pragma omp simd
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = fp16_bits_to_float(src[i]);
+        }
+      });
+}
+
+// A scratch of n 16-bit values for one GEMM's converted operand; `slot`
+// keeps the ones that are alive at once apart. Grows, never shrinks.
+uint16_t* half_scratch(int slot, int64_t n);
+
+// ---------------------------------------------------------------------------
+// What the model passes: a GEMM input of T values, or of their 16-bit copy.
+
+template <class T>
+struct GemmIn {
+  const T* values = nullptr;     // T elements, when there is no 16-bit copy
+  const uint16_t* half = nullptr;  // the 16-bit copy (mixed precision)
+  Precision type = Precision::fp32;
+  int64_t rows = 0, cols = 0;
+
+  GemmIn() = default;
+  GemmIn(Mat<const T> m) : values(m.data()), rows(m.extent(0)), cols(m.extent(1)) {}
+  GemmIn(Mat<T> m) : GemmIn(Mat<const T>(m)) {}
+  static GemmIn of_half(const uint16_t* h, int64_t rows, int64_t cols, Precision type) {
+    GemmIn in;
+    in.half = h, in.type = type, in.rows = rows, in.cols = cols;
+    return in;
+  }
+  bool is_half() const { return half != nullptr; }
+  // Rows [r0, r0 + n) of this matrix.
+  GemmIn rows_from(int64_t r0, int64_t n) const {
+    GemmIn in = *this;
+    if (half) in.half = half + r0 * cols;
+    else in.values = values + r0 * cols;
+    in.rows = n;
+    return in;
+  }
+  GemmOperand op(bool transposed) const {
+    return {half ? static_cast<const void*>(half) : static_cast<const void*>(values), rows, cols, type, transposed};
+  }
+};
+
+// c = alpha op(a) op(b) + beta c, with op given as "N" or "T" per operand.
+template <class T>
+void gemm(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T beta, Mat<T> c) {
+  if constexpr (std::is_same_v<T, float>) {
+    gemm(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
+  } else {
+    KokkosBlas::gemm(ta, tb, alpha, Mat<const T>(a.values, a.rows, a.cols), Mat<const T>(b.values, b.rows, b.cols),
+                     beta, c);
+  }
+}
+
+// The 16-bit copy of a float matrix that another GEMM input is stored in, in
+// `slot`'s scratch; a float matrix (or a double one) when `like` is not 16-bit.
+template <class T>
+GemmIn<T> as_gemm_input_like(Mat<const T> m, const GemmIn<T>& like, int slot) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (like.is_half()) {
+      const int64_t n = int64_t(m.extent(0)) * m.extent(1);
+      uint16_t* h = half_scratch(slot, n);
+      pack_half(h, m.data(), n, like.type);
+      return GemmIn<T>::of_half(h, m.extent(0), m.extent(1), like.type);
+    }
+  }
+  return GemmIn<T>(m);
+}
+
+}  // namespace xx::kernels

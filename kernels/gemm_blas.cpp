@@ -1,0 +1,52 @@
+// The fallback GEMM: KokkosBlas::gemm, i.e. the BLAS KokkosKernels was built
+// on (Debian: OpenBLAS) on the host and cuBLAS on CUDA. fp32 only: 16-bit
+// operands reach it widened (kernels/gemm.cpp).
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include "kernels/gemm.h"
+
+namespace xx::kernels {
+namespace {
+
+// A C function of the BLAS library, looked up at run time: present when the
+// process links OpenBLAS (directly or as Debian's libblas alternative).
+std::string blas_string(const char* symbol) {
+  using Fn = char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, symbol));
+  std::string s = fn ? fn() : "";
+  s.erase(0, s.find_first_not_of(" \t\n"));
+  s.erase(s.find_last_not_of(" \t\n") + 1);
+  return s;
+}
+
+class BlasGemm : public GemmBackend {
+ public:
+  std::string name() const override { return "blas"; }
+  std::string describe() const override {
+    return fmt::format("blas: KokkosBlas::gemm -> {}", std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>
+                                                            ? "BLAS (host)"
+                                                            : "cuBLAS");
+  }
+  bool available() const override { return true; }
+  std::string unavailable_reason() const override { return ""; }
+  bool native(Precision type) const override { return type == Precision::fp32; }
+  // OpenBLAS's build and the core it chose (OPENBLAS_CORETYPE changes it).
+  std::string kernel(Precision type) const override {
+    if (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) return "cuBLAS";
+    const std::string config = blas_string("openblas_get_config"), core = blas_string("openblas_get_corename");
+    std::string k = config.empty() ? "BLAS (not OpenBLAS, unidentified)" : config + (core.empty() ? "" : ", core " + core);
+    return type == Precision::fp32 ? k : k + " (16-bit widened to fp32)";
+  }
+  void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {
+    Mat<const float> A(static_cast<const float*>(a.data), a.rows, a.cols);
+    Mat<const float> B(static_cast<const float*>(b.data), b.rows, b.cols);
+    Mat<float> C(c, a.op_rows(), b.op_cols());
+    KokkosBlas::gemm(a.transposed ? "T" : "N", b.transposed ? "T" : "N", alpha, A, B, beta, C);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<GemmBackend> make_blas_gemm() { return std::make_unique<BlasGemm>(); }
+
+}  // namespace xx::kernels
