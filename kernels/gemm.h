@@ -29,6 +29,9 @@ struct GemmOperand {
   int64_t rows = 0, cols = 0;
   Precision type = Precision::fp32;  // fp32: float elements; bf16/fp16: their 16-bit patterns
   bool transposed = false;
+  // Its token count changes from call to call (a routed expert's rows): the
+  // backend keeps one kernel for every count instead of one per count.
+  bool varying = false;
   int64_t op_rows() const { return transposed ? cols : rows; }
   int64_t op_cols() const { return transposed ? rows : cols; }
 };
@@ -112,6 +115,7 @@ struct GemmIn {
   const uint16_t* half = nullptr;  // the 16-bit copy (mixed precision)
   Precision type = Precision::fp32;
   int64_t rows = 0, cols = 0;
+  bool varying = false;  // its row count changes between calls (GemmOperand::varying)
 
   GemmIn() = default;
   GemmIn(Mat<const T> m) : values(m.data()), rows(m.extent(0)), cols(m.extent(1)) {}
@@ -130,8 +134,14 @@ struct GemmIn {
     in.rows = n;
     return in;
   }
+  GemmIn varying_rows() const {
+    GemmIn in = *this;
+    in.varying = true;
+    return in;
+  }
   GemmOperand op(bool transposed) const {
-    return {half ? static_cast<const void*>(half) : static_cast<const void*>(values), rows, cols, type, transposed};
+    return {half ? static_cast<const void*>(half) : static_cast<const void*>(values), rows, cols, type, transposed,
+            varying};
   }
 };
 
@@ -148,17 +158,20 @@ void gemm(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T b
 
 // The 16-bit copy of a float matrix that another GEMM input is stored in, in
 // `slot`'s scratch; a float matrix (or a double one) when `like` is not 16-bit.
+// It varies in rows as `like` does.
 template <class T>
 GemmIn<T> as_gemm_input_like(Mat<const T> m, const GemmIn<T>& like, int slot) {
+  GemmIn<T> in(m);
   if constexpr (std::is_same_v<T, float>) {
     if (like.is_half()) {
       const int64_t n = int64_t(m.extent(0)) * m.extent(1);
       uint16_t* h = half_scratch(slot, n);
       pack_half(h, m.data(), n, like.type);
-      return GemmIn<T>::of_half(h, m.extent(0), m.extent(1), like.type);
+      in = GemmIn<T>::of_half(h, m.extent(0), m.extent(1), like.type);
     }
   }
-  return GemmIn<T>(m);
+  in.varying = like.varying;
+  return in;
 }
 
 }  // namespace xx::kernels

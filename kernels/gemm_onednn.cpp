@@ -1,8 +1,11 @@
 // The host GEMM: oneDNN matmul. One primitive per shape (sizes, transposes,
 // operand type, alpha, beta), created on first use and kept; the same shape
 // always runs the same primitive, so a row's bits never depend on what ran
-// before (a resumed run computes what the uninterrupted one did). oneDNN
-// runs on one thread, as every rank's BLAS does (tools/env.sh).
+// before (a resumed run computes what the uninterrupted one did). Products
+// whose token count varies (routed experts: a new count most steps) get one
+// primitive for every count, with M and K given at run time: JIT code and
+// memory stay bounded. oneDNN runs on one thread, as every rank's BLAS does
+// (tools/env.sh).
 #include "kernels/gemm.h"
 
 #ifdef XX_HAVE_DNNL
@@ -10,6 +13,7 @@
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <bit>
+#include <tuple>
 #include <unordered_map>
 
 namespace xx::kernels {
@@ -99,7 +103,9 @@ class OnednnGemm : public GemmBackend {
   }
 
   void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {
-    const ShapeKey key{a.op_rows(), b.op_cols(), a.op_cols(), a.transposed, b.transposed, a.type,
+    const bool varying = a.varying || b.varying;
+    const int64_t m = a.op_rows(), n = b.op_cols(), k = a.op_cols();
+    const ShapeKey key{varying ? -1 : m, n, varying ? -1 : k, a.transposed, b.transposed, a.type,
                        std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)};
     auto it = cache_.find(key);
     if (it == cache_.end()) {
@@ -109,22 +115,29 @@ class OnednnGemm : public GemmBackend {
       it = cache_.emplace(key, build(key)).first;
     }
     const Primitive& p = it->second;
-    memory ma(p.a, engine_, const_cast<void*>(a.data)), mb(p.b, engine_, const_cast<void*>(b.data)),
-        mc(p.c, engine_, c);
+    const ShapeKey actual{m, n, k, a.transposed, b.transposed, a.type, key.alpha, key.beta};
+    const auto [da, db, dc] = varying ? descs(actual) : std::tuple{p.a, p.b, p.c};
+    memory ma(da, engine_, const_cast<void*>(a.data)), mb(db, engine_, const_cast<void*>(b.data)), mc(dc, engine_, c);
     p.matmul.execute(stream_, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     stream_.wait();
   }
 
  private:
-  static constexpr size_t kMaxShapes = 4096;
+  static constexpr size_t kMaxShapes = 1024;
 
   // op(a) (M, K) and op(b) (K, N) read row-major storage: a transposed
-  // operand is the same memory with its strides swapped.
-  Primitive build(const ShapeKey& s) const {
+  // operand is the same memory with its strides swapped. A size of -1 is
+  // given at run time.
+  static std::tuple<memory::desc, memory::desc, memory::desc> descs(const ShapeKey& s) {
     const auto t = dnnl_type(s.type);
-    memory::desc a({s.m, s.k}, t, s.ta ? Dims{1, s.m} : Dims{s.k, 1});
-    memory::desc b({s.k, s.n}, t, s.tb ? Dims{1, s.k} : Dims{s.n, 1});
-    memory::desc c({s.m, s.n}, memory::data_type::f32, Dims{s.n, 1});
+    const memory::dim M = s.m < 0 ? DNNL_RUNTIME_DIM_VAL : s.m, K = s.k < 0 ? DNNL_RUNTIME_DIM_VAL : s.k, N = s.n;
+    return {memory::desc({M, K}, t, s.ta ? Dims{1, M} : Dims{K, 1}),
+            memory::desc({K, N}, t, s.tb ? Dims{1, K} : Dims{N, 1}),
+            memory::desc({M, N}, memory::data_type::f32, Dims{N, 1})};
+  }
+
+  Primitive build(const ShapeKey& s) const {
+    const auto [a, b, c] = descs(s);
     dnnl::primitive_attr attr;
     const float alpha = std::bit_cast<float>(s.alpha), beta = std::bit_cast<float>(s.beta);
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});

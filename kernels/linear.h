@@ -23,7 +23,8 @@ void linear_forward(Mat<T> out, GemmIn<T> inp, GemmIn<T> weight, T beta = T(0)) 
 template <class T>
 void linear_backward(Mat<T> dinp, Mat<T> dweight, Mat<const T> dout, GemmIn<T> inp, GemmIn<T> weight,
                      T dinp_beta = T(0)) {
-  const GemmIn<T> d = as_gemm_input_like<T>(dout, weight, 0);
+  GemmIn<T> d = as_gemm_input_like<T>(dout, weight, 0);
+  d.varying = inp.varying;
   gemm<T>("N", d, "N", weight, T(1), dinp_beta, dinp);
   gemm<T>("T", d, "N", inp, T(1), T(1), dweight);
 }

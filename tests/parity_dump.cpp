@@ -3,8 +3,10 @@
 // architecture (through the real checkpoint writer, deck lines and MoE
 // selection biases included), and for one fixed batch our loss and every
 // gradient.
-//   parity_dump OUT_DIR CONFIG  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
+//   parity_dump OUT_DIR CONFIG [PRECISION]  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
 // CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek
+// PRECISION: fp32 (default) | bf16 | fp16: what the GEMM operands are; the
+// deck attribute says so, and the reference widens its tolerances to it.
 #include <hdf5.h>
 #include <mpi.h>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <Kokkos_Core.hpp>
 #include "ckpt/checkpoint.h"
 #include "deck/deck.h"
+#include "kernels/elementwise.h"
 #include "model/transformer.h"
 
 using namespace xx;
@@ -75,10 +78,12 @@ ModelConfig parse_model(const std::vector<std::string>& arch) {
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3 || !kConfigs.count(argv[2])) {
+  const std::string precision = argc > 3 ? argv[3] : "fp32";
+  if (argc < 3 || argc > 4 || !kConfigs.count(argv[2]) ||
+      (precision != "fp32" && precision != "bf16" && precision != "fp16")) {
     std::string names;
     for (const auto& [name, lines] : kConfigs) names += (names.empty() ? "" : " | ") + name;
-    std::fprintf(stderr, "usage: parity_dump OUT_DIR CONFIG\n  CONFIG: %s\n", names.c_str());
+    std::fprintf(stderr, "usage: parity_dump OUT_DIR CONFIG [fp32|bf16|fp16]\n  CONFIG: %s\n", names.c_str());
     MPI_Finalize();
     return 2;
   }
@@ -89,8 +94,9 @@ int main(int argc, char** argv) {
     const ModelConfig m = parse_model(arch);
     std::string deck;
     for (const auto& line : arch) deck += line + "\n";
+    deck += "precision " + precision + "\n";
     const int B = 3;
-    Transformer<float> model(m, B);
+    Transformer<float> model(m, B, kernels::precision_from_name(precision));
     model.init(2024);
 
     // Selection biases: non-zero and distinct in bias mode, so that top-k
@@ -117,10 +123,15 @@ int main(int argc, char** argv) {
     Kokkos::deep_copy(din, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(in.data(), in.size()));
     Kokkos::deep_copy(dtgt, Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(tgt.data(), tgt.size()));
     Tokens ti(din.data(), din.extent(0)), tt(dtgt.data(), dtgt.extent(0));
+    // fp16 as training runs it: the backward starts from the loss times 2^16
+    // (else small gradients underflow in fp16), and the gradients are unscaled.
+    const double scale = precision == "fp16" ? 65536.0 : 1.0;
+    model.set_loss_scale(scale);
     const LossParts parts = model.forward(ti, tt);
     const double loss = parts.total;
     model.zero_grads();
     model.backward(ti, tt);
+    if (scale != 1.0) kernels::scale_inplace<float>(Vec<float>(model.grads().data(), model.grads().extent(0)), float(1.0 / scale));
 
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
     data.params.assign(hp.data(), hp.data() + hp.extent(0));

@@ -1,28 +1,40 @@
 #include "model/estimate.h"
 #include <algorithm>
+#include <vector>
 #include <fmt/format.h>
 #include "kernels/attention.h"
 #include "model/params.h"
 
 namespace xx {
 
+// Elements of activations: {only GEMMs read them, the others}.
+struct Kept {
+  int64_t gemm = 0, other = 0;
+  Kept& operator+=(const Kept& k) { return gemm += k.gemm, other += k.other, *this; }
+};
+
 // Mirrors the buffers Block, Attention, FeedForward and Transformer allocate
 // (the constructors in src/model/), counted in elements.
-static int64_t block_activations(const ModelConfig& m, bool moe, int64_t B) {
+static Kept block_activations(const ModelConfig& m, bool moe, int64_t B) {
   const int64_t T = m.seq, N = B * T, C = m.dim, H = m.heads, qk = m.qk_dim(), vd = m.v_dim();
   const auto& a = m.attention;
   kernels::CausalBlocks blocks(T, 64);
-  int64_t n = 3 * N * C + 2 * N;                                              // xn, xmid, xn2, two rstd
-  n += B * H * T * (2 * qk + vd) + B * H * blocks.per_head() + N * H * vd;    // q, k, v, probabilities, o
-  n += T * (a.mla() ? a.rope_dim : qk);                                       // rope tables
-  if (a.mla()) n += 2 * N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? 2 * N * a.q_lora_rank + N : 0);
-  if (!moe) return n + 3 * N * m.ffn;                                         // h (2F), a (F)
+  Kept k;
+  k.gemm = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
+  k.gemm += B * H * T * (2 * qk + vd) + B * H * blocks.per_head() + N * H * vd;  // q, k, v, probabilities, o
+  k.other += T * (a.mla() ? a.rope_dim : qk);                                    // rope tables
+  if (a.mla()) {
+    k.gemm += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
+    k.other += N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? N * a.q_lora_rank + N : 0);  // c, krope, qa
+  }
+  if (!moe) return k.gemm += N * m.ffn, k.other += 2 * N * m.ffn, k;             // a (F); h (2F)
   const auto& e = m.moe;
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
-  n += 3 * N * e.shared * Fm;                                                 // shared experts' h, a
-  n += 2 * N * E + N * K + E;                                                 // logits, scores, weights, score grad
-  n += N * K * (2 * C + 3 * Fm) + 3 * N * K;                                  // expert in/out, h, a; indices (int32)
-  return n;
+  k.gemm += N * e.shared * Fm, k.other += 2 * N * e.shared * Fm;                 // shared experts' a; h
+  k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
+  k.gemm += N * K * (C + Fm);                                                    // expert in, a
+  k.other += N * K * (C + 2 * Fm) + 3 * N * K;                                   // expert out, h; indices (int32)
+  return k;
 }
 
 MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
@@ -31,21 +43,31 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
   est.params = layout.total();
   est.active = layout.active_per_token();
   const int64_t B = batch, T = m.seq, N = B * T, C = m.dim, V = m.vocab;
-  int64_t n = (m.layers + 1) * N * C + N * C + N + N * V + N;  // residual streams, final norm, logits, losses
-  for (int l = 0; l < m.layers; ++l) n += block_activations(m, m.moe.is_moe_layer(l), B);
-  for (int d = 0; d < m.mtp.depth; ++d)
-    n += 6 * N * C + 4 * N + 2 * N * C + N * V + 2 * N + block_activations(m, m.moe.enabled(), B);
+  Kept kept{N * C, (m.layers + 1) * N * C + N + N * V + N};  // xf; residual streams, final rstd, logits, losses
+  for (int l = 0; l < m.layers; ++l) kept += block_activations(m, m.moe.is_moe_layer(l), B);
+  for (int d = 0; d < m.mtp.depth; ++d) {
+    kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
+    kept += block_activations(m, m.moe.enabled(), B);
+  }
+  est.gemm_input_elements = kept.gemm;
+  est.other_elements = kept.other;
   // Scratch shared by the blocks: one block's largest gradients at once.
   const int64_t F = std::max<int64_t>(m.ffn, m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0);
-  n += B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * F) + 64 * T;
-  est.activation_elements = n;
+  est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * F) + 64 * T;
+  // Mixed precision: one 32-bit target per kind of GemmInput (a block's worth;
+  // the largest block's is taken for all), the 16-bit copies of output
+  // gradients (16 bits: half an element each) and a softmax block.
+  int64_t largest_block = 0;
+  for (bool moe : {false, true})
+    if (!moe || m.moe.enabled()) largest_block = std::max(largest_block, block_activations(m, moe, B).gemm);
+  const int64_t widest = std::max({3 * C, 2 * F, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())});
+  est.mixed_scratch_elements = largest_block + 4 * N * C + (N * widest + B * m.heads * T * m.v_dim()) / 2 + 64 * T;
   return est;
 }
 
 std::string dry_run_report(const ModelConfig& m, int batch, int world) {
   const auto est = estimate_memory(m, batch);
   const ParamLayout layout(m);
-  auto gib = [](double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); };
   std::string out;
   out += fmt::format("# dry run: nothing allocated\n");
   out += fmt::format("  parameters total        {:>16} ({:.2f} B)\n", est.params, est.params / 1e9);
@@ -54,18 +76,35 @@ std::string dry_run_report(const ModelConfig& m, int batch, int world) {
                      est.active, est.active / 1e9);
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(m, layout));
   out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", batch, m.seq, world);
-  out += "\n# memory per rank (GiB): every rank holds the whole model under data parallelism\n";
-  out += fmt::format("  {:<10} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "precision", "weights", "gradients", "optimizer",
-                     "activations", "total");
-  struct Row { const char* name; double weight, grad, act; };
-  // Master weights and AdamW moments stay fp32; 16-bit runs add a 16-bit copy
-  // of the weights for the forward and keep gradients and activations in 16 bits.
-  for (const Row& r : {Row{"fp32", 4, 4, 4}, Row{"bf16", 4 + 2, 2, 2}, Row{"fp16", 4 + 2, 2, 2}}) {
-    const double w = r.weight * est.params, g = r.grad * est.params, o = 8.0 * est.params,
-                 a = r.act * est.activation_elements;
-    out += fmt::format("  {:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f}\n", r.name, gib(w), gib(g), gib(o),
-                       gib(a), gib(w + g + o + a));
+  // Master weights, gradients and AdamW moments stay fp32. 16-bit runs add a
+  // 16-bit copy of the weights for the GEMMs, keep the activations only GEMMs
+  // read in 16 bits, and write those through 32-bit scratch.
+  struct Row {
+    const char* name;
+    double weights, grads, optimizer, activations;
+    double total() const { return weights + grads + optimizer + activations; }
+  };
+  std::vector<Row> rows;
+  for (const char* name : {"fp32", "bf16", "fp16"}) {
+    const bool half = std::string(name) != "fp32";
+    rows.push_back({name, (half ? 6.0 : 4.0) * est.params, 4.0 * est.params, 8.0 * est.params,
+                    (half ? 2.0 : 4.0) * est.gemm_input_elements + 4.0 * (est.other_elements + est.scratch_elements) +
+                        (half ? 4.0 * est.mixed_scratch_elements : 0.0)});
   }
+  const bool small = rows[0].total() < 1024.0 * 1024.0 * 1024.0;  // MiB below a GiB
+  const double unit = small ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0;
+  out += fmt::format("\n# memory per rank ({}): every rank holds the whole model under data parallelism\n",
+                     small ? "MiB" : "GiB");
+  out += fmt::format("  {:<10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>9}\n", "precision", "weights", "gradients",
+                     "optimizer", "activations", "total", "vs fp32");
+  for (const Row& r : rows)
+    out += fmt::format("  {:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f} {:>8.2f}x\n", r.name, r.weights / unit,
+                       r.grads / unit, r.optimizer / unit, r.activations / unit, r.total() / unit,
+                       r.total() / rows[0].total());
+  out += fmt::format("  activations: {:.2f} kept for GEMMs only (16-bit under bf16/fp16), {:.2f} other kept, "
+                     "{:.2f} scratch (fp32), +{:.2f} scratch under bf16/fp16\n",
+                     4.0 * est.gemm_input_elements / unit, 4.0 * est.other_elements / unit,
+                     4.0 * est.scratch_elements / unit, 4.0 * est.mixed_scratch_elements / unit);
   return out;
 }
 

@@ -83,7 +83,10 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   const auto& e = m_.moe;
   const int64_t Fm = e.ffn;
   // route: scores, top-k, positions in the expert-sorted batch
-  k::linear_forward<T>(mat(logits_, N_, E_), xn, gate_.in(E_, C_));
+  // The router multiplies fp32 gate weights (DeepSeek-V3 keeps it in full
+  // precision: a rounded logit flips near-tied top-k choices); under mixed
+  // precision the normed input is its 16-bit copy, widened.
+  k::linear_forward<T>(mat(logits_, N_, E_), xn, gate_.mat(E_, C_));
   k::router_scores_forward<T>(mat(scores_, N_, E_), mat(logits_, N_, E_), gate_kind_);
   // (the bias stays zero unless balance is bias)
   k::router_topk<T>(idx_, mat(weights_, N_, K_), mat(scores_, N_, E_), Vec<const float>(bias_.data(), E_), gate_kind_);
@@ -97,7 +100,7 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(he_.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n),
+    k::linear_forward<T>(Mat<T>(he_.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
                          ew1_[x].in(2 * Fm, C_));
   }
   k::swiglu_forward<T>(ae_.target(), mat(he_, N_ * K_, 2 * Fm));
@@ -105,7 +108,8 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n), ew2_[x].in(C_, Fm));
+    k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                         ew2_[x].in(C_, Fm));
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
@@ -148,14 +152,15 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
     k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
-                          Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n), ew2_[x].in(C_, Fm));
+                          Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                          ew2_[x].in(C_, Fm));
   }
   k::swiglu_backward<T>(dhe, dae, mat(he_, N_ * K_, 2 * Fm));
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
     k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
-                          Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n),
+                          Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
                           ew1_[x].in(2 * Fm, C_));
   }
   auto dx_routed = ws_.mat("moe_dx", N_, C_);
@@ -165,7 +170,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   // the router: combine weights and balance loss back to the gate logits
   auto dlogits = ws_.mat("moe_dlogits", N_, E_);
   k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
-  k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.in(E_, C_), T(1));
+  k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.mat(E_, C_), T(1));
 }
 
 template <class T>
