@@ -44,6 +44,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import socket  # noqa: E402
@@ -345,6 +346,8 @@ def train(rank, world, port, args, deck, cpus):
               f"{'DDP on gloo' if world > 1 else 'no process group'}; model: {ref.describe(cfg)}; "
               f"{n_params} parameters; batch {B} x seq {T} per rank", file=sys.stderr, flush=True)
 
+    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.autocast == "bf16"
+                else contextlib.nullcontext)
     timed_s, timed_steps, interval_s, loss = 0.0, 0, 0.0, None
     for step in range(1, args.steps + 1):
         # TRAINING STEP BEGIN
@@ -354,7 +357,8 @@ def train(rank, world, port, args, deck, cpus):
         for group in opt.param_groups:
             group["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        loss = net(inputs, targets)
+        with autocast():  # bf16: torch.autocast, what a PyTorch user would try; fp32: nothing
+            loss = net(inputs, targets)
         loss.backward()  # DDP: the gradient all-reduce runs inside
         norm = torch.nn.utils.clip_grad_norm_(params, tc["clip"]) if tc["clip"] > 0 else torch.zeros(())
         opt.step()
@@ -387,7 +391,8 @@ def train(rank, world, port, args, deck, cpus):
         ms = 1e3 * final[1].item() / timed_steps if timed_steps else 0.0
         print(f"PERFORMANCE impl=torch steps={args.steps} ranks={world} timed_steps={timed_steps} "
                       f"tokens_per_s={tok_s:.0f} ms_per_step={ms:.2f} final_loss={final[0].item():.6f} "
-                      f"params={n_params} threads={torch.get_num_threads()} torch={torch.__version__}", flush=True)
+                      f"params={n_params} threads={torch.get_num_threads()} torch={torch.__version__} "
+              f"precision={args.autocast or 'fp32'}", flush=True)
     if world > 1:
         dist.destroy_process_group()
 
@@ -406,6 +411,8 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=None,
                    help="first steps left out of the timing (default: the deck's log_every, as tools/bench drops "
                         "xuanxue's first log interval)")
+    p.add_argument("--autocast", choices=["bf16"], default=None,
+                   help="run the forward under torch.autocast('cpu', dtype=torch.bfloat16) (default: float32)")
     p.add_argument("-var", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="deck variable, as xuanxue's -var")
     args = p.parse_args(argv)
