@@ -1,10 +1,10 @@
-// 16-bit floating-point types, emulated in float storage (deck: precision).
+// 16-bit floating-point types (deck: precision): their bit patterns, to and from float.
 // bf16: 1 sign, 8 exponent, 7 mantissa bits (float's range, 3 significant
 // digits). fp16 (IEEE binary16): 1, 5, 10 (max 65504, subnormals down to
 // 2^-24). Conversions from float round to nearest, ties to even, as CUDA's
 // __float2bfloat16_rn / __float2half_rn do; NaN stays NaN (quiet), values
-// past the largest finite one become inf. Rounding a float View "to" a type
-// leaves float storage holding exactly the values the type can represent.
+// past the largest finite one become inf. (The GEMM seam packs buffers of
+// them: kernels/gemm.h.)
 #pragma once
 #include <bit>
 #include <cstdint>
@@ -85,19 +85,6 @@ KOKKOS_INLINE_FUNCTION float round_to(float x, Precision p) {
 
 // ---------------------------------------------------------------------------
 // kernels over buffers
-
-// x = round_to(x, p), in place; fp32 leaves x untouched.
-inline void round_inplace(Vec<float> x, Precision p) {
-  if (p == Precision::fp32) return;
-  const int64_t n = x.extent(0);
-  float* px = x.data();
-  Kokkos::parallel_for(
-      "round_inplace", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-#pragma omp simd
-        for (int64_t i = c * kChunk; i < end; ++i) px[i] = round_to(px[i], p);
-      });
-}
 
 // True when any entry is inf or NaN (all exponent bits set). A bit test, so
 // it holds whatever floating-point flags the compiler was given.

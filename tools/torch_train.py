@@ -227,7 +227,7 @@ def routed_moe(p, buffers, pre, h, cfg, stats):
         q = f"{pre}ffn.experts.{e}."
         ys.append(ref.swiglu(xe, p[q + "w1"], p[q + "w3"], p[q + "w2"]))  # an idle expert runs on (0, C)
     y = torch.cat(ys) * w.reshape(-1).index_select(0, order).unsqueeze(1)  # (N*k, C)
-    out = torch.zeros_like(x).index_add(0, token, y)
+    out = torch.zeros_like(x).index_add(0, token, y.to(x.dtype))  # autocast: the experts ran in bf16
     if m["shared"] > 0:
         out = out + ref.swiglu(x, p[pre + "ffn.shared.w1"], p[pre + "ffn.shared.w3"], p[pre + "ffn.shared.w2"])
     aux = torch.zeros((), dtype=x.dtype)

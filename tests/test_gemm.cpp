@@ -1,0 +1,132 @@
+// The GEMM seam (kernels/gemm.h) against a plain double-precision reference:
+// every backend this binary has, every transpose, alpha and beta, fixed and
+// varying shapes, fp32 and 16-bit operands (native or widened).
+#include <catch2/catch.hpp>
+#include <bit>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+#include "kernels/gemm.h"
+
+using namespace xx;
+namespace k = xx::kernels;
+
+namespace {
+
+// Restores "auto" when a test chose another backend.
+struct BackendChoice {
+  explicit BackendChoice(const std::string& name) { k::select_gemm_backend(name); }
+  ~BackendChoice() { k::select_gemm_backend("auto"); }
+};
+
+std::vector<float> random_values(int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// c = alpha op(a) op(b) + beta c in double, a (ar, ac) and b (br, bc) row-major.
+std::vector<double> reference(const std::vector<float>& a, int64_t ar, int64_t ac, bool ta, const std::vector<float>& b,
+                              int64_t br, int64_t bc, bool tb, double alpha, double beta, const std::vector<float>& c0) {
+  const int64_t M = ta ? ac : ar, K = ta ? ar : ac, N = tb ? br : bc;
+  std::vector<double> c(M * N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < K; ++p)
+        s += double(ta ? a[p * ac + i] : a[i * ac + p]) * double(tb ? b[j * bc + p] : b[p * bc + j]);
+      c[i * N + j] = alpha * s + beta * c0[i * N + j];
+    }
+  return c;
+}
+
+std::vector<std::string> backends() {
+  std::vector<std::string> out;
+  for (const char* name : {"onednn", "blas"}) {
+    try {
+      k::select_gemm_backend(name);
+      out.push_back(name);
+    } catch (const std::runtime_error&) {
+    }
+  }
+  k::select_gemm_backend("auto");
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gemm: every backend, transpose, alpha and beta matches a double reference", "[gemm]") {
+  const auto names = backends();
+  REQUIRE_FALSE(names.empty());
+#ifdef XX_HAVE_DNNL
+  REQUIRE(names.front() == "onednn");  // built with oneDNN: it must be able to run
+#endif
+  for (const auto& name : names) {
+    BackendChoice choice(name);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool varying : {false, true})
+          for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{37, 19, 53}, {64, 48, 16}, {1, 7, 3}}) {
+            CAPTURE(name, ta, tb, varying, M, N, K);
+            const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+            const auto a = random_values(ar * ac, 1), b = random_values(br * bc, 2), c0 = random_values(M * N, 3);
+            for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {0.5f, 1}, {2, -0.25f}}) {
+              std::vector<float> c = c0;
+              k::GemmOperand A{a.data(), ar, ac, k::Precision::fp32, ta, varying};
+              k::GemmOperand B{b.data(), br, bc, k::Precision::fp32, tb, false};
+              k::gemm(A, B, alpha, beta, Mat<float>(c.data(), M, N));
+              const auto want = reference(a, ar, ac, ta, b, br, bc, tb, alpha, beta, c0);
+              for (int64_t i = 0; i < M * N; ++i) REQUIRE(c[i] == Approx(want[i]).epsilon(1e-5).margin(1e-5));
+            }
+          }
+  }
+}
+
+TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulating in fp32", "[gemm]") {
+  for (const auto& name : backends()) {
+    BackendChoice choice(name);
+    for (auto type : {k::Precision::bf16, k::Precision::fp16}) {
+      CAPTURE(name, int(type), k::gemm_backend().native(type));
+      const int64_t M = 33, N = 21, K = 70;
+      auto a = random_values(M * K, 4), b = random_values(N * K, 5);
+      std::vector<uint16_t> a16(a.size()), b16(b.size());
+      k::pack_half(a16.data(), a.data(), int64_t(a.size()), type);
+      k::pack_half(b16.data(), b.data(), int64_t(b.size()), type);
+      for (size_t i = 0; i < a.size(); ++i) a[i] = k::half_bits_to_float(a16[i], type);  // the values multiplied
+      for (size_t i = 0; i < b.size(); ++i) b[i] = k::half_bits_to_float(b16[i], type);
+      std::vector<float> c(M * N, 0.0f), c_again(M * N, 0.0f);
+      k::GemmOperand A{a16.data(), M, K, type, false}, B{b16.data(), N, K, type, true};  // c = a b^T, as linear
+      k::gemm(A, B, 1.0f, 0.0f, Mat<float>(c.data(), M, N));
+      k::gemm(A, B, 1.0f, 0.0f, Mat<float>(c_again.data(), M, N));
+      const auto want = reference(a, M, K, false, b, N, K, true, 1, 0, std::vector<float>(M * N, 0.0f));
+      for (int64_t i = 0; i < M * N; ++i) {
+        REQUIRE(c[i] == Approx(want[i]).epsilon(1e-5).margin(1e-5));  // fp32 accumulation, not 16-bit
+        REQUIRE(std::bit_cast<uint32_t>(c[i]) == std::bit_cast<uint32_t>(c_again[i]));  // the same bits again
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm: an empty sum scales c by beta; mismatched shapes are refused", "[gemm]") {
+  std::vector<float> c = {1, 2, 3, 4}, a(1), b(1);
+  k::gemm({a.data(), 2, 0, k::Precision::fp32, false}, {b.data(), 0, 2, k::Precision::fp32, false}, 1.0f, 0.5f,
+          Mat<float>(c.data(), 2, 2));
+  CHECK(c == std::vector<float>{0.5f, 1, 1.5f, 2});
+  CHECK_THROWS_AS(k::gemm({a.data(), 2, 3, k::Precision::fp32, false}, {b.data(), 2, 2, k::Precision::fp32, false},
+                          1.0f, 0.0f, Mat<float>(c.data(), 2, 2)),
+                  std::logic_error);
+  CHECK_THROWS_WITH(k::select_gemm_backend("cublas"), Catch::Contains("not built into this binary"));
+}
+
+TEST_CASE("gemm: the start-up line names the backend and says how 16-bit products run", "[gemm]") {
+  const std::string fp32 = k::gemm_report(k::Precision::fp32), bf16 = k::gemm_report(k::Precision::bf16);
+  CHECK(fp32.rfind(k::gemm_backend().name() + ": ", 0) == 0);
+  const bool native = k::gemm_backend().native(k::Precision::bf16);
+  CHECK(bf16.find(native ? "bf16 products run natively" : "bf16 is EMULATED") != std::string::npos);
+  BackendChoice blas("blas");
+  CHECK(k::gemm_report(k::Precision::bf16).find("bf16 is EMULATED") != std::string::npos);
+  CHECK_FALSE(k::gemm_backend().native(k::Precision::bf16));
+}
