@@ -91,6 +91,19 @@ EOF
   fi
 }
 
+# The curve of a run: its metrics.jsonl without the timings, one sorted JSON
+# object per line, from step AFTER+1 on (default: every step).
+curve() {  # curve METRICS OUT [AFTER]
+  /usr/bin/python3 - "$1" "$2" "${3:-0}" <<'PY'
+import json, sys
+timings = {"ms_per_step", "tokens_per_s", "mfu", "comm_s"}
+with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
+    for line in f:
+        rec = {k: v for k, v in json.loads(line).items() if k not in timings}
+        if rec["step"] > int(sys.argv[3]): out.write(json.dumps(rec, sort_keys=True) + "\n")
+PY
+}
+
 # A manifest of everything under DIR: one line per directory, a checksum per file.
 snapshot() {  # snapshot DIR
   (cd "$1" && find . | LC_ALL=C sort | while IFS= read -r p; do

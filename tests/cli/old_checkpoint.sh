@@ -11,35 +11,22 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 data="$here/../data/v2_checkpoint"
 
-# The records of steps 6-8 of metrics.jsonl IN, timings aside, into OUT.
-steps_after_5() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, sys
-timings = {"ms_per_step", "tokens_per_s", "mfu", "comm_s"}
-with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
-    for line in f:
-        rec = {k: v for k, v in json.loads(line).items() if k not in timings}
-        if rec["step"] > 5: out.write(json.dumps(rec, sort_keys=True) + "\n")
-PY
+# Resumes the old checkpoint to step 8 in $T/NAME; its steps 6-8 go to $T/NAME.jsonl.
+resume_old() {  # resume_old NAME
+  mkdir -p "$T/$1/ckpt"
+  cp "$data/step_00000005.h5" "$T/$1/ckpt/"
+  run_xx 2 -in "$data/deck" -var data "$data/corpus.txt" -var run_dir "$T/$1" -resume "$T/$1/ckpt/step_00000005.h5"
+  check [ "$RC" -eq 0 ] || { fail "exit code $RC (expected 0)"; show_run; }
+  curve "$T/$1/metrics.jsonl" "$T/$1.jsonl" 5
 }
 
 begin "resume a version-2 checkpoint of main 419efe6"
-mkdir -p "$T/run/ckpt"
-cp "$data/step_00000005.h5" "$T/run/ckpt/"
-run_xx 2 -in "$data/deck" -var data "$data/corpus.txt" -var run_dir "$T/run" \
-  -resume "$T/run/ckpt/step_00000005.h5"
-check [ "$RC" -eq 0 ] || { fail "exit code $RC (expected 0)"; show_run; }
+resume_old run
 check grep -q "resumed from .*step_00000005.h5 at step 5" "$T/out" || fail "no 'resumed from ... at step 5' line"
-steps_after_5 "$T/run/metrics.jsonl" "$T/got.jsonl"
-said=$(/usr/bin/python3 "$here/../golden/compare.py" close "$data/expected.jsonl" "$T/got.jsonl") ||
+said=$(/usr/bin/python3 "$here/../golden/compare.py" close "$data/expected.jsonl" "$T/run.jsonl") ||
   fail "steps 6-8 differ from the old binary's uninterrupted run beyond the tolerances: $said"
 
 begin "the old checkpoint resumed again: the same bits"
-mkdir -p "$T/again/ckpt"
-cp "$data/step_00000005.h5" "$T/again/ckpt/"
-run_xx 2 -in "$data/deck" -var data "$data/corpus.txt" -var run_dir "$T/again" \
-  -resume "$T/again/ckpt/step_00000005.h5"
-check [ "$RC" -eq 0 ] || { fail "exit code $RC (expected 0)"; show_run; }
-steps_after_5 "$T/again/metrics.jsonl" "$T/again.jsonl"
-check cmp -s "$T/got.jsonl" "$T/again.jsonl" || fail "two resumes of the same checkpoint logged different steps 6-8"
+resume_old again
+check cmp -s "$T/run.jsonl" "$T/again.jsonl" || fail "two resumes of the same checkpoint logged different steps 6-8"
 finish

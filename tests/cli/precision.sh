@@ -14,17 +14,6 @@ root="$here/../.."
 "$root/tools/prepare-data" >/dev/null || { echo "tools/prepare-data failed" >&2; exit 1; }
 data="$root/data/fortunes.txt"
 
-# The curve of a run, timings aside.
-curve() {  # curve METRICS OUT
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, sys
-timings = {"ms_per_step", "tokens_per_s", "mfu", "comm_s"}
-with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
-    for line in f:
-        out.write(json.dumps({k: v for k, v in json.loads(line).items() if k not in timings}, sort_keys=True) + "\n")
-PY
-}
-
 deck_for() {  # deck_for PRECISION [GEMM] > deck
   printf 'include %s/../golden/decks/base.deck\ndata bytes ${data} valid 0.05 batch 2 workers 1\n' "$here"
   printf 'eval every 3 batches 2\n'
