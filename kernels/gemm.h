@@ -87,17 +87,18 @@ void pack_half(uint16_t* dst, const T* src, int64_t n, Precision type) {
       });
 }
 
-// dst[i] = the float value of the 16-bit pattern src[i].
-inline void unpack_half(float* dst, const uint16_t* src, int64_t n, Precision type) {
+// dst[i] = the float value of the 16-bit pattern src[i] (T: as pack_half).
+template <class T>
+void unpack_half(T* dst, const uint16_t* src, int64_t n, Precision type) {
   Kokkos::parallel_for(
       "unpack_half", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
         const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
         if (type == Precision::bf16) {
 #pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = bf16_bits_to_float(src[i]);
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = T(bf16_bits_to_float(src[i]));
         } else {
 #pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = fp16_bits_to_float(src[i]);
+          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = T(fp16_bits_to_float(src[i]));
         }
       });
 }

@@ -29,14 +29,14 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
       q_norm_ = store(p + "attn.q_norm");
       wq_b_ = store(p + "attn.wq_b");
       qa_ = activation<T>("qa", N_, a.q_lora_rank);
-      qan_ = GemmInput<T>("qan", N_, a.q_lora_rank, store.type, ws);
+      qan_ = KeptActivation<T>("qan", N_, a.q_lora_rank, store.type, ws);
       rstd_q_ = activation<T>("rstd_q", N_);
     }
     wkv_a_ = store(p + "attn.wkv_a");
     kv_norm_ = store(p + "attn.kv_norm");
     wkv_b_ = store(p + "attn.wkv_b");
     c_ = activation<T>("c", N_, a.kv_lora_rank);
-    cn_ = GemmInput<T>("cn", N_, a.kv_lora_rank, store.type, ws);
+    cn_ = KeptActivation<T>("cn", N_, a.kv_lora_rank, store.type, ws);
     rstd_c_ = activation<T>("rstd_c", N_);
     krope_ = activation<T>("krope", N_, a.rope_dim);
   }
@@ -44,12 +44,12 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
   rope_cos_ = activation<T>("rope_cos", T_, rope / 2);
   rope_sin_ = activation<T>("rope_sin", T_, rope / 2);
   k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), m.rope_theta);
-  q_ = GemmInput<T>("q", B_ * H_ * T_, qk_, store.type, ws);
-  k_ = GemmInput<T>("k", B_ * H_ * T_, qk_, store.type, ws);
-  v_ = GemmInput<T>("v", B_ * H_ * T_, vd_, store.type, ws);
+  q_ = KeptActivation<T>("q", B_ * H_ * T_, qk_, store.type, ws, 0);  // written together: three slots
+  k_ = KeptActivation<T>("k", B_ * H_ * T_, qk_, store.type, ws, 1);
+  v_ = KeptActivation<T>("v", B_ * H_ * T_, vd_, store.type, ws, 2);
   if (store.type == kernels::Precision::fp32) att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
   else att_half_ = Buffer<uint16_t>("Activation::att(16-bit)", B_ * H_ * blocks_.per_head());
-  o_ = GemmInput<T>("o", N_, H_ * vd_, store.type, ws);
+  o_ = KeptActivation<T>("o", N_, H_ * vd_, store.type, ws);
 }
 
 template <class T>
@@ -123,7 +123,7 @@ void Attention<T>::backward_mha(Mat<T> dxn, Mat<const T> dout, In xn) {
 template <class T>
 void Attention<T>::forward_mla(Mat<T> out, In xn) {
   const auto& a = m_.attention;
-  const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim, BHT = B_ * H_ * T_;
+  const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim;
   auto q = ws_.mat("mla_q", N_, H_ * qk_);
   if (Q == 0) {
     k::linear_forward<T>(q, xn, wq_.in(H_ * qk_, C_));

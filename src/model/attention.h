@@ -34,13 +34,13 @@ class Attention {
   Param<T> wq_, wq_a_, q_norm_, wq_b_, wkv_a_, kv_norm_, wkv_b_, wo_;  // MHA uses wq (fused qkv) and wo
   Buffer<T> rope_cos_, rope_sin_;                                      // (T, rope width / 2)
   // kept for backward
-  GemmInput<T> q_, k_, v_, o_;    // heads (B*H*T, qk | v), merged output (N, H*v)
+  KeptActivation<T> q_, k_, v_, o_;    // heads (B*H*T, qk | v), merged output (N, H*v)
   Buffer<T> att_;                 // probabilities: T values, or
   Buffer<uint16_t> att_half_;     //   their 16-bit copy under mixed precision
   Buffer<T> qa_, rstd_q_;         // MLA query latent (q_lora_rank > 0) ...
-  GemmInput<T> qan_;              //   and its norm
+  KeptActivation<T> qan_;              //   and its norm
   Buffer<T> c_, rstd_c_, krope_;  // MLA key/value latent and shared rope key ...
-  GemmInput<T> cn_;               //   and the latent's norm
+  KeptActivation<T> cn_;               //   and the latent's norm
 };
 
 }  // namespace xx

@@ -7,7 +7,7 @@
 
 namespace xx {
 
-// Elements of activations: {only GEMMs read them, the others}.
+// Elements of activations: {16 bits under mixed precision, the others}.
 struct Kept {
   int64_t gemm = 0, other = 0;
   Kept& operator+=(const Kept& k) { return gemm += k.gemm, other += k.other, *this; }
@@ -27,13 +27,13 @@ static Kept block_activations(const ModelConfig& m, bool moe, int64_t B) {
     k.gemm += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
     k.other += N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? N * a.q_lora_rank + N : 0);  // c, krope, qa
   }
-  if (!moe) return k.gemm += N * m.ffn, k.other += 2 * N * m.ffn, k;             // a (F); h (2F)
+  if (!moe) return k.gemm += 3 * N * m.ffn, k;                                  // h (2F), a (F)
   const auto& e = m.moe;
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
-  k.gemm += N * e.shared * Fm, k.other += 2 * N * e.shared * Fm;                 // shared experts' a; h
+  k.gemm += 3 * N * e.shared * Fm;                                               // shared experts' h, a
   k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
-  k.gemm += N * K * (C + Fm);                                                    // expert in, a
-  k.other += N * K * (C + 2 * Fm) + 3 * N * K;                                   // expert out, h; indices (int32)
+  k.gemm += N * K * (C + 3 * Fm);                                                // expert in, h, a
+  k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
   return k;
 }
 
@@ -49,19 +49,22 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
     kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
     kept += block_activations(m, m.moe.enabled(), B);
   }
-  est.gemm_input_elements = kept.gemm;
+  est.halvable_elements = kept.gemm;
   est.other_elements = kept.other;
   // Scratch shared by the blocks: one block's largest gradients at once.
   const int64_t F = std::max<int64_t>(m.ffn, m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0);
   est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * F) + 64 * T;
-  // Mixed precision: one 32-bit target per kind of GemmInput (a block's worth;
-  // the largest block's is taken for all), the 16-bit copies of output
-  // gradients (16 bits: half an element each) and a softmax block.
-  int64_t largest_block = 0;
-  for (bool moe : {false, true})
-    if (!moe || m.moe.enabled()) largest_block = std::max(largest_block, block_activations(m, moe, B).gemm);
+  // Mixed precision: the 32-bit targets KeptActivations are written through (slot
+  // 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and with
+  // slot 2 for k and v), the
+  // 16-bit copies of output gradients (half an element each) and a softmax block.
+  const int64_t BHT = B * m.heads * T, Fm = m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0;
+  const int64_t slot0 = std::max({N * 2 * C * (m.mtp.depth > 0), BHT * m.qk_dim(), N * m.heads * m.v_dim(), N * m.ffn,
+                                  N * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
+                                  N * C, N * int64_t(m.moe.shared) * m.moe.ffn});
   const int64_t widest = std::max({3 * C, 2 * F, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())});
-  est.mixed_scratch_elements = largest_block + 4 * N * C + (N * widest + B * m.heads * T * m.v_dim()) / 2 + 64 * T;
+  const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * N * Fm, 2 * N * int64_t(m.moe.shared) * m.moe.ffn});
+  est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (N * widest + BHT * m.v_dim()) / 2 + 64 * T;
   return est;
 }
 
@@ -88,7 +91,7 @@ std::string dry_run_report(const ModelConfig& m, int batch, int world) {
   for (const char* name : {"fp32", "bf16", "fp16"}) {
     const bool half = std::string(name) != "fp32";
     rows.push_back({name, (half ? 6.0 : 4.0) * est.params, 4.0 * est.params, 8.0 * est.params,
-                    (half ? 2.0 : 4.0) * est.gemm_input_elements + 4.0 * (est.other_elements + est.scratch_elements) +
+                    (half ? 2.0 : 4.0) * est.halvable_elements + 4.0 * (est.other_elements + est.scratch_elements) +
                         (half ? 4.0 * est.mixed_scratch_elements : 0.0)});
   }
   const bool small = rows[0].total() < 1024.0 * 1024.0 * 1024.0;  // MiB below a GiB
@@ -101,9 +104,9 @@ std::string dry_run_report(const ModelConfig& m, int batch, int world) {
     out += fmt::format("  {:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f} {:>8.2f}x\n", r.name, r.weights / unit,
                        r.grads / unit, r.optimizer / unit, r.activations / unit, r.total() / unit,
                        r.total() / rows[0].total());
-  out += fmt::format("  activations: {:.2f} kept for GEMMs only (16-bit under bf16/fp16), {:.2f} other kept, "
+  out += fmt::format("  activations: {:.2f} kept in 16 bits under bf16/fp16, {:.2f} other kept, "
                      "{:.2f} scratch (fp32), +{:.2f} scratch under bf16/fp16\n",
-                     4.0 * est.gemm_input_elements / unit, 4.0 * est.other_elements / unit,
+                     4.0 * est.halvable_elements / unit, 4.0 * est.other_elements / unit,
                      4.0 * est.scratch_elements / unit, 4.0 * est.mixed_scratch_elements / unit);
   return out;
 }

@@ -34,34 +34,35 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     counts_ = k::Index1("Moe::counts", E_);
     offsets_ = k::Index1("Moe::offsets", E_ + 1);
     token_of_ = k::Index1("Moe::token_of", N_ * K_);
-    xe_ = GemmInput<T>("expert_in", N_ * K_, C_, store.type, ws);
-    he_ = activation<T>("expert_h", N_ * K_, 2 * e.ffn);
-    ae_ = GemmInput<T>("expert_a", N_ * K_, e.ffn, store.type, ws);
+    xe_ = KeptActivation<T>("expert_in", N_ * K_, C_, store.type, ws);
+    he_ = KeptActivation<T>("expert_h", N_ * K_, 2 * e.ffn, store.type, ws, 1);  // read with ae_ written: slot 1
+    ae_ = KeptActivation<T>("expert_a", N_ * K_, e.ffn, store.type, ws);
     ye_ = activation<T>("expert_out", N_ * K_, C_);
     bias_ = Buffer<float>("Moe::bias", E_);
     counts_host_.assign(E_, 0);
     offsets_host_.assign(E_ + 1, 0);
   }
-  if (F_ > 0) h_ = activation<T>("ffn_h", N_, 2 * F_), a_ = GemmInput<T>("ffn_a", N_, F_, store.type, ws);
+  if (F_ > 0)
+    h_ = KeptActivation<T>("ffn_h", N_, 2 * F_, store.type, ws, 1), a_ = KeptActivation<T>("ffn_a", N_, F_, store.type, ws);
 }
 
 // out += W2 . swiglu(W13 . x), keeping h = W13 . x and a = swiglu(h)
 template <class T>
-void FeedForward<T>::swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h,
-                                    GemmInput<T>& a) {
-  k::linear_forward<T>(h, x, w13.in(2 * width, C_));
-  k::swiglu_forward<T>(a.target(), h);
-  a.keep();
+void FeedForward<T>::swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width,
+                                    KeptActivation<T>& h, KeptActivation<T>& a) {
+  k::linear_forward<T>(h.target(), x, w13.in(2 * width, C_));
+  k::swiglu_forward<T>(a.target(), h.target());
+  h.keep(), a.keep();
   k::linear_forward<T>(out, a.in(), w2.in(C_, width), T(1));
 }
 
 template <class T>
 void FeedForward<T>::swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2,
-                                     int64_t width, Mat<const T> h, In a, T dx_beta) {
+                                     int64_t width, KeptActivation<T>& h, KeptActivation<T>& a, T dx_beta) {
   const int64_t rows = x.rows;
   auto da = ws_.mat("ffn_da", rows, width), dh = ws_.mat("ffn_dh", rows, 2 * width);
-  k::linear_backward<T>(da, w2.dmat(C_, width), dout, a, w2.in(C_, width));
-  k::swiglu_backward<T>(dh, da, h);
+  k::linear_backward<T>(da, w2.dmat(C_, width), dout, a.in(), w2.in(C_, width));
+  k::swiglu_backward<T>(dh, da, h.values());
   k::linear_backward<T>(dx, w13.dmat(2 * width, C_), dh, x, w13.in(2 * width, C_), dx_beta);
 }
 
@@ -78,7 +79,7 @@ std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const
 
 template <class T>
 void FeedForward<T>::forward(Mat<T> out, In xn) {
-  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_);
+  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
   if (!moe_) return;
   const auto& e = m_.moe;
   const int64_t Fm = e.ffn;
@@ -100,11 +101,11 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(he_.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
+    k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
                          ew1_[x].in(2 * Fm, C_));
   }
-  k::swiglu_forward<T>(ae_.target(), mat(he_, N_ * K_, 2 * Fm));
-  ae_.keep();
+  k::swiglu_forward<T>(ae_.target(), he_.target());
+  he_.keep(), ae_.keep();
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;
@@ -138,11 +139,11 @@ void FeedForward<T>::scale_balance_gradient(double factor) {
 template <class T>
 void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   if (!moe_) {
-    swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_.in(), T(0));
+    swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
     return;
   }
   const int64_t Fm = m_.moe.ffn;
-  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, mat(h_, N_, 2 * F_), a_.in(), T(0));
+  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
   k::combine_backward<T>(dye, dw, dout, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
@@ -155,7 +156,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
                           Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
                           ew2_[x].in(C_, Fm));
   }
-  k::swiglu_backward<T>(dhe, dae, mat(he_, N_ * K_, 2 * Fm));
+  k::swiglu_backward<T>(dhe, dae, he_.values());
   for (int64_t x = 0; x < E_; ++x) {
     const int64_t r0 = offsets_host_[x], n = counts_host_[x];
     if (n == 0) continue;

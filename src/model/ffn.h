@@ -33,9 +33,10 @@ class FeedForward {
   void update_bias(const std::vector<double>& global_load, double gamma);
 
  private:
-  void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, Mat<T> h, GemmInput<T>& a);
+  void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
+                      KeptActivation<T>& a);
   void swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2, int64_t width,
-                       Mat<const T> h, In a, T dx_beta);
+                       KeptActivation<T>& h, KeptActivation<T>& a, T dx_beta);
 
   const ModelConfig m_;
   bool moe_;
@@ -45,10 +46,9 @@ class FeedForward {
   Param<T> gate_;
   std::vector<Param<T>> ew1_, ew2_;            // routed experts
   kernels::GateKind gate_kind_;
-  Buffer<T> h_;                                // dense or shared SwiGLU: (N, 2F) ...
-  GemmInput<T> a_;                             //   and its output (N, F)
-  Buffer<T> logits_, scores_, weights_, he_, ye_, score_grad_;
-  GemmInput<T> xe_, ae_;                       // routed experts' inputs and SwiGLU outputs
+  KeptActivation<T> h_, a_;                    // dense or shared SwiGLU: gate/up (N, 2F), output (N, F)
+  Buffer<T> logits_, scores_, weights_, ye_, score_grad_;
+  KeptActivation<T> xe_, he_, ae_;             // routed experts' inputs, gate/up and SwiGLU outputs
   kernels::Index2 idx_, pos_;
   kernels::Index1 counts_, offsets_, token_of_;
   Buffer<float> bias_;

@@ -3,7 +3,7 @@
 // under mixed precision, into the 16-bit copy of the parameters that GEMMs
 // read), resolved by name once at construction. Workspace: scratch buffers
 // shared by all blocks, allocated at first use and reused every step.
-// GemmInput: an activation kept for GEMMs only, in 16 bits under mixed precision.
+// KeptActivation: an activation kept for the backward, in 16 bits under mixed precision.
 #pragma once
 #include <map>
 #include <string>
@@ -59,28 +59,38 @@ class Workspace {
   std::map<std::string, Buffer<T>> buffers_;
 };
 
-// An activation that, once written, only GEMMs read (a normed input, the
-// attention heads, SwiGLU's output, ...). Under fp32 it is a T buffer. Under
-// bf16/fp16 only its 16-bit copy is kept, which halves its memory: the
-// producing kernel writes T values into target(), a scratch shared by every
-// activation of the same name, and keep() packs them.
+// An activation kept for the backward that GEMMs read (a normed input, the
+// attention heads, SwiGLU's output, ...), or that feeds only SwiGLU (the
+// fused gate/up output). Under fp32 it is a T buffer. Under bf16/fp16 only
+// its 16-bit copy is kept, which halves its memory: the producing kernel
+// writes T values into target(), and keep() packs them.
+// Every KeptActivation shares one scratch per `slot` for its target, as each is
+// packed right after it is written; a kernel that writes several at once
+// (q, k and v) gives each its own slot.
 template <class T>
-class GemmInput {
+class KeptActivation {
  public:
-  GemmInput() = default;
-  GemmInput(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws)
-      : what_("gemm_input:" + what), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
+  KeptActivation() = default;
+  KeptActivation(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws,
+            int slot = 0)
+      : what_("gemm_input:slot" + std::to_string(slot)), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
     if (type == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + what, rows * cols);
     else half_ = Buffer<uint16_t>("Activation::" + what + "(16-bit)", rows * cols);
   }
   bool is_half() const { return type_ != kernels::Precision::fp32; }
   // Where the producer writes T values (valid, under 16 bits, until the next
-  // activation of this name is written).
+  // activation of this slot is written).
   Mat<T> target() { return is_half() ? ws_->mat(what_, rows_, cols_) : Mat<T>(values_.data(), rows_, cols_); }
   void keep() {
     if (is_half()) kernels::pack_half(half_.data(), target().data(), rows_ * cols_, type_);
   }
   uint16_t* half() const { return half_.data(); }  // the kept 16 bits, to be written directly
+  // Its values as T for a kernel that is not a GEMM (SwiGLU's backward): the
+  // buffer itself, or the 16-bit copy unpacked into target().
+  Mat<const T> values() {
+    if (is_half()) kernels::unpack_half(target().data(), half_.data(), rows_ * cols_, type_);
+    return target();
+  }
   kernels::GemmIn<T> in() const {
     if (is_half()) return kernels::GemmIn<T>::of_half(half_.data(), rows_, cols_, type_);
     return kernels::GemmIn<T>(Mat<const T>(values_.data(), rows_, cols_));

@@ -18,10 +18,10 @@ Block<T>::Block(const ModelConfig& m, const ParamStore<T>& store, const std::str
                 Workspace<T>& ws)
     : N_(batch * m.seq), C_(m.dim), eps_(m.norm_eps), ws_(ws), attn_norm_(store(p + "attn_norm")),
       ffn_norm_(store(p + "ffn_norm")), attn_(m, store, p, batch, ws), ffn_(m, store, p, moe, batch, ws) {
-  xn_ = GemmInput<T>("xn", N_, C_, store.type, ws);
+  xn_ = KeptActivation<T>("xn", N_, C_, store.type, ws);
   rstd1_ = activation<T>("rstd1", N_);
   xmid_ = activation<T>("xmid", N_, C_);
-  xn2_ = GemmInput<T>("xn2", N_, C_, store.type, ws);
+  xn2_ = KeptActivation<T>("xn2", N_, C_, store.type, ws);
   rstd2_ = activation<T>("rstd2", N_);
 }
 
@@ -71,7 +71,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
                                                  cfg_.moe.is_moe_layer(l), batch, ws_));
   for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(activation<T>("resid", N_, C));
-  xf_ = GemmInput<T>("xf", N_, C, gemm_type, ws_);
+  xf_ = KeptActivation<T>("xf", N_, C, gemm_type, ws_);
   rstdf_ = activation<T>("rstdf", N_);
   logits_ = activation<T>("logits", N_, V);
   losses_ = activation<T>("losses", N_);
@@ -85,8 +85,8 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.enabled(), batch, ws_);
     for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
-    mod.hf = GemmInput<T>("mtp_hf", N_, C, gemm_type, ws_);
-    mod.cat = GemmInput<T>("mtp_cat", N_, 2 * C, gemm_type, ws_);
+    mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type, ws_);
+    mod.cat = KeptActivation<T>("mtp_cat", N_, 2 * C, gemm_type, ws_);
     mod.logits = activation<T>("mtp_logits", N_, V);
     mod.in = Kokkos::View<int32_t*, MemSpace>("mtp_in", N_);
     mod.target = Kokkos::View<int32_t*, MemSpace>("mtp_target", N_);

@@ -46,7 +46,7 @@ class Block {
   Param<T> attn_norm_, ffn_norm_;
   Attention<T> attn_;
   FeedForward<T> ffn_;
-  GemmInput<T> xn_, xn2_;
+  KeptActivation<T> xn_, xn2_;
   Buffer<T> rstd1_, xmid_, rstd2_;
 };
 
@@ -103,7 +103,7 @@ class Transformer {
     Param<T> hnorm, enorm, proj, norm;
     std::unique_ptr<Block<T>> block;
     Buffer<T> hn, rstd_h, e, en, rstd_e, x0, h, rstd_f, logits, losses;
-    GemmInput<T> cat, hf;
+    KeptActivation<T> cat, hf;
     Kokkos::View<int32_t*, MemSpace> in, target;  // tokens t+d+1 and labels t+d+2 (-1 past the end)
     int64_t labelled = 0;
   };
@@ -117,7 +117,7 @@ class Transformer {
   std::vector<std::unique_ptr<Block<T>>> blocks_;
   std::vector<MtpModule> mtp_;
   std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)
-  GemmInput<T> xf_;
+  KeptActivation<T> xf_;
   Buffer<T> rstdf_, logits_, losses_;
   kernels::Precision gemm_type_ = kernels::Precision::fp32;
   Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty

@@ -1,5 +1,5 @@
 // Mixed precision (deck: precision fp32|bf16|fp16; docs/DYNAMICS.md): every
-// GEMM multiplies 16-bit operands (the model's GemmInputs and a 16-bit copy
+// GEMM multiplies 16-bit operands (the model's KeptActivations and a 16-bit copy
 // of the weights, made once per step from the fp32 master weights that AdamW
 // updates) and accumulates in fp32. Under a loss scaler the backward starts
 // from the scaled loss, a step whose gradients overflowed on any rank is
