@@ -1,4 +1,4 @@
-// The MFU denominator (../shared/MEASURING.md): one core's SGEMM rate on the
+// The MFU denominator (../shared/MEASURING.md): one core's GEMM rate (per precision) on the
 // model's own GEMM shapes, times the number of ranks. A run never measures
 // it; it takes, in this order:
 //   1. the deck's `peak_gflops X`;
