@@ -10,6 +10,7 @@ namespace {
 struct Registry {
   std::vector<std::unique_ptr<GemmBackend>> order;  // auto's order of preference
   GemmBackend* chosen = nullptr;
+  bool widened = false;  // 16-bit products on the fp32 kernel (set_widened_products)
   Registry() {
     if (auto onednn = make_onednn_gemm()) order.push_back(std::move(onednn));
     order.push_back(make_blas_gemm());
@@ -81,6 +82,19 @@ GemmBackend& gemm_backend() {
   return *registry().chosen;
 }
 
+void set_widened_products(bool widened) { registry().widened = widened; }
+
+// Whether `type` runs on the backend's own 16-bit kernel.
+static bool runs_natively(GemmBackend& b, Precision type) {
+  return type == Precision::fp32 || (b.native(type) && !registry().widened);
+}
+
+std::string gemm_kernel(Precision type) {
+  auto& b = gemm_backend();
+  if (runs_natively(b, type) || !b.native(type)) return b.kernel(type);
+  return b.kernel(Precision::fp32) + " (16-bit widened to fp32)";
+}
+
 std::string gemm_report(Precision type) {
   auto& b = gemm_backend();
   std::string line = b.describe();
@@ -93,8 +107,10 @@ std::string gemm_report(Precision type) {
   if (!passed.empty()) line += "; passed over: " + passed;
   if (type != Precision::fp32) {
     const char* t = type == Precision::bf16 ? "bf16" : "fp16";
-    line += b.native(type) ? fmt::format("; {} products run natively", t)
-                           : fmt::format("; {} is EMULATED: operands are widened to fp32 before each GEMM, slower than fp32", t);
+    line += runs_natively(b, type) ? fmt::format("; {} products run natively", t)
+            : b.native(type)
+                ? fmt::format("; {} products widened to fp32 before each GEMM, as the deck asks (products widened)", t)
+                : fmt::format("; {} is EMULATED: operands are widened to fp32 before each GEMM, slower than fp32", t);
   }
   return line;
 }
@@ -112,7 +128,7 @@ void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, M
     return;
   }
   auto& backend = gemm_backend();
-  if (a.type == b.type && (a.type == Precision::fp32 || backend.native(a.type))) {
+  if (a.type == b.type && runs_natively(backend, a.type)) {
     backend.run(a, b, alpha, beta, c.data());
     return;
   }

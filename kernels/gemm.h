@@ -60,6 +60,13 @@ std::unique_ptr<GemmBackend> make_blas_gemm();    // gemm_blas.cpp
 // takes that one or throws std::runtime_error saying why it cannot run.
 void select_gemm_backend(const std::string& choice);
 GemmBackend& gemm_backend();  // selects "auto" when nothing was selected
+// Under mixed precision: multiply 16-bit operands on the backend's fp32
+// kernel, widened first, even where it has a 16-bit one (deck: precision ...
+// products widened). The same products; faster where the 16-bit kernel is slow.
+void set_widened_products(bool widened);
+// The library and kernel that multiply `type` here (GemmBackend::kernel, or
+// the fp32 one when widened): what a peak is measured on.
+std::string gemm_kernel(Precision type);
 // One line for the start-up table: the backend and, under mixed precision,
 // whether products of `type` run natively or are emulated (and slower).
 std::string gemm_report(Precision type);

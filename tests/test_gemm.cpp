@@ -88,8 +88,10 @@ TEST_CASE("gemm: every backend, transpose, alpha and beta matches a double refer
 TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulating in fp32", "[gemm]") {
   for (const auto& name : backends()) {
     BackendChoice choice(name);
+    for (bool widened : {false, true})
     for (auto type : {k::Precision::bf16, k::Precision::fp16}) {
-      CAPTURE(name, int(type), k::gemm_backend().native(type));
+      k::set_widened_products(widened);
+      CAPTURE(name, widened, int(type), k::gemm_backend().native(type));
       const int64_t M = 33, N = 21, K = 70;
       auto a = random_values(M * K, 4), b = random_values(N * K, 5);
       std::vector<uint16_t> a16(a.size()), b16(b.size());
@@ -106,6 +108,7 @@ TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulat
         REQUIRE(c[i] == Approx(want[i]).epsilon(1e-5).margin(1e-5));  // fp32 accumulation, not 16-bit
         REQUIRE(std::bit_cast<uint32_t>(c[i]) == std::bit_cast<uint32_t>(c_again[i]));  // the same bits again
       }
+      k::set_widened_products(false);
     }
   }
 }
@@ -126,6 +129,13 @@ TEST_CASE("gemm: the start-up line names the backend and says how 16-bit product
   CHECK(fp32.rfind(k::gemm_backend().name() + ": ", 0) == 0);
   const bool native = k::gemm_backend().native(k::Precision::bf16);
   CHECK(bf16.find(native ? "bf16 products run natively" : "bf16 is EMULATED") != std::string::npos);
+  if (native) {  // asked to widen: says so, and the kernel is the fp32 one
+    k::set_widened_products(true);
+    CHECK(k::gemm_report(k::Precision::bf16).find("bf16 products widened to fp32") != std::string::npos);
+    CHECK(k::gemm_kernel(k::Precision::bf16) == k::gemm_backend().kernel(k::Precision::fp32) + " (16-bit widened to fp32)");
+    k::set_widened_products(false);
+  }
+  CHECK(k::gemm_kernel(k::Precision::bf16) == k::gemm_backend().kernel(k::Precision::bf16));
   BackendChoice blas("blas");
   CHECK(k::gemm_report(k::Precision::bf16).find("bf16 is EMULATED") != std::string::npos);
   CHECK_FALSE(k::gemm_backend().native(k::Precision::bf16));

@@ -4,7 +4,8 @@
 // the environment of tools/env.sh, as every run has.
 //
 // usage: xx_peak -in DECK [-var NAME VALUE]... [--out FILE] [--trials N] [--seconds S]
-//          [--precision fp32,bf16] [--gemm auto|onednn|blas] [--replace] [--if-missing] [--quiet]
+//          [--precision fp32,bf16] [--gemm auto|onednn|blas] [--products native|widened]
+//          [--replace] [--if-missing] [--quiet]
 //
 // What is timed: on one thread, the GEMM seam (kernels/gemm.h, the backend
 // --gemm chooses, as a deck's `gemm` does) through the model's own calls
@@ -68,11 +69,13 @@ struct Args {
   bool replace = false, if_missing = false, quiet = false;
   std::vector<std::string> precisions = {"fp32", "bf16"};
   std::string gemm = "auto";
+  std::string products = "native";  // as the deck's `precision ... products`
 };
 
 const char* kUsage =
     "usage: xx_peak -in DECK [-var NAME VALUE]... [--out FILE] [--trials N] [--seconds S] "
-    "[--precision fp32,bf16] [--gemm auto|onednn|blas] [--replace] [--if-missing] [--quiet]\n";
+    "[--precision fp32,bf16] [--gemm auto|onednn|blas] [--products native|widened] [--replace] [--if-missing] "
+    "[--quiet]\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "xx_peak: %s\n%s", what.c_str(), kUsage);
@@ -106,6 +109,10 @@ Args parse(int argc, char** argv) {
           at = comma + 1;
         }
       } else if (arg == "--gemm") a.gemm = value(i);
+      else if (arg == "--products") {
+        a.products = value(i);
+        if (a.products != "native" && a.products != "widened") usage_error("--products: expected native or widened");
+      }
       else if (arg == "--replace") a.replace = true;
       else if (arg == "--if-missing") a.if_missing = true;
       else if (arg == "--quiet") a.quiet = true;
@@ -163,7 +170,7 @@ double median(std::vector<double> v) {
 int measure(const Args& a, const xx::Config& cfg, const std::string& precision) {
   const xx::ModelConfig& m = cfg.model;
   const auto type = xx::kernels::precision_from_name(precision);
-  const xx::PeakKey key = xx::this_machine(xx::kernels::gemm_backend().kernel(type), precision);
+  const xx::PeakKey key = xx::this_machine(xx::kernels::gemm_kernel(type), precision);
 
   if (a.if_missing) {
     const auto entry = xx::find_peak_entry(xx::read_peak_file(a.out), key);
@@ -313,6 +320,7 @@ int run(const Args& a) {
   const xx::Program program = xx::build_program(xx::read_deck(a.deck, a.vars), /*check_files=*/false);
   try {
     xx::kernels::select_gemm_backend(a.gemm);
+    xx::kernels::set_widened_products(a.products == "widened");
   } catch (const std::runtime_error& e) {
     usage_error(std::string("--gemm: ") + e.what());
   }

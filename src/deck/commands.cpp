@@ -227,7 +227,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
     Option scale{"loss_scale", &c.precision.loss_scale, {}, {}, "dynamic or a number > 0"};
     return Variant{std::move(kind),
                    {},
-                   {scale, integer("scale_window", &c.precision.scale_window, at_least(1))},
+                   {scale, integer("scale_window", &c.precision.scale_window, at_least(1)),
+                    choice("products", &c.precision.products, {"native", "widened"})},
                    {},
                    [&c](const std::string& where) {
                      const std::string& s = c.precision.loss_scale;
@@ -441,7 +442,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        &c.precision.kind,
        "kind",
        {{"fp32", {}, {}, {}, {}}, precision_variant("bf16"), precision_variant("fp16")},
-       "precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]", Scope::job},
+       "precision fp32 | bf16|fp16 [loss_scale S|dynamic] [scale_window N] [products native|widened]", Scope::job},
       {"lossagg",
        &c.lossagg.kind,
        "kind",

@@ -222,6 +222,10 @@ struct PrecisionConfig {
   std::string kind = "fp32";        // fp32 | bf16 | fp16
   std::string loss_scale = "auto";  // auto: dynamic for fp16, 1 (none) for bf16; dynamic; or a static scale S > 0
   int64_t scale_window = 1000;      // dynamic: clean steps before the scale doubles
+  // native: 16-bit GEMM operands go to the backend's 16-bit kernel; widened:
+  // to its fp32 kernel, widened first (the same products; faster where the
+  // 16-bit kernel is slower, e.g. AVX512_BF16 without AMX on Intel)
+  std::string products = "native";
 };
 
 // lossagg off | mean | robust [trim F] | softmax T | uncertainty

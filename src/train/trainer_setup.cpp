@@ -38,19 +38,20 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   if (rank_ == 0) {
     std::string why_none;
     const auto type = kernels::precision_from_name(cfg_.precision.kind);
-    const PeakKey machine = this_machine(kernels::gemm_backend().kernel(type), cfg_.precision.kind);
+    const PeakKey machine = this_machine(kernels::gemm_kernel(type), cfg_.precision.kind);
     auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), machine, &why_none);
     mfu_ = MfuMeter(std::move(peak), why_none);
     if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
     // 16-bit GEMMs are not faster everywhere (without AMX, some CPUs run
     // bf16 dot products at half the fp32 rate): say so when the peak file knows.
     if (type != kernels::Precision::fp32 && cfg_.peak_gflops == 0 && mfu_.peak_gflops()) {
-      const PeakKey fp32 = this_machine(kernels::gemm_backend().kernel(kernels::Precision::fp32), "fp32");
+      const PeakKey fp32 = this_machine(kernels::gemm_kernel(kernels::Precision::fp32), "fp32");
       if (auto f = resolve_peak(0, default_peak_file(), fp32); f && f->gflops_per_core > *mfu_.peak_gflops())
         log_->console(fmt::format("note: on this CPU {} GEMMs reach {:.1f} GFLOP/s per core, fp32 ones {:.1f} ({}): "
-                                  "{} saves activation memory here, not time",
+                                  "{} saves activation memory here, not time ('precision {} products widened' "
+                                  "multiplies on the fp32 kernel)",
                                   cfg_.precision.kind, *mfu_.peak_gflops(), f->gflops_per_core, default_peak_file(),
-                                  cfg_.precision.kind));
+                                  cfg_.precision.kind, cfg_.precision.kind));
     }
   }
 }
@@ -85,6 +86,7 @@ void Trainer::load_data() {
 
 void Trainer::build_model() {
   comm_ops_ = std::make_unique<Communicator>(comm_, sparse_transport(program_.phases));
+  kernels::set_widened_products(cfg_.precision.products == "widened");
   try {
     kernels::select_gemm_backend(cfg_.gemm);
   } catch (const std::runtime_error& e) {

@@ -7,7 +7,9 @@
 #  - accuracy: 200 steps of input/deepseek-tiny.deck in bf16 reach a
 #    validation loss within 1% of fp32's, from the same seeds;
 #  - start-up names the GEMM kernel, and says whether bf16 runs natively or
-#    is emulated; `gemm blas` runs bf16 emulated and says so.
+#    is emulated; `gemm blas` runs bf16 emulated and says so;
+#  - `precision bf16 products widened` (the fp32 kernel) is deterministic and
+#    agrees with native bf16 to rounding.
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 root="$here/../.."
@@ -50,6 +52,18 @@ curve "$T/blas/metrics.jsonl" "$T/blas.jsonl"
 # Emulated bf16 multiplies the same 16-bit values in fp32: the curves agree to rounding.
 said=$(/usr/bin/python3 "$here/../golden/compare.py" close "$T/bf16-1-a.jsonl" "$T/blas.jsonl") ||
   fail "bf16 on blas (emulated) and on the default backend disagree: $said"
+
+begin "bf16 products widened to the fp32 kernel: deterministic, and the same curve to rounding"
+sed 's/^precision bf16$/precision bf16 products widened/' "$T/bf16.deck" >"$T/bf16-widened.deck"
+for r in a b; do
+  run_xx 2 -in "$T/bf16-widened.deck" -var data "$data" -var run_dir "$T/widened-$r"
+  check [ "$RC" -eq 0 ] || { fail "run $r: exit code $RC"; show_run; }
+  curve "$T/widened-$r/metrics.jsonl" "$T/widened-$r.jsonl"
+done
+check grep -Eq '^  gemm .*bf16 (products widened to fp32|is EMULATED)' "$T/out" || fail "the gemm row does not say bf16 is widened"
+check cmp -s "$T/widened-a.jsonl" "$T/widened-b.jsonl" || fail "two widened runs differ"
+said=$(/usr/bin/python3 "$here/../golden/compare.py" close "$T/bf16-2-a.jsonl" "$T/widened-a.jsonl") ||
+  fail "widened and native bf16 disagree: $said"
 
 begin "200 steps of deepseek-tiny: bf16's validation loss within 1% of fp32's"
 for p in fp32 bf16; do
