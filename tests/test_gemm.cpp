@@ -88,8 +88,8 @@ TEST_CASE("gemm: every backend, transpose, alpha and beta matches a double refer
 TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulating in fp32", "[gemm]") {
   for (const auto& name : backends()) {
     BackendChoice choice(name);
-    for (bool widened : {false, true})
-    for (auto type : {k::Precision::bf16, k::Precision::fp16}) {
+    for (auto [widened, type] : {std::pair{false, k::Precision::bf16}, std::pair{false, k::Precision::fp16},
+                                 std::pair{true, k::Precision::bf16}, std::pair{true, k::Precision::fp16}}) {
       k::set_widened_products(widened);
       CAPTURE(name, widened, int(type), k::gemm_backend().native(type));
       const int64_t M = 33, N = 21, K = 70;
