@@ -63,7 +63,6 @@ GemmOperand widened(const GemmOperand& m, int slot) {
 
 void select_gemm_backend(const std::string& choice) {
   auto& r = registry();
-  std::string passed;
   for (auto& b : r.order) {
     if (choice != "auto" && choice != b->name()) continue;
     if (b->available()) {
@@ -91,7 +90,7 @@ static bool runs_natively(GemmBackend& b, Precision type) {
 
 std::string gemm_kernel(Precision type) {
   auto& b = gemm_backend();
-  if (runs_natively(b, type) || !b.native(type)) return b.kernel(type);
+  if (runs_natively(b, type)) return b.kernel(type);
   return b.kernel(Precision::fp32) + " (16-bit widened to fp32)";
 }
 

@@ -47,8 +47,9 @@ class GemmBackend {
   virtual std::string unavailable_reason() const = 0;
   // True when products of `type` run without widening to fp32 first.
   virtual bool native(Precision type) const = 0;
-  // The library and kernel that multiply `type` here, e.g. "oneDNN 2.6.3
-  // brg:avx512_core_bf16": what a GEMM peak is measured on (io/peak_file.h).
+  // The library and kernel that multiply `type` (fp32, or a type native()
+  // holds), e.g. "oneDNN 2.6.3 brg:avx512_core_bf16"; gemm_kernel() below
+  // names what runs any type: what a GEMM peak is measured on (io/peak_file.h).
   virtual std::string kernel(Precision type) const = 0;
   virtual void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) = 0;
 };

@@ -31,11 +31,10 @@ class BlasGemm : public GemmBackend {
   std::string unavailable_reason() const override { return ""; }
   bool native(Precision type) const override { return type == Precision::fp32; }
   // OpenBLAS's build and the core it chose (OPENBLAS_CORETYPE changes it).
-  std::string kernel(Precision type) const override {
+  std::string kernel(Precision) const override {
     if (!std::is_same_v<ExecSpace, Kokkos::DefaultHostExecutionSpace>) return "cuBLAS";
     const std::string config = blas_string("openblas_get_config"), core = blas_string("openblas_get_corename");
-    std::string k = config.empty() ? "BLAS (not OpenBLAS, unidentified)" : config + (core.empty() ? "" : ", core " + core);
-    return type == Precision::fp32 ? k : k + " (16-bit widened to fp32)";
+    return config.empty() ? "BLAS (not OpenBLAS, unidentified)" : config + (core.empty() ? "" : ", core " + core);
   }
   void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {
     Mat<const float> A(static_cast<const float*>(a.data), a.rows, a.cols);

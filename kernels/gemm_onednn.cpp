@@ -79,9 +79,8 @@ class OnednnGemm : public GemmBackend {
 
   std::string name() const override { return "onednn"; }
   std::string describe() const override {
-    const auto v = dnnl::version();
-    return fmt::format("onednn: oneDNN {}.{}.{} matmul, 1 thread, fp32 {}, bf16 {}, fp16 {}", v->major, v->minor,
-                       v->patch, impl_[0], impl_[1], impl_[2].empty() ? "none" : impl_[2]);
+    return fmt::format("onednn: {} matmul, 1 thread, fp32 {}, bf16 {}, fp16 {}", library(), impl_[0], impl_[1],
+                       impl_[2].empty() ? "none" : impl_[2]);
   }
   bool available() const override { return available_; }
   std::string unavailable_reason() const override { return reason_; }
@@ -96,11 +95,7 @@ class OnednnGemm : public GemmBackend {
            impl.find("amx") != std::string::npos;
   }
 
-  std::string kernel(Precision p) const override {
-    const auto v = dnnl::version();
-    const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
-    return native(p) ? lib + " " + impl_[int(p)] : lib + " " + impl_[0] + " (16-bit widened to fp32)";
-  }
+  std::string kernel(Precision p) const override { return library() + " " + impl_[int(p)]; }
 
   void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {
     const bool varying = a.varying || b.varying;
@@ -124,6 +119,11 @@ class OnednnGemm : public GemmBackend {
 
  private:
   static constexpr size_t kMaxShapes = 1024;
+
+  static std::string library() {
+    const auto v = dnnl::version();
+    return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+  }
 
   // op(a) (M, K) and op(b) (K, N) read row-major storage: a transposed
   // operand is the same memory with its strides swapped. A size of -1 is

@@ -9,8 +9,8 @@ namespace xx {
 
 // Elements of activations: {16 bits under mixed precision, the others}.
 struct Kept {
-  int64_t gemm = 0, other = 0;
-  Kept& operator+=(const Kept& k) { return gemm += k.gemm, other += k.other, *this; }
+  int64_t half = 0, other = 0;
+  Kept& operator+=(const Kept& k) { return half += k.half, other += k.other, *this; }
 };
 
 // Mirrors the buffers Block, Attention, FeedForward and Transformer allocate
@@ -20,19 +20,19 @@ static Kept block_activations(const ModelConfig& m, bool moe, int64_t B) {
   const auto& a = m.attention;
   kernels::CausalBlocks blocks(T, 64);
   Kept k;
-  k.gemm = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
-  k.gemm += B * H * T * (2 * qk + vd) + B * H * blocks.per_head() + N * H * vd;  // q, k, v, probabilities, o
+  k.half = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
+  k.half += B * H * T * (2 * qk + vd) + B * H * blocks.per_head() + N * H * vd;  // q, k, v, probabilities, o
   k.other += T * (a.mla() ? a.rope_dim : qk);                                    // rope tables
   if (a.mla()) {
-    k.gemm += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
+    k.half += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
     k.other += N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? N * a.q_lora_rank + N : 0);  // c, krope, qa
   }
-  if (!moe) return k.gemm += 3 * N * m.ffn, k;                                  // h (2F), a (F)
+  if (!moe) return k.half += 3 * N * m.ffn, k;                                  // h (2F), a (F)
   const auto& e = m.moe;
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
-  k.gemm += 3 * N * e.shared * Fm;                                               // shared experts' h, a
+  k.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
   k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
-  k.gemm += N * K * (C + 3 * Fm);                                                // expert in, h, a
+  k.half += N * K * (C + 3 * Fm);                                                // expert in, h, a
   k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
   return k;
 }
@@ -49,15 +49,15 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
     kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
     kept += block_activations(m, m.moe.enabled(), B);
   }
-  est.halvable_elements = kept.gemm;
+  est.halvable_elements = kept.half;
   est.other_elements = kept.other;
   // Scratch shared by the blocks: one block's largest gradients at once.
   const int64_t F = std::max<int64_t>(m.ffn, m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0);
   est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * F) + 64 * T;
-  // Mixed precision: the 32-bit targets KeptActivations are written through (slot
-  // 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and with
-  // slot 2 for k and v), the
-  // 16-bit copies of output gradients (half an element each) and a softmax block.
+  // Mixed precision: the 32-bit targets KeptActivations are written through
+  // (slot 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and
+  // with slot 2 for k and v), the 16-bit copies of output gradients (half an
+  // element each) and a softmax block.
   const int64_t BHT = B * m.heads * T, Fm = m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0;
   const int64_t slot0 = std::max({N * 2 * C * (m.mtp.depth > 0), BHT * m.qk_dim(), N * m.heads * m.v_dim(), N * m.ffn,
                                   N * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
@@ -80,8 +80,8 @@ std::string dry_run_report(const ModelConfig& m, int batch, int world) {
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(m, layout));
   out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", batch, m.seq, world);
   // Master weights, gradients and AdamW moments stay fp32. 16-bit runs add a
-  // 16-bit copy of the weights for the GEMMs, keep the activations only GEMMs
-  // read in 16 bits, and write those through 32-bit scratch.
+  // 16-bit copy of the weights for the GEMMs, keep the halvable activations in
+  // 16 bits, and write those through 32-bit scratch.
   struct Row {
     const char* name;
     double weights, grads, optimizer, activations;

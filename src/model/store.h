@@ -73,7 +73,7 @@ class KeptActivation {
   KeptActivation() = default;
   KeptActivation(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws,
             int slot = 0)
-      : what_("gemm_input:slot" + std::to_string(slot)), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
+      : what_("kept:slot" + std::to_string(slot)), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
     if (type == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + what, rows * cols);
     else half_ = Buffer<uint16_t>("Activation::" + what + "(16-bit)", rows * cols);
   }
