@@ -19,6 +19,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/seeding.h"
+#include "data/tokenizer.h"
 #include "deck/deck.h"
 #include "temp_dir.h"
 
@@ -85,30 +86,43 @@ TEST_CASE("bytes corpus errors: empty, missing file, unknown format", "[data]") 
   CHECK_THAT(m, Catch::Contains("unknown corpus format 'shards'") && Catch::Contains("did you mean 'shard'"));
 }
 
-TEST_CASE("shard round-trip with 2- and 4-byte tokens", "[data]") {
+TEST_CASE("shard round-trip with 2- and 4-byte tokens, versions 2 and 1", "[data]") {
   TempDir tmp;
-  for (int width : {2, 4}) {
-    const int32_t vocab = width == 2 ? 65536 : 100000;
-    const std::vector<int32_t> tokens = {0, 1, 255, 256, 4660, vocab - 1, 7};
-    const std::string path = tmp.file(fmt::format("w{}.bin", width));
-    write_shard(path, tokens, vocab, width);
+  for (int version : {2, 1})
+    for (int width : {2, 4}) {
+      const int32_t vocab = width == 2 ? 65536 : 100000;
+      const std::vector<int32_t> tokens = {0, 1, 255, 256, 4660, vocab - 1, 7};
+      const std::string path = tmp.file(fmt::format("v{}w{}.bin", version, width));
+      const ShardInfo info{0x0123456789abcdefull, 12345};
+      write_shard(path, tokens, vocab, width, info, version);
 
-    // The layout on disk, read independently of the loader.
-    const auto raw = read_bytes(path);
-    REQUIRE(raw.size() == 32 + tokens.size() * width);
-    CHECK(std::string(raw.begin(), raw.begin() + 8) == "XXTOKENS");
-    CHECK(raw[8] == 1);
-    CHECK(raw[12] == width);
-    CHECK(raw[16] == tokens.size());
-    CHECK(raw[24 + 2] == ((uint32_t(vocab) >> 16) & 0xff));
-    CHECK((raw[32 + 4 * width] | raw[32 + 4 * width + 1] << 8) == 4660);  // little-endian 0x1234
-    CHECK(!fs::exists(path + ".tmp." + std::to_string(::getpid())));
+      // The layout on disk, read independently of the loader.
+      const size_t header = version == 2 ? 64 : 32;
+      const auto raw = read_bytes(path);
+      REQUIRE(raw.size() == header + tokens.size() * width);
+      CHECK(std::string(raw.begin(), raw.begin() + 8) == "XXTOKENS");
+      CHECK(raw[8] == version);
+      CHECK(raw[12] == width);
+      CHECK(raw[16] == tokens.size());
+      CHECK(raw[24 + 2] == ((uint32_t(vocab) >> 16) & 0xff));
+      CHECK((raw[header + 4 * width] | raw[header + 4 * width + 1] << 8) == 4660);  // little-endian 0x1234
+      if (version == 2) {
+        CHECK(raw[32] == 0xef);  // tokenizer hash, little-endian
+        CHECK(raw[39] == 0x01);
+        CHECK((raw[40] | raw[41] << 8) == 12345);  // text bytes
+        CHECK(std::all_of(raw.begin() + 48, raw.begin() + 64, [](unsigned char b) { return b == 0; }));
+      }
+      CHECK(!fs::exists(path + ".tmp." + std::to_string(::getpid())));
 
-    const Corpus c = Corpus::load(path, "shard");
-    CHECK(c.vocab() == vocab);
-    REQUIRE(c.size() == int64_t(tokens.size()));
-    for (size_t i = 0; i < tokens.size(); ++i) CHECK(c.token(int64_t(i)) == tokens[i]);
-  }
+      const Corpus c = Corpus::load(path, "shard");
+      CHECK(c.vocab() == vocab);
+      REQUIRE(c.files().size() == 1);
+      CHECK(c.files()[0].version() == version);
+      CHECK(c.files()[0].info().tokenizer_hash == (version == 2 ? info.tokenizer_hash : 0));
+      CHECK(c.files()[0].info().text_bytes == (version == 2 ? info.text_bytes : 0));
+      REQUIRE(c.size() == int64_t(tokens.size()));
+      for (size_t i = 0; i < tokens.size(); ++i) CHECK(c.token(int64_t(i)) == tokens[i]);
+    }
 }
 
 TEST_CASE("shard errors name the file and the offset", "[data]") {
@@ -131,29 +145,35 @@ TEST_CASE("shard errors name the file and the offset", "[data]") {
   std::string m = broken("magic.bin", [](auto& b) { std::copy_n("ABCDEFGH", 8, b.begin()); });
   CHECK_THAT(m, Contains(tmp.file("magic.bin") + ": offset 0: bad magic 'ABCDEFGH' (expected 'XXTOKENS'"));
 
-  m = broken("version.bin", [](auto& b) { put_u32(b, 8, 2); });
-  CHECK_THAT(m, Contains(tmp.file("version.bin") + ": offset 8:") && Contains("version 2"));
+  m = broken("version.bin", [](auto& b) { put_u32(b, 8, 3); });
+  CHECK_THAT(m, Contains(tmp.file("version.bin") + ": offset 8:") && Contains("version 3 (expected 1 or 2)"));
 
   m = broken("width.bin", [](auto& b) { put_u32(b, 12, 3); });
   CHECK_THAT(m, Contains(tmp.file("width.bin") + ": offset 12:") && Contains("expected 2 or 4"));
 
-  m = broken("short.bin", [](auto& b) { b.resize(32 + 100 * 2 + 1); });
-  CHECK_THAT(m, Contains(tmp.file("short.bin") + ": offset 32: file holds 100 tokens, header says 200"));
+  m = broken("short.bin", [](auto& b) { b.resize(64 + 100 * 2 + 1); });
+  CHECK_THAT(m, Contains(tmp.file("short.bin") + ": offset 264: file holds 100 tokens, header says 200"));
+
+  m = broken("short_header.bin", [](auto& b) { b.resize(40); });
+  CHECK_THAT(m, Contains(tmp.file("short_header.bin") + ": offset 40:") && Contains("64-byte version-2 shard header"));
 
   m = broken("header.bin", [](auto& b) { b.resize(20); });
   CHECK_THAT(m, Contains(tmp.file("header.bin") + ": offset 20:") && Contains("32-byte shard header"));
 
-  m = broken("vocab.bin", [](auto& b) { b[32 + 5 * 2] = 250; });  // token 5 := 250 = vocab
-  CHECK_THAT(m, Contains(tmp.file("vocab.bin") + ": offset 42:") && Contains("token 250"));
+  m = broken("vocab.bin", [](auto& b) { b[64 + 5 * 2] = 250; });  // token 5 := 250 = vocab
+  CHECK_THAT(m, Contains(tmp.file("vocab.bin") + ": offset 74:") && Contains("token 250"));
 
   m = broken("trailing.bin", [](auto& b) { b.push_back(0); });
-  CHECK_THAT(m, Contains(tmp.file("trailing.bin") + ": offset 432:"));
+  CHECK_THAT(m, Contains(tmp.file("trailing.bin") + ": offset 464:"));
 
   m = broken("count.bin", [](auto& b) { std::fill(b.begin() + 16, b.begin() + 24, 0); });
   CHECK_THAT(m, Contains(tmp.file("count.bin") + ": offset 16:"));
 
   m = broken("reserved.bin", [](auto& b) { put_u32(b, 28, 9); });
   CHECK_THAT(m, Contains(tmp.file("reserved.bin") + ": offset 28:"));
+
+  m = broken("reserved2.bin", [](auto& b) { b[50] = 1; });
+  CHECK_THAT(m, Contains(tmp.file("reserved2.bin") + ": offset 50: reserved byte is 1 (expected 0)"));
 
   CHECK_THROWS_AS(write_shard(tmp.file("bad.bin"), {1, 2}, 256, 3), InputError);
   CHECK_THROWS_AS(write_shard(tmp.file("bad.bin"), {1, 256}, 256, 2), InputError);
@@ -675,4 +695,188 @@ TEST_CASE("sampler: another world size continues the epoch without skipping or r
   // independent streams cannot be continued by another world.
   o.shuffle = Shuffle::independent, o.start = {0, 10};
   REQUIRE_THROWS_AS(DistributedSampler(N, 3, 1, o), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------
+// many shards: one corpus of memory-mapped files (data shard 'DIR/*.bin')
+
+namespace {
+
+// Three shards whose tokens are their flat index in the concatenation, so a
+// window's tokens say where it came from. 12 + 7 + 28 = 47 windows of seq 8.
+struct ShardsFixture {
+  TempDir tmp;
+  int64_t seq = 8;
+  std::vector<int64_t> lengths = {101, 57, 230};
+  Corpus corpus;
+  ShardsFixture() {
+    int32_t next = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      std::vector<int32_t> t(size_t(lengths[s]));
+      for (auto& x : t) x = next++;
+      write_shard(tmp.file(fmt::format("train_{:04d}.bin", s)), t, 100000, 4);
+    }
+    corpus = Corpus::load(tmp.file("train_*.bin"), "shard");
+  }
+  int64_t shard_of(int32_t flat) const {
+    int64_t s = 0, end = lengths[0];
+    while (flat >= end) end += lengths[size_t(++s)];
+    return s;
+  }
+  // The window a batch row holds, from its first token; checks it stays in one shard.
+  int64_t window_of(const int32_t* inputs, const int32_t* targets) const {
+    const int32_t first = inputs[0];
+    for (int64_t t = 0; t < seq; ++t) {
+      REQUIRE(inputs[t] == first + t);
+      REQUIRE(targets[t] == first + t + 1);
+    }
+    REQUIRE(shard_of(first) == shard_of(first + int32_t(seq)));  // never spans two shards
+    for (int64_t w = 0; w < corpus.windows(seq); ++w)
+      if (corpus.window_start(w, seq) == first) return w;
+    FAIL("no window starts at token " << first);
+    return -1;
+  }
+  // Every window of one epoch of `world` ranks' loaders, batch 1.
+  std::multiset<int64_t> epoch(int world, const SamplerOptions& o, int64_t per_rank = -1) const {
+    std::multiset<int64_t> seen;
+    for (int r = 0; r < world; ++r) {
+      DistributedSampler s(corpus.windows(seq), world, r, o);
+      const int64_t n = per_rank >= 0 ? per_rank : s.per_rank_per_epoch();
+      BatchLoader loader(corpus, s, 0, 1, seq, 2, 3, 0);
+      for (int64_t i = 0; i < n; ++i) {
+        const Batch b = loader.next();
+        seen.insert(window_of(b.inputs.data(), b.targets.data()));
+      }
+    }
+    return seen;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shards: a glob in name order, windows cut per shard, tokens as the files hold them", "[data]") {
+  ShardsFixture f;
+  REQUIRE(f.corpus.files().size() == 3);
+  for (size_t s = 0; s < 3; ++s) CHECK(f.corpus.files()[s].path() == f.tmp.file(fmt::format("train_{:04d}.bin", s)));
+  CHECK(f.corpus.size() == 101 + 57 + 230);
+  CHECK(f.corpus.windows(f.seq) == 12 + 7 + 28);
+  // Window 12 is the second shard's first: it starts at token 101, not 96.
+  CHECK(f.corpus.window_start(11, f.seq) == 88);
+  CHECK(f.corpus.window_start(12, f.seq) == 101);
+  CHECK(f.corpus.window_start(19, f.seq) == 158);
+  for (int64_t w = 0; w < f.corpus.windows(f.seq); ++w) {
+    std::vector<int32_t> t(size_t(f.seq + 1));
+    f.corpus.read_window(w, f.seq, t.data());
+    for (int64_t i = 0; i <= f.seq; ++i) REQUIRE(t[size_t(i)] == f.corpus.window_start(w, f.seq) + i);
+  }
+  for (int64_t i = 0; i < f.corpus.size(); i += 13) CHECK(f.corpus.token(i) == i);
+  CHECK_THROWS_AS(f.corpus.read_window(47, f.seq, std::vector<int32_t>(9).data()), std::out_of_range);
+  // validation: a split over all shards takes its windows from the last ones
+  const WindowSplit split = split_windows(f.corpus, f.seq, 0.1);
+  CHECK(split.train_windows + split.valid_windows == 47);
+  CHECK(split.valid_windows == 5);
+}
+
+TEST_CASE("shards: the sampler, chaos shuffle, common pool and another world size keep their guarantees", "[data]") {
+  ShardsFixture f;
+  const int64_t N = f.corpus.windows(f.seq);
+  for (Shuffle shuffle : {Shuffle::fixed, Shuffle::chaos}) {
+    INFO(shuffle_name(shuffle));
+    SamplerOptions o;
+    o.shuffle = shuffle, o.seed = shuffle == Shuffle::fixed ? 7 : 0xc4a05;
+    // One epoch at 3 ranks: every window of every shard, the padding the only repeats.
+    const auto seen = f.epoch(3, o);
+    CHECK(int64_t(std::set<int64_t>(seen.begin(), seen.end()).size()) == N);
+    CHECK(int64_t(seen.size()) - N < 3);
+
+    // Resumed at another world size mid-epoch: 3 ranks took 5 windows each, 2 ranks finish the epoch.
+    const int64_t k = 5;
+    auto part = f.epoch(3, o, k);
+    o.start = DistributedSampler(N, 3, 0, o).after(k);
+    REQUIRE(o.start.position == 3 * k);
+    const int64_t left = (N - o.start.position + 1) / 2;
+    const auto rest = f.epoch(2, o, left);
+    part.insert(rest.begin(), rest.end());
+    CHECK(int64_t(std::set<int64_t>(part.begin(), part.end()).size()) == N);
+    CHECK(int64_t(part.size()) - N < 2);
+  }
+  // The common pool draws windows from every shard; each pool sample is a
+  // whole window of one shard (window_of checks) and the shards stay disjoint.
+  SamplerOptions o;
+  o.shuffle = Shuffle::chaos, o.seed = 99, o.common = 0.3, o.common_rate = 0.25;
+  DistributedSampler s(N, 2, 0, o);
+  std::set<int64_t> shards_hit;
+  for (int64_t w : s.pool_windows()) shards_hit.insert(f.shard_of(int32_t(f.corpus.window_start(w, f.seq))));
+  CHECK(shards_hit.size() == 3);
+  BatchLoader loader(f.corpus, s, 0, 1, f.seq, 0, 1, 0);
+  int64_t pooled = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    const Batch b = loader.next();
+    const int64_t w = f.window_of(b.inputs.data(), b.targets.data());
+    const Sample sample = DistributedSampler(N, 2, 0, o).sample(i);
+    CHECK(w == sample.window);
+    pooled += sample.pool_slot >= 0;
+  }
+  CHECK(pooled == 10);  // 40 * 0.25
+}
+
+TEST_CASE("shards: no match, one truncated shard among many, tokenizers that disagree", "[data]") {
+  ShardsFixture f;
+  using Catch::Contains;
+  std::string m = load_error(f.tmp.file("nothing_*.bin"), "shard");
+  CHECK_THAT(m, Contains(f.tmp.file("nothing_*.bin") + ": the shard pattern matches no file"));
+
+  // train_0001.bin cut in the middle of its tokens: named, with the offset where its data stops.
+  auto raw = read_bytes(f.tmp.file("train_0001.bin"));
+  raw.resize(64 + 4 * 30 + 2);
+  write_bytes(f.tmp.file("train_0001.bin"), raw);
+  m = load_error(f.tmp.file("train_*.bin"), "shard");
+  CHECK_THAT(m, Contains(f.tmp.file("train_0001.bin") + ": offset 184: file holds 30 tokens, header says 57"));
+
+  // Shards of two tokenizers, and a shard that is not the deck tokenizer's.
+  TempDir tmp;
+  std::ofstream(tmp.file("tok.model")) << "not really a model, but it hashes";
+  const uint64_t h = tokenizer_hash(tmp.file("tok.model"));
+  write_shard(tmp.file("a_0.bin"), {1, 2, 3}, 256, 2, {h, 3});
+  write_shard(tmp.file("a_1.bin"), {1, 2, 3}, 256, 2, {h + 1, 3});
+  const Corpus two = Corpus::load(tmp.file("a_*.bin"), "shard");
+  const auto bytes = load_tokenizer("");
+  auto check_error = [&](const Corpus& c, const std::string& tok, int32_t vocab) {
+    try {
+      check_tokenizer(c, tok, *bytes, vocab, "deck:3");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  m = check_error(two, "", 256);
+  CHECK_THAT(m, Contains(tmp.file("a_1.bin")) && Contains(tmp.file("a_0.bin")) &&
+                    Contains(fmt::format("{:#018x}", h + 1)) && Contains(fmt::format("{:#018x}", h)));
+  m = check_error(two, tmp.file("tok.model"), 256);
+  CHECK_THAT(m, Contains(tmp.file("a_1.bin")) && Contains(tmp.file("tok.model")) &&
+                    Contains(fmt::format("{:#018x}", h + 1)) && Contains(fmt::format("{:#018x}", h)));
+  m = check_error(Corpus::load(tmp.file("a_0.bin"), "shard"), tmp.file("tok.model"), 512);
+  CHECK_THAT(m, Contains("deck:3: model vocab 512") && Contains(tmp.file("tok.model") + " has vocab 256"));
+  CHECK(check_error(Corpus::load(tmp.file("a_0.bin"), "shard"), tmp.file("tok.model"), 256) == "no error");
+  // A version-1 shard has no hash to check: only its vocab.
+  write_shard(tmp.file("v1.bin"), {1, 2, 3}, 300, 2, {}, 1);
+  m = check_error(Corpus::load(tmp.file("v1.bin"), "shard"), tmp.file("tok.model"), 256);
+  CHECK_THAT(m, Contains(tmp.file("v1.bin") + ": vocab 300 in its header") && Contains("has vocab 256"));
+}
+
+TEST_CASE("tokenizer: bytes, and the FNV-1a hash shards record", "[data]") {
+  const auto bytes = load_tokenizer("");
+  const std::string text = "h\xc3\xa9llo\n";
+  const auto ids = bytes->encode(text);
+  CHECK(ids.size() == text.size());
+  CHECK(ids[1] == 0xc3);
+  CHECK(bytes->decode(ids) == text);
+  CHECK(bytes->bytes_of(200) == 1);
+  TempDir tmp;
+  std::ofstream(tmp.file("a")) << "a";
+  // FNV-1a 64 of "a", the published test vector.
+  CHECK(tokenizer_hash(tmp.file("a")) == 0xaf63dc4c8601ec8cull);
+  CHECK_THROWS_AS(tokenizer_hash(tmp.file("missing")), InputError);
+  CHECK_THROWS_AS(load_tokenizer(tmp.file("missing")), InputError);
+  CHECK_THROWS_AS(load_tokenizer(tmp.file("a")), InputError);  // not a SentencePiece model
 }

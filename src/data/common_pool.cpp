@@ -14,9 +14,10 @@ CommonPool::CommonPool(MPI_Comm comm, const Corpus& corpus, const std::vector<in
                                 std::to_string(seq) + " (expected at least one window, seq >= 1)");
   // Checked on every rank before any collective (the list is the same everywhere).
   for (int64_t w : windows)
-    if (w < 0 || w * seq + seq >= corpus.size())
+    if (w < 0 || w >= corpus.windows(seq))
       throw std::out_of_range("CommonPool: window " + std::to_string(w) + " of " + std::to_string(seq) +
-                              "+1 tokens is past the " + std::to_string(corpus.size()) + " tokens of " + corpus.path());
+                              "+1 tokens is past the " + std::to_string(corpus.windows(seq)) + " windows of " +
+                              corpus.path());
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   // 1. The node: keyed by rank, so global rank 0 is its node's leader.
@@ -41,10 +42,7 @@ CommonPool::CommonPool(MPI_Comm comm, const Corpus& corpus, const std::vector<in
   // 3. Global rank 0 fills its copy; the other leaders receive it.
   MPI_Win_fence(0, win_);
   if (rank == 0) {
-    for (int64_t i = 0; i < windows_; ++i) {
-      const int64_t start = windows[size_t(i)] * seq;
-      for (int64_t t = 0; t <= seq; ++t) base_[i * (seq + 1) + t] = corpus.token(start + t);
-    }
+    for (int64_t i = 0; i < windows_; ++i) corpus.read_window(windows[size_t(i)], seq, base_ + i * (seq + 1));
   }
   if (leader) {
     // MPI counts are int: send in chunks of at most INT_MAX/2 tokens.

@@ -1,16 +1,18 @@
-// Corpus loading (bytes and shard formats), shard writing, and the window split.
-// The shard layout is documented in docs/DATA.md; all integers are little-endian
-// and decoded byte by byte so the reader does not depend on the host.
+// Corpus loading (bytes and shard formats, one file or many), shard writing,
+// and the window split. The shard layout is documented in docs/DATA.md; all
+// integers are little-endian and decoded byte by byte so the reader does not
+// depend on the host.
 #include "data/corpus.h"
 #include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include "core/error.h"
 
@@ -19,16 +21,7 @@ namespace xx {
 namespace {
 
 constexpr char kMagic[] = "XXTOKENS";  // 8 bytes, no terminator in the file
-constexpr uint32_t kVersion = 1;
-constexpr int64_t kHeaderBytes = 32;
-
-std::vector<unsigned char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) input_error("{}: cannot open for reading ({})", path, std::strerror(errno));
-  std::vector<unsigned char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) input_error("{}: read failed ({})", path, std::strerror(errno));
-  return data;
-}
+constexpr int64_t kHeaderV1 = 32, kHeaderV2 = 64;
 
 uint64_t get_le(const unsigned char* p, int bytes) {
   uint64_t v = 0;
@@ -48,33 +41,74 @@ std::string printable(const unsigned char* p, int n) {
   return s;
 }
 
+const int64_t kPage = ::sysconf(_SC_PAGESIZE);
+
 }  // namespace
 
-Corpus Corpus::load(const std::string& path, const std::string& format) {
+// A read-only mapping of a whole file, unmapped with its last TokenFile.
+struct TokenFile::Mapping {
+  const unsigned char* data = nullptr;
+  int64_t bytes = 0;
+  ~Mapping() {
+    if (data) ::munmap(const_cast<unsigned char*>(data), size_t(bytes));
+  }
+  // Pages covering [begin, begin + n) go back to the page cache: a window
+  // once copied costs no resident memory.
+  void release(int64_t begin, int64_t n) const {
+    const int64_t lo = begin / kPage * kPage, hi = std::min(bytes, begin + n);
+    if (hi > lo) ::madvise(const_cast<unsigned char*>(data) + lo, size_t(hi - lo), MADV_DONTNEED);
+  }
+};
+
+TokenFile TokenFile::open(const std::string& path, const std::string& format, bool check_tokens) {
   if (format != "bytes" && format != "shard")
     input_error("{}: unknown corpus format '{}' (expected 'bytes' or 'shard'){}", path, format,
                 did_you_mean(format, {"bytes", "shard"}));
-  const std::vector<unsigned char> data = read_file(path);
-  Corpus c;
-  c.path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) input_error("{}: cannot open for reading ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    input_error("{}: not a regular file (expected a {} file)", path, format == "bytes" ? "text" : "shard");
+  }
+  auto map = std::make_shared<Mapping>();
+  map->bytes = int64_t(st.st_size);
+  if (map->bytes > 0) {
+    void* p = ::mmap(nullptr, size_t(map->bytes), PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      input_error("{}: cannot map for reading ({})", path, why);
+    }
+    map->data = static_cast<const unsigned char*>(p);
+    ::madvise(p, size_t(map->bytes), MADV_RANDOM);  // windows are read in shuffled order: no read-ahead
+  }
+  ::close(fd);
 
+  TokenFile f;
+  f.path_ = path;
+  f.map_ = map;
+  const int64_t file_bytes = map->bytes;
+  const unsigned char* h = map->data;
   if (format == "bytes") {
-    if (data.empty()) input_error("{}: offset 0: empty file (expected at least one byte of text)", path);
-    c.vocab_ = 256;
-    c.tokens_.assign(data.begin(), data.end());
-    return c;
+    if (file_bytes == 0) input_error("{}: offset 0: empty file (expected at least one byte of text)", path);
+    f.tokens_ = h, f.width_ = 1, f.count_ = file_bytes, f.vocab_ = 256;
+    return f;
   }
 
-  const int64_t file_bytes = int64_t(data.size());
-  if (file_bytes < kHeaderBytes)
+  if (file_bytes < kHeaderV1)
     input_error("{}: offset {}: file ends after {} bytes (expected a {}-byte shard header)", path, file_bytes,
-                file_bytes, kHeaderBytes);
-  const unsigned char* h = data.data();
+                file_bytes, kHeaderV1);
   if (std::memcmp(h, kMagic, 8) != 0)
     input_error("{}: offset 0: bad magic '{}' (expected '{}'; is this a shard from tools/prepare-data?)", path,
                 printable(h, 8), kMagic);
   const uint32_t version = uint32_t(get_le(h + 8, 4));
-  if (version != kVersion) input_error("{}: offset 8: shard version {} (expected {})", path, version, kVersion);
+  if (version != 1 && version != 2)
+    input_error("{}: offset 8: shard version {} (expected 1 or 2)", path, version);
+  const int64_t header = version == 1 ? kHeaderV1 : kHeaderV2;
+  if (file_bytes < header)
+    input_error("{}: offset {}: file ends after {} bytes (expected a {}-byte version-{} shard header)", path,
+                file_bytes, file_bytes, header, version);
   const uint32_t width = uint32_t(get_le(h + 12, 4));
   if (width != 2 && width != 4) input_error("{}: offset 12: token width {} bytes (expected 2 or 4)", path, width);
   const uint64_t count = get_le(h + 16, 8);
@@ -85,27 +119,108 @@ Corpus Corpus::load(const std::string& path, const std::string& format) {
     input_error("{}: offset 24: vocab {} (expected 1 to {} for {}-byte tokens)", path, vocab, max_vocab, width);
   const uint32_t reserved = uint32_t(get_le(h + 28, 4));
   if (reserved != 0) input_error("{}: offset 28: reserved field is {} (expected 0)", path, reserved);
+  if (version == 2) {
+    f.info_.tokenizer_hash = get_le(h + 32, 8);
+    f.info_.text_bytes = get_le(h + 40, 8);
+    for (int64_t at = 48; at < kHeaderV2; ++at)
+      if (h[at] != 0) input_error("{}: offset {}: reserved byte is {} (expected 0)", path, at, h[at]);
+  }
 
   // Compare in tokens so a huge count cannot overflow count * width.
-  const uint64_t held = uint64_t(file_bytes - kHeaderBytes) / width;
-  if (held < count) input_error("{}: offset {}: file holds {} tokens, header says {}", path, kHeaderBytes, held, count);
-  const int64_t end = kHeaderBytes + int64_t(count) * width;
+  const uint64_t held = uint64_t(file_bytes - header) / width;
+  if (held < count)
+    input_error("{}: offset {}: file holds {} tokens, header says {} (a truncated shard?)", path,
+                header + int64_t(held) * width, held, count);
+  const int64_t end = header + int64_t(count) * width;
   if (end != file_bytes)
     input_error("{}: offset {}: {} bytes after the {} tokens the header announces (expected end of file)", path, end,
                 file_bytes - end, count);
 
-  c.vocab_ = int32_t(vocab);
-  c.tokens_.resize(count);
-  for (uint64_t i = 0; i < count; ++i) {
-    const int64_t off = kHeaderBytes + int64_t(i) * width;
-    const uint64_t t = get_le(h + off, int(width));
-    if (t >= vocab) input_error("{}: offset {}: token {} is outside the vocab of {}", path, off, t, vocab);
-    c.tokens_[i] = int32_t(t);
+  f.tokens_ = h + header, f.width_ = int(width), f.count_ = int64_t(count), f.vocab_ = int32_t(vocab);
+  f.version_ = int(version), f.header_ = header;
+  if (check_tokens) {
+    // In chunks, each released once checked: a scan of a big shard leaves no resident pages.
+    std::vector<int32_t> chunk(1 << 22);
+    for (int64_t at = 0; at < f.count_; at += int64_t(chunk.size()))
+      f.read(at, std::min<int64_t>(int64_t(chunk.size()), f.count_ - at), chunk.data(), true);
+  }
+  return f;
+}
+
+void TokenFile::read(int64_t start, int64_t n, int32_t* out, bool release) const {
+  const unsigned char* p = tokens_ + start * width_;
+  for (int64_t i = 0; i < n; ++i, p += width_) {
+    const uint64_t t = width_ == 1 ? *p : get_le(p, width_);
+    if (t >= uint64_t(vocab_))
+      input_error("{}: offset {}: token {} is outside the vocab of {}", path_, header_ + (start + i) * width_, t,
+                  vocab_);
+    out[i] = int32_t(t);
+  }
+  if (release) map_->release(header_ + start * width_, n * width_);
+}
+
+Corpus Corpus::load(const std::string& pattern, const std::string& format, bool check_tokens) {
+  std::vector<std::string> paths;
+  const bool wildcard = pattern.find_first_of("*?[") != std::string::npos;
+  if (format == "shard" && wildcard) {
+    glob_t g{};
+    const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    if (rc == GLOB_NOMATCH || paths.empty())
+      input_error("{}: the shard pattern matches no file (expected shards such as those tools/prepare-data writes, "
+                  "e.g. 'DIR/train_*.bin')", pattern);
+    if (rc != 0) input_error("{}: cannot list the shard pattern's directory ({})", pattern, std::strerror(errno));
+    std::sort(paths.begin(), paths.end());  // byte order, whatever the locale: the same corpus everywhere
+  } else {
+    paths.push_back(pattern);
+  }
+  Corpus c;
+  c.path_ = pattern;
+  for (const auto& p : paths) {
+    c.files_.push_back(TokenFile::open(p, format, check_tokens));
+    c.first_.push_back(c.size_);
+    c.size_ += c.files_.back().size();
+    c.vocab_ = std::max(c.vocab_, c.files_.back().vocab());
   }
   return c;
 }
 
-void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int32_t vocab, int token_bytes) {
+int64_t Corpus::windows(int64_t seq) const {
+  int64_t n = 0;
+  for (const auto& f : files_) n += (f.size() - 1) / seq;
+  return n;
+}
+
+int64_t Corpus::window_start(int64_t w, int64_t seq) const {
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const int64_t here = (files_[i].size() - 1) / seq;
+    if (w < here) return first_[i] + w * seq;
+    w -= here;
+  }
+  return size_;  // past the end: callers check against windows()
+}
+
+void Corpus::read_window(int64_t w, int64_t seq, int32_t* out) const {
+  int64_t left = w;
+  for (const auto& f : files_) {
+    const int64_t here = (f.size() - 1) / seq;
+    if (left >= 0 && left < here) return f.read(left * seq, seq + 1, out, true);
+    left -= here;
+  }
+  throw std::out_of_range(fmt::format("{}: window {} of {}+1 tokens is past the {} windows of the corpus", path_, w,
+                                      seq, windows(seq)));
+}
+
+int32_t Corpus::token(int64_t i) const {
+  const size_t f = size_t(std::upper_bound(first_.begin(), first_.end(), i) - first_.begin()) - 1;
+  int32_t t = 0;
+  files_[f].read(i - first_[f], 1, &t, false);
+  return t;
+}
+
+void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int32_t vocab, int token_bytes,
+                 const ShardInfo& info, int version) {
   if (token_bytes != 2 && token_bytes != 4)
     input_error("{}: token width {} bytes (expected 2 or 4)", path, token_bytes);
   if (tokens.empty()) input_error("{}: no tokens to write (expected a non-empty corpus)", path);
@@ -113,17 +228,23 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
     input_error("{}: vocab {} (expected 1 to {} for {}-byte tokens)", path, vocab, token_bytes == 2 ? 65536 : INT32_MAX,
                 token_bytes);
 
-  std::vector<unsigned char> out(kHeaderBytes + tokens.size() * token_bytes);
+  if (version != 1 && version != 2) input_error("{}: shard version {} (expected 1 or 2)", path, version);
+  const int64_t header = version == 1 ? kHeaderV1 : kHeaderV2;
+  std::vector<unsigned char> out(header + tokens.size() * token_bytes);
   std::memcpy(out.data(), kMagic, 8);
-  put_le(&out[8], kVersion, 4);
+  put_le(&out[8], uint32_t(version), 4);
   put_le(&out[12], uint32_t(token_bytes), 4);
   put_le(&out[16], tokens.size(), 8);
   put_le(&out[24], uint32_t(vocab), 4);
   put_le(&out[28], 0, 4);
+  if (version == 2) {
+    put_le(&out[32], info.tokenizer_hash, 8);
+    put_le(&out[40], info.text_bytes, 8);
+  }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab)
       input_error("{}: token {} at index {} is outside the vocab of {}", path, tokens[i], i, vocab);
-    put_le(&out[kHeaderBytes + i * token_bytes], uint32_t(tokens[i]), token_bytes);
+    put_le(&out[header + i * token_bytes], uint32_t(tokens[i]), token_bytes);
   }
 
   // Temp file in the same directory, so the rename is atomic and a crash never
@@ -168,7 +289,7 @@ WindowSplit split_windows(const Corpus& corpus, int64_t seq, double valid_fracti
 
   WindowSplit s;
   s.seq = seq;
-  const int64_t total = (corpus.size() - 1) / seq;
+  const int64_t total = corpus.windows(seq);
   s.valid_windows = valid_of(total);
   s.train_windows = total - s.valid_windows;
   if (s.train_windows < 1) {

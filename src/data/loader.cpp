@@ -14,6 +14,18 @@
 
 namespace xx {
 
+namespace {
+
+// inputs and targets of one window: its seq+1 tokens, the targets shifted by one.
+void fill_window(const Corpus& corpus, int64_t w, int64_t seq, int32_t* inputs, int32_t* targets) {
+  std::vector<int32_t> tokens(seq + 1);
+  corpus.read_window(w, seq, tokens.data());
+  std::copy(tokens.begin(), tokens.end() - 1, inputs);
+  std::copy(tokens.begin() + 1, tokens.end(), targets);
+}
+
+}  // namespace
+
 Batch make_batch(const Corpus& corpus, const std::vector<int64_t>& windows, int64_t first_window, int64_t seq,
                  int64_t index) {
   Batch b;
@@ -21,15 +33,11 @@ Batch make_batch(const Corpus& corpus, const std::vector<int64_t>& windows, int6
   b.inputs.resize(windows.size() * seq);   // (B*T)
   b.targets.resize(windows.size() * seq);  // (B*T)
   for (size_t i = 0; i < windows.size(); ++i) {
-    const int64_t start = (first_window + windows[i]) * seq;
-    if (windows[i] < 0 || first_window < 0 || start + seq >= corpus.size())
+    if (windows[i] < 0 || first_window < 0 || first_window + windows[i] >= corpus.windows(seq))
       throw std::out_of_range("make_batch: window " + std::to_string(first_window) + "+" +
                               std::to_string(windows[i]) + " of " + std::to_string(seq) + "+1 tokens is past the " +
-                              std::to_string(corpus.size()) + " tokens of " + corpus.path());
-    for (int64_t t = 0; t < seq; ++t) {
-      b.inputs[i * seq + t] = corpus.token(start + t);
-      b.targets[i * seq + t] = corpus.token(start + t + 1);
-    }
+                              std::to_string(corpus.windows(seq)) + " windows of " + corpus.path());
+    fill_window(corpus, first_window + windows[i], seq, b.inputs.data() + i * seq, b.targets.data() + i * seq);
   }
   return b;
 }
@@ -51,10 +59,10 @@ BatchLoader::BatchLoader(const Corpus& corpus, DistributedSampler sampler, int64
                                 ", start_batch " + std::to_string(start_batch) +
                                 " (expected batch, seq >= 1, workers >= 0, queue >= 1 with workers)");
   // Fail here rather than in a worker: the last window's last target must exist.
-  if ((first_window + sampler_.windows()) * seq >= corpus.size())
+  if (first_window + sampler_.windows() > corpus.windows(seq))
     throw std::out_of_range("BatchLoader: windows " + std::to_string(first_window) + ".." +
                             std::to_string(first_window + sampler_.windows()) + " of " + std::to_string(seq) +
-                            "+1 tokens need more than the " + std::to_string(corpus.size()) + " tokens of " +
+                            "+1 tokens need more than the " + std::to_string(corpus.windows(seq)) + " windows of " +
                             corpus.path());
   if (pool.tokens && (pool.seq != seq || pool.windows != int64_t(sampler_.pool_windows().size())))
     throw std::invalid_argument("BatchLoader: pool of " + std::to_string(pool.windows) + " windows of seq " +
@@ -105,11 +113,7 @@ Batch BatchLoader::build(const std::vector<Sample>& samples, int64_t index) cons
       std::copy(w + 1, w + seq_ + 1, targets);
       continue;
     }
-    const int64_t start = (first_window_ + samples[i].window) * seq_;
-    for (int64_t t = 0; t < seq_; ++t) {
-      inputs[t] = corpus_.token(start + t);
-      targets[t] = corpus_.token(start + t + 1);
-    }
+    fill_window(corpus_, first_window_ + samples[i].window, seq_, inputs, targets);
   }
   return b;
 }

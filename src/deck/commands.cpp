@@ -191,7 +191,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
   auto data_variant = [&](std::string kind) {
     return Variant{std::move(kind),
                    {path("path", &c.data.path)},
-                   {real("valid", &c.data.valid_fraction, within(0, 0.5, true, false)),
+                   {Option{"valid", &c.data.valid, {}, {}, "a fraction in (0, 0.5] or a validation shard"},
+                    path("tokenizer", &c.data.tokenizer),
                     integer("batch", &c.data.batch, at_least(1)), integer("workers", &c.data.workers, within(0, 64)),
                     integer("queue", &c.data.queue, at_least(1)),
                     choice("shuffle", &c.data.shuffle, {"fixed", "chaos", "independent"}),
@@ -201,6 +202,16 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                     integer("noise_rank", &c.data.noise_rank, at_least(-1))},
                    {},
                    [&c](const std::string& where) {
+                     // valid: a number is a fraction of the windows, anything else a file.
+                     const std::string& v = c.data.valid;
+                     if (const auto f = parse_number<double>(v)) {
+                       if (!in_range(within(0, 0.5, true, false), *f))
+                         input_error("{}: value {} for 'valid' is out of range (expected a fraction in (0, 0.5], or a "
+                                     "validation shard)", where, v);
+                       c.data.valid_fraction = *f, c.data.valid_path.clear();
+                     } else {
+                       c.data.valid_fraction = 0, c.data.valid_path = v;
+                     }
                      if (c.data.shuffle == "fixed" && c.data.chaos_seed != 0)
                        input_error("{}: 'chaos_seed' {} with shuffle fixed (expected shuffle chaos or independent; "
                                    "fixed shuffles with the run seed)", where, c.data.chaos_seed);
@@ -304,7 +315,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        &c.data.format,
        "format",
        {data_variant("bytes"), data_variant("shard")},
-       "data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
+       "data bytes|shard PATH|GLOB [valid F|FILE] [tokenizer MODEL] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
        "[chaos_seed S] [common F] [common_rate R] [noise_rank R]", Scope::job},
       {"optimizer",
        nullptr,

@@ -62,13 +62,16 @@ struct ModelConfig {
   int v_dim() const { return attention.mla() ? attention.v_dim : head_dim(); }
 };
 
-// data bytes|shard PATH [valid F] [batch B] [workers N] [queue Q]
+// data bytes|shard PATH [valid F|FILE] [tokenizer MODEL] [batch B] [workers N] [queue Q]
 //      [shuffle fixed|chaos|independent] [chaos_seed S] [common F] [common_rate R]
 // docs/DATA.md: shuffle modes, chaos seed replay, the common pool.
 struct DataConfig {
   std::string format = "bytes";  // bytes: raw text, one token per byte; shard: see docs/DATA.md
-  std::string path;
-  double valid_fraction = 0.05;  // tail of the token stream held out for validation
+  std::string path;              // a file, or (shard) a glob of shards: 'DIR/train_*.bin'
+  std::string valid = "0.05";    // as written: a fraction, or a validation file
+  double valid_fraction = 0.05;  // tail of the training windows held out for validation (0 with valid_path)
+  std::string valid_path;        // the validation shard(s), when `valid` names a file
+  std::string tokenizer;         // SentencePiece model the shards were made with ("" : bytes, or unchecked)
   int batch = 8;                 // B, sequences per rank per step
   int workers = 2;               // prefetch threads
   int queue = 4;                 // ready batches held ahead of the trainer

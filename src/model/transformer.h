@@ -72,6 +72,8 @@ class Transformer {
 
   // Loss of a batch (mean over tokens); keeps what backward needs.
   LossParts forward(Tokens inputs, Tokens targets);
+  // The main head's logits (B*T, V) of the last forward (the backward overwrites them).
+  Mat<const T> logits() const { return Mat<const T>(logits_.data(), N_, cfg_.vocab); }
 
   // grads += d(total loss)/d(params) for the last forward. `ready(offset)` is
   // called whenever every gradient from `offset` to the end of the buffer is

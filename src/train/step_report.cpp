@@ -91,11 +91,14 @@ void StepReport::log_step(const StepFigures& f) {
   interval_seconds_ = 0, interval_steps_ = 0, interval_tokens_ = 0;
 }
 
-void StepReport::log_validation(int64_t step, int64_t phase_end, double val) {
+void StepReport::log_validation(int64_t step, int64_t phase_end, const Validation& v) {
   record_["step"] = step;
-  record_["val_loss"] = val;
-  record_["val_ppl"] = std::exp(val);
-  log_.console(fmt::format("step {:>6}/{} | val_loss {:.4f} | val_ppl {:.2f}", step, phase_end, val, std::exp(val)));
+  record_["val_loss"] = v.loss;
+  record_["val_ppl"] = std::exp(v.loss);
+  const bool bpb = std::isfinite(v.bpb);
+  if (bpb) record_["val_bpb"] = v.bpb;
+  log_.console(fmt::format("step {:>6}/{} | val_loss {:.4f} | val_ppl {:.2f}{}", step, phase_end, v.loss,
+                           std::exp(v.loss), bpb ? fmt::format(" | val_bpb {:.4f}", v.bpb) : ""));
 }
 
 void StepReport::flush() {

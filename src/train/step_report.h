@@ -16,6 +16,12 @@
 
 namespace xx {
 
+// One validation pass: the mean loss in nats per token, and bits per byte of
+// the text predicted (NaN where tokens have no known byte length).
+struct Validation {
+  double loss = 0, bpb = 0;
+};
+
 // The figures of the step just taken.
 struct StepFigures {
   int64_t step = 0, phase_end = 0;
@@ -41,7 +47,7 @@ class StepReport {
   // Every step: its wall time and the tokens it trained (all ranks).
   void step_done(int64_t step, double loss, double seconds, int64_t tokens);
   void log_step(const StepFigures& f);  // the step line; the interval starts again
-  void log_validation(int64_t step, int64_t phase_end, double val);
+  void log_validation(int64_t step, int64_t phase_end, const Validation& v);
   void flush();                         // this step's metrics record, if any
   void performance(double final_loss);  // the closing line
 

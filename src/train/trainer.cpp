@@ -148,23 +148,30 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
   fmt::print(stderr, "warning: {}\n", msg);
 }
 
-double Trainer::evaluate() {
+Validation Trainer::evaluate() {
   // K batches per rank; batch j of rank r takes validation windows
   // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
-  const int64_t B = cfg_.data.batch;
-  double sum = 0;
+  const int64_t B = cfg_.data.batch, N = B * cfg_.model.seq;
+  const Corpus& valid = valid_corpus_ ? *valid_corpus_ : corpus_;
+  const int64_t first = valid_corpus_ ? 0 : split_.train_windows;
+  double sums[3] = {0, 0, 0};  // mean losses, nats, bytes of text predicted
   precision_->refresh_weights();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
     std::vector<int64_t> windows(B);
     for (int64_t b = 0; b < B; ++b) windows[b] = ((int64_t(j) * world_ + rank_) * B + b) % split_.valid_windows;
-    const Batch batch = make_batch(corpus_, windows, split_.train_windows, cfg_.model.seq, j);
+    const Batch batch = make_batch(valid, windows, first, cfg_.model.seq, j);
     copy_tokens(inputs_, batch.inputs);
     copy_tokens(targets_, batch.targets);
-    sum += model_->forward(inputs_, targets_).main;
+    const double loss = model_->forward(inputs_, targets_).main;
+    sums[0] += loss, sums[1] += loss * double(N);
+    for (int32_t t : batch.targets) sums[2] += tokenizer_->bytes_of(t);
   }
-  double total = 0;
-  MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, comm_);
-  return total / double(world_ * cfg_.eval.batches);
+  double total[3] = {0, 0, 0};
+  MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, comm_);
+  // bits per byte = nats per token * tokens / bytes / ln 2
+  const double bpb = bytes_known_ && total[2] > 0 ? total[1] / total[2] / std::log(2.0)
+                                                  : std::numeric_limits<double>::quiet_NaN();
+  return {total[0] / double(world_ * cfg_.eval.batches), bpb};
 }
 
 // ---------------------------------------------------------------------------
@@ -222,13 +229,14 @@ void Trainer::after_step(double loss, double seconds) {
   if (due(cfg_.output.log_every) || end) report_->log_step(figures(loss));
   double val = std::numeric_limits<double>::quiet_NaN();
   if (due(cfg_.eval.every) || end) {
-    val = evaluate();
+    const Validation v = evaluate();
+    val = v.loss;
     restarts_->note_validation(val, step_);
-    report_->log_validation(step_, phase_end_, val);
+    report_->log_validation(step_, phase_end_, v);
   }
   report_->flush();
   if (restarts_->due(step_ + 1)) {
-    if (!std::isfinite(val)) restarts_->note_validation(val = evaluate(), step_);
+    if (!std::isfinite(val)) restarts_->note_validation(val = evaluate().loss, step_);
     restarts_->restart(step_ + 1, val, *log_);
   }
   // Every rank's own state is in the checkpoint, so it need not wait for

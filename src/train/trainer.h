@@ -19,6 +19,7 @@
 #include "core/state.h"
 #include "data/corpus.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "deck/deck.h"
 #include "io/log.h"
 #include "io/peak_file.h"
@@ -85,7 +86,7 @@ class Trainer {
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void balance_experts();
-  double evaluate();
+  Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
   void check_missing_gradients(int64_t begin, int64_t end);
@@ -119,6 +120,10 @@ class Trainer {
 
   // data
   Corpus corpus_;
+  std::unique_ptr<Corpus> valid_corpus_;  // data ... valid FILE; else validation is the end of corpus_
+  std::unique_ptr<Tokenizer> tokenizer_;  // data ... tokenizer MODEL, else bytes
+  bool bytes_known_ = true;               // bits per byte can be reported
+  std::string data_note_;                 // the start-up line about the data
   WindowSplit split_;
   uint64_t chaos_seed_ = 0;              // shuffle chaos|independent: the run's seed (checkpointed), else 0
   Continuation sampler_start_;           // where this world's data streams begin (another world size left an epoch)

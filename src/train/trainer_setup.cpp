@@ -71,17 +71,45 @@ Trainer::~Trainer() {
   if (writer_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&writer_comm_);
 }
 
-// Rank 0 validates the data first, so a bad file stops every rank alike.
+// Rank 0 validates the data first (every token of every shard), so a bad
+// file stops every rank alike; the others trust it and map what they read.
 void Trainer::load_data() {
-  auto load = [&] {
-    corpus_ = Corpus::load(cfg_.data.path, cfg_.data.format);
+  const DataConfig& d = cfg_.data;
+  const std::string& where = program_.phases.front().where;
+  auto load = [&](bool check) {
+    corpus_ = Corpus::load(d.path, d.format, check);
+    tokenizer_ = load_tokenizer(d.tokenizer);
+    check_tokenizer(corpus_, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
     if (corpus_.vocab() > cfg_.model.vocab)
-      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})",
-                  cfg_.data.path, corpus_.vocab(), cfg_.model.vocab, corpus_.vocab());
-    split_ = split_windows(corpus_, cfg_.model.seq, cfg_.data.valid_fraction);
+      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", d.path,
+                  corpus_.vocab(), cfg_.model.vocab, corpus_.vocab());
+    if (d.valid_path.empty()) {
+      split_ = split_windows(corpus_, cfg_.model.seq, d.valid_fraction);
+      return;
+    }
+    valid_corpus_ = std::make_unique<Corpus>(Corpus::load(d.valid_path, d.format, check));
+    check_tokenizer(*valid_corpus_, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
+    if (valid_corpus_->vocab() > cfg_.model.vocab)
+      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", d.valid_path,
+                  valid_corpus_->vocab(), cfg_.model.vocab, valid_corpus_->vocab());
+    split_.seq = cfg_.model.seq;
+    split_.train_windows = corpus_.windows(cfg_.model.seq);
+    split_.valid_windows = valid_corpus_->windows(cfg_.model.seq);
+    for (const Corpus* c : {&corpus_, valid_corpus_.get()})
+      if (c->windows(cfg_.model.seq) < 1)
+        input_error("{}: {} tokens in {} file(s), too few for one window of seq {} (expected at least {} tokens in "
+                    "one file)", c->path(), c->size(), c->files().size(), cfg_.model.seq, cfg_.model.seq + 1);
   };
-  on_rank0_or_throw(comm_, rank_, load);
-  if (rank_ != 0) load();
+  on_rank0_or_throw(comm_, rank_, [&] { load(true); });
+  if (rank_ != 0) load(false);
+  // Bits per byte: what each token stands for in bytes of text. A shard
+  // without a named tokenizer has it only for bytes (vocab 256).
+  bytes_known_ = !d.tokenizer.empty() || corpus_.vocab() <= 256;
+  data_note_ = fmt::format("data: {} file(s), {} tokens; validation {}; tokenizer {}", corpus_.files().size(),
+                            corpus_.size(),
+                            valid_corpus_ ? fmt::format("{} ({} tokens)", d.valid_path, valid_corpus_->size())
+                                          : fmt::format("the last {} of the windows", d.valid_fraction),
+                            tokenizer_->describe());
 }
 
 void Trainer::build_model() {
@@ -112,6 +140,7 @@ void Trainer::build_model() {
 // The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
 void Trainer::build_data_stream(const std::string& resume_path) {
   const std::string& where = program_.phases.front().where;
+  log_->console(data_note_);
   chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, where);
   SamplerOptions sampling = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
   sampling.start = sampler_start_;  // a resume on another world size continues the epoch
