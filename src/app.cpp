@@ -6,6 +6,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "deck/deck.h"
+#include "generate.h"
 #include "model/estimate.h"
 #include "resilience/flight_recorder.h"
 #include "resilience/health.h"
@@ -18,6 +19,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run]\n"
+    "       xuanxue generate -ckpt FILE -prompt TEXT [...]   (xuanxue generate -h)\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
     "  -var NAME VALUE   set deck variable NAME (wins over the deck's own `variable`)\n"
     "  -resume auto      continue from the newest complete checkpoint in RUN_DIR/ckpt, if any\n"
@@ -85,6 +87,7 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
   try {
+    if (argc > 1 && std::string(argv[1]) == "generate") return run_generate(comm, argc, argv);
     Args args;
     const Program program = load_program(comm, rank, argc, argv, args);
     if (rank == 0) {

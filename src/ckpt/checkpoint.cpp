@@ -37,6 +37,7 @@ struct H5 {
   }
   H5(const H5&) = delete;
   H5& operator=(const H5&) = delete;
+  H5(H5&& o) noexcept : id(o.id), close(o.close) { o.id = -1; }
   operator hid_t() const { return id; }
 };
 
@@ -985,8 +986,10 @@ std::string delta_codec(hid_t group, const std::string& name) {
 
 }  // namespace
 
-CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
-                               const std::map<std::string, int64_t>& buffers) {
+namespace {
+
+// A complete checkpoint of a known format version, opened for reading.
+H5 open_complete(const std::string& path) {
   quiet_hdf5();
   if (!fs::exists(path)) input_error("{}: no such checkpoint (expected an .h5 file written by xuanxue)", path);
   if (H5Fis_hdf5(path.c_str()) <= 0) input_error("{}: not an HDF5 file (expected a xuanxue checkpoint)", path);
@@ -999,6 +1002,19 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     input_error("{}: format_version {} (expected 1 to {})", path, version, kCheckpointVersion);
   if (read_attr<int>(file, "complete", H5T_NATIVE_INT, path) != 1)
     input_error("{}: checkpoint is incomplete (attribute 'complete' is not 1)", path);
+  return file;
+}
+
+}  // namespace
+
+std::string read_checkpoint_deck(const std::string& path) {
+  H5 file = open_complete(path);
+  return read_string_attr(file, "deck", path);
+}
+
+CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
+                               const std::map<std::string, int64_t>& buffers) {
+  H5 file = open_complete(path);
   CheckpointData data;
   data.deck = read_string_attr(file, "deck", path);
   data.params.resize(layout.total());

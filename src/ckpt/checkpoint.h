@@ -133,6 +133,10 @@ bool has_rank_state(const std::string& path);
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
                                const std::map<std::string, int64_t>& buffers = {});
 
+// The resolved deck a complete checkpoint was written with (what a tool
+// needs to rebuild its model before reading the tensors). Throws InputError.
+std::string read_checkpoint_deck(const std::string& path);
+
 // Deletes all but the newest `keep` step_*.h5 files of DIR, never the one
 // `latest` names nor a base that a kept delta needs.
 void prune_checkpoints(const std::string& dir, int64_t keep);

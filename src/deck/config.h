@@ -168,6 +168,19 @@ struct EvalConfig {
   int batches = 8;
 };
 
+// sample every N [prompt TEXT] [tokens K] [temperature T] [top_k K] [top_p P] [seed S]:
+// rank 0 prints a sample of the model every N steps, as llm.c does
+// (rank log, console, TensorBoard text). TEXT with spaces goes in quotes.
+struct SampleConfig {
+  int64_t every = 0;              // 0: never
+  std::string prompt = "The";
+  int tokens = 64;
+  double temperature = 1.0;       // 0: greedy
+  int top_k = 40;                 // 0: all tokens
+  double top_p = 1.0;
+  uint64_t seed = 1234;
+};
+
 // checkpoint [every N] [at_end yes|no] [mode full|diff] [codec lossless|int8|topk] [ratio R] [block B] [keep K]
 // (docs/CHECKPOINT.md). Every rank's own state goes in /ranks/<r>: as it is
 // (full) or as its difference from the ranks' average (diff, by the codec).
@@ -252,6 +265,7 @@ struct Config {
   CompressConfig compress;
   OutputConfig output;
   EvalConfig eval;
+  SampleConfig sample;
   CheckpointConfig checkpoint;
   GradCheckConfig grad_check;
   LossAggConfig lossagg;

@@ -2,6 +2,7 @@
 // encoding used to broadcast the resolved lines. The commands themselves are
 // checked in commands.cpp.
 #include "deck/deck.h"
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -14,18 +15,40 @@ namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
 
+// Words split at white space; '...' or "..." quotes a part of a word (a
+// shard glob, a prompt with spaces) and is removed.
 std::vector<std::string> split_words(const std::string& text) {
   std::vector<std::string> words;
   std::string word;
+  bool any = false;  // a word is open (an empty quoted word counts)
+  char quote = 0;
   for (char c : text) {
-    if (is_space(c)) {
-      if (!word.empty()) words.push_back(std::move(word)), word.clear();
+    if (quote) {
+      if (c == quote) quote = 0;
+      else word += c;
+    } else if (c == '\'' || c == '"') {
+      quote = c, any = true;
+    } else if (is_space(c)) {
+      if (any) words.push_back(std::move(word)), word.clear(), any = false;
     } else {
-      word += c;
+      word += c, any = true;
     }
   }
-  if (!word.empty()) words.push_back(std::move(word));
+  if (any) words.push_back(std::move(word));
   return words;
+}
+
+// The words as a line that splits back into them: a word with white space
+// (or none at all) in quotes.
+std::string quoted_join(const std::vector<std::string>& words) {
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const auto& w = words[i];
+    const bool plain = !w.empty() && std::none_of(w.begin(), w.end(), is_space) && w.find_first_of("'\"") == std::string::npos;
+    const char q = w.find('\'') == std::string::npos ? '\'' : '"';
+    out += (i ? " " : "") + (plain ? w : q + w + q);
+  }
+  return out;
 }
 
 std::string join(const std::vector<std::string>& words, size_t from) {
@@ -135,7 +158,7 @@ struct Reader {
       read(target.lexically_normal().string(), where);
       return;
     }
-    out.push_back(DeckLine{file, line, join(words, 0), std::move(words)});
+    out.push_back(DeckLine{file, line, quoted_join(words), std::move(words)});
   }
 };
 

@@ -70,6 +70,11 @@ void RunLog::metrics(const nlohmann::json& record) {
   tb_run_->scalars(record["step"].get<int64_t>(), scalars);
 }
 
+void RunLog::text(int64_t step, const std::string& tag, const std::string& text) {
+  if (rank_ != 0) return;
+  if (tb_run_) tb_run_->text(step, tag, text);
+}
+
 void RunLog::rank_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values) {
   if (!tb_rank_) return;
   Scalars scalars;

@@ -34,6 +34,8 @@ class RunLog {
   // Any rank: this rank's own scalars, as `rank<r>/<name>` in
   // RUN_DIR/tb/rank<r>/ (nothing without tensorboard).
   void rank_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
+  // Rank 0: a text (a generated sample) in its log and, with tensorboard, as `tag`.
+  void text(int64_t step, const std::string& tag, const std::string& text);
   void restart(const nlohmann::json& record);  // rank 0: one line of RUN_DIR/lr_history.jsonl per warm restart
   const std::string& dir() const { return dir_; }
 

@@ -86,6 +86,25 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
   return event;
 }
 
+// Value { tag = 1; metadata = 9 { plugin_data = 1 { plugin_name = 1: "text" } };
+//         tensor = 8 { dtype = 1: DT_STRING (7); tensor_shape = 2: {} (a scalar); string_val = 8 } }
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
+  std::string plugin, metadata, tensor, value, summary;
+  put_bytes_field(plugin, 1, "text");
+  put_bytes_field(metadata, 1, plugin);
+  put_key(tensor, 1, kVarint);
+  put_varint(tensor, 7);
+  put_bytes_field(tensor, 2, "");
+  put_bytes_field(tensor, 8, text);
+  put_bytes_field(value, 1, tag);
+  put_bytes_field(value, 8, tensor);
+  put_bytes_field(value, 9, metadata);
+  put_bytes_field(summary, 1, value);
+  std::string event = event_head(wall_time, step);
+  put_bytes_field(event, 5, summary);
+  return event;
+}
+
 }  // namespace tb
 
 std::filesystem::path event_file_path(const std::filesystem::path& dir) {
@@ -116,6 +135,10 @@ EventWriter::EventWriter(const std::filesystem::path& file, Warn warn) : path_(f
 
 void EventWriter::scalars(int64_t step, const Scalars& values) {
   if (ok_ && !values.empty()) write(tb::scalars_event(now_seconds(), step, values));
+}
+
+void EventWriter::text(int64_t step, const std::string& tag, const std::string& text) {
+  if (ok_) write(tb::text_event(now_seconds(), step, tag, text));
 }
 
 void EventWriter::write(const std::string& event) {

@@ -9,7 +9,8 @@
 //   double wall_time = 1; int64 step = 2; string file_version = 3;
 //   Summary summary = 5;
 //   Summary { repeated Value value = 1; }
-//   Value   { string tag = 1; float simple_value = 2; }
+//   Value   { string tag = 1; float simple_value = 2; TensorProto tensor = 8;
+//             SummaryMetadata metadata = 9; }   (tensor, metadata: text summaries)
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -30,6 +31,8 @@ uint32_t masked_crc32c(const void* data, size_t size);
 std::string frame_record(const std::string& data);  // one TFRecord around `data`
 std::string file_version_event(double wall_time);   // the first event of every file
 std::string scalars_event(double wall_time, int64_t step, const Scalars& values);  // values stored as float
+// A text summary (TensorBoard's text plugin): a scalar DT_STRING tensor.
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text);
 }  // namespace tb
 
 // DIR/events.out.tfevents.<unix time>.<hostname>; `.1`, `.2`, ... appended
@@ -47,6 +50,7 @@ class EventWriter {
   // One event holding every value, flushed before returning, so a killed job
   // loses at most the step it was writing.
   void scalars(int64_t step, const Scalars& values);
+  void text(int64_t step, const std::string& tag, const std::string& text);  // flushed, like scalars
 
   const std::filesystem::path& path() const { return path_; }
   bool ok() const { return ok_; }

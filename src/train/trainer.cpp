@@ -148,6 +148,26 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
   fmt::print(stderr, "warning: {}\n", msg);
 }
 
+// A sample of the model as it stands, as llm.c prints one: on the console,
+// in rank 0's log and in TensorBoard (samples/text). Nothing it does reaches
+// the training: its own cache and scratch, its own random stream.
+void Trainer::write_sample() {
+  if (rank_ != 0) return;
+  const SampleConfig& s = cfg_.sample;
+  if (!decoder_) decoder_ = std::make_unique<Decoder>(*model_, cfg_.model.seq);
+  const std::vector<int32_t> prompt = tokenizer_->encode(s.prompt);
+  SamplingOptions o{s.temperature, s.top_k, s.top_p, mix_seed(s.seed, uint64_t(step_))};
+  const double t0 = MPI_Wtime();
+  const std::vector<int32_t> out = generate(*decoder_, prompt, s.tokens, o);
+  const double seconds = MPI_Wtime() - t0;
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  const std::string text = tokenizer_->decode(all);
+  log_->console(fmt::format("step {:>6} | sample ({} tokens, {:.0f} tok/s):\n{}\n---", step_, out.size(),
+                            double(out.size()) / std::max(seconds, 1e-9), text));
+  log_->text(step_, "samples/text", text);
+}
+
 Validation Trainer::evaluate() {
   // K batches per rank; batch j of rank r takes validation windows
   // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
@@ -235,6 +255,7 @@ void Trainer::after_step(double loss, double seconds) {
     report_->log_validation(step_, phase_end_, v);
   }
   report_->flush();
+  if (due(cfg_.sample.every)) write_sample();
   if (restarts_->due(step_ + 1)) {
     if (!std::isfinite(val)) restarts_->note_validation(val = evaluate().loss, step_);
     restarts_->restart(step_ + 1, val, *log_);

@@ -23,6 +23,7 @@
 #include "deck/deck.h"
 #include "io/log.h"
 #include "io/peak_file.h"
+#include "model/decoder.h"
 #include "model/transformer.h"
 #include "resilience/watchdog.h"
 #include "train/lossagg.h"
@@ -89,6 +90,7 @@ class Trainer {
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
+  void write_sample();  // rank 0 (deck: sample every N)
   void check_missing_gradients(int64_t begin, int64_t end);
   StepFigures figures(double loss) const;
 
@@ -136,6 +138,7 @@ class Trainer {
   std::unique_ptr<RunLog> log_;
   std::unique_ptr<Watchdog> watchdog_;  // deck: timeout; names a hung rank (docs/RESILIENCE.md)
   std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<MixedPrecision> precision_;
   std::unique_ptr<LossAggregator> lossagg_;

@@ -100,7 +100,22 @@ void Trainer::load_data() {
         input_error("{}: {} tokens in {} file(s), too few for one window of seq {} (expected at least {} tokens in "
                     "one file)", c->path(), c->size(), c->files().size(), cfg_.model.seq, cfg_.model.seq + 1);
   };
-  on_rank0_or_throw(comm_, rank_, [&] { load(true); });
+  on_rank0_or_throw(comm_, rank_, [&] {
+    load(true);
+    // A sample's prompt must leave room for what it generates.
+    for (const auto& phase : program_.phases) {
+      const SampleConfig& s = phase.config.sample;
+      if (s.every == 0) continue;
+      const auto prompt = tokenizer_->encode(s.prompt);
+      if (prompt.empty() || int64_t(prompt.size()) >= cfg_.model.seq)
+        input_error("{}: sample prompt '{}' encodes to {} tokens (expected 1 to {}, below the model's seq {})",
+                    phase.where, s.prompt, prompt.size(), cfg_.model.seq - 1, cfg_.model.seq);
+      for (int32_t t : prompt)
+        if (t >= cfg_.model.vocab)
+          input_error("{}: sample prompt '{}' has token {}, outside the model's vocab {}", phase.where, s.prompt, t,
+                      cfg_.model.vocab);
+    }
+  });
   if (rank_ != 0) load(false);
   // Bits per byte: what each token stands for in bytes of text. A shard
   // without a named tokenizer has it only for bytes (vocab 256).
