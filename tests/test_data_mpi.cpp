@@ -49,7 +49,22 @@ uint64_t recorded_seed(const std::string& run_dir) {
 TEST_CASE("common pool: one shared copy per node, the same bytes everywhere, disjoint shards", "[data][mpi]") {
   const int world = mpi_size(), rank = mpi_rank();
   const auto dir = shared_scratch("pool");
-  const Corpus corpus = Corpus::load(make_corpus(dir), "bytes");
+  // One text file, or the same bytes cut into three memory-mapped shards.
+  const bool many = GENERATE(false, true);
+  CAPTURE(many);
+  const std::string text = make_corpus(dir);
+  if (many && rank == 0) {
+    const Corpus whole = Corpus::load(text, "bytes");
+    const int64_t cut[] = {0, 9000, 25000, whole.size()};
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int32_t> t;
+      for (int64_t i = cut[s]; i < cut[s + 1]; ++i) t.push_back(whole.token(i));
+      write_shard(dir + "/pool_" + std::to_string(s) + ".bin", t, 256, 2);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Corpus corpus = many ? Corpus::load(dir + "/pool_*.bin", "shard") : Corpus::load(text, "bytes");
+  REQUIRE(corpus.files().size() == (many ? 3u : 1u));
   const int64_t seq = 32;
   const WindowSplit split = split_windows(corpus, seq, 0.1);
   SamplerOptions options;
@@ -81,7 +96,7 @@ TEST_CASE("common pool: one shared copy per node, the same bytes everywhere, dis
   CHECK(all_equal(hashes));
   for (size_t i = 0; i < sampler.pool_windows().size(); ++i)
     for (int64_t t = 0; t <= seq; ++t)
-      REQUIRE(tokens.window(int64_t(i))[t] == corpus.token(sampler.pool_windows()[i] * seq + t));
+      REQUIRE(tokens.window(int64_t(i))[t] == corpus.token(corpus.window_start(sampler.pool_windows()[i], seq) + t));
 
   // The shard samples of one epoch stay disjoint across ranks (but for the padding) and leave out the pool.
   std::vector<int64_t> shard;

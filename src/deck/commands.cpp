@@ -3,6 +3,7 @@
 // keywords, each bound to a field of a running Config. Adding a command, a
 // kind or a keyword is one table row; build_program applies the lines in
 // order and snapshots the Config at every `run N`.
+#include <glob.h>
 #include <algorithm>
 #include <charconv>
 #include <climits>
@@ -17,6 +18,7 @@
 #include <fmt/ranges.h>
 #include "core/error.h"
 #include "deck/deck.h"
+#include <glob.h>
 
 namespace xx {
 namespace {
@@ -578,6 +580,27 @@ bool readable_file(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec) && std::ifstream(path).good();
 }
 
+// A shard glob must match a file; every other path the data line names must be readable.
+void check_data_files(const DataConfig& d, const std::string& where) {
+  auto check = [&](const std::string& path, const char* what) {
+    if (d.format == "shard" && path.find_first_of("*?[") != std::string::npos) {
+      glob_t g{};
+      const bool any = ::glob(path.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+      ::globfree(&g);
+      if (!any)
+        input_error("{}: the shard pattern '{}' matches no file (expected shards such as tools/prepare-data writes, "
+                    "e.g. 'DIR/train_*.bin'; relative paths start at the working directory)", where, path);
+      return;
+    }
+    if (!readable_file(path))
+      input_error("{}: cannot read {} '{}' (expected a readable file; relative paths start at the working directory)",
+                  where, what, path);
+  };
+  check(d.path, "data file");
+  if (!d.valid_path.empty()) check(d.valid_path, "validation file");
+  if (!d.tokenizer.empty()) check(d.tokenizer, "tokenizer model");
+}
+
 
 // The values of a per-job command that must not change between phases
 // (none for a per-phase command).
@@ -669,9 +692,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
     } else if (name == "output") {
       if (check_files) check_output_dir(config.output.dir, where);
     } else if (name == "data") {
-      if (check_files && !readable_file(config.data.path))
-        input_error("{}: cannot read data file '{}' (expected a readable file; relative paths start at the working directory)",
-                    where, config.data.path);
+      if (check_files) check_data_files(config.data, where);
       have_data = true;
     } else if (name == "run") {
       if (!have_model) input_error("{}: 'run' before any 'model' command (expected a model line above the run)", where);

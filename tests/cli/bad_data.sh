@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Bad data files: exit code 2, one message naming the file and, for a shard,
 # the byte offset, with what was expected; no run directory is created.
-# Shard layout (docs/DATA.md): 32-byte header, little-endian
+# Shard layout (docs/DATA.md), version 1: 32-byte header, little-endian
 #   0 magic "XXTOKENS" | 8 version u32 | 12 token bytes u32 | 16 count u64 |
 #   24 vocab u32 | 28 reserved u32 | 32 tokens
+# (version 2 adds 32 bytes: tokenizer hash u64, text bytes u64, 16 reserved).
 # usage: bad_data.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -75,9 +76,9 @@ bad_data "shard with a bad magic" shard "$T/magic.bin" "1 2" \
 bad_data "text file given as a shard" shard "$CORPUS" "1" \
   "$CORPUS: offset 0: bad magic 'Line 1: '" "(expected 'XXTOKENS'"
 
-{ shard_header XXTOKENS 2 2 4 256 0; tokens 2 1 2 3 4; } >"$T/version.bin"
+{ shard_header XXTOKENS 3 2 4 256 0; tokens 2 1 2 3 4; } >"$T/version.bin"
 bad_data "shard version" shard "$T/version.bin" "1" \
-  "$T/version.bin: offset 8: shard version 2" "(expected 1)"
+  "$T/version.bin: offset 8: shard version 3" "(expected 1 or 2)"
 
 { shard_header XXTOKENS 1 3 4 256 0; tokens 2 1 2 3 4 5 6; } >"$T/width.bin"
 bad_data "shard token width" shard "$T/width.bin" "1" \
@@ -89,7 +90,21 @@ bad_data "shard cut inside its header" shard "$T/header.bin" "1 2" \
 
 head -c 500 "$T/good.bin" >"$T/cut.bin"
 bad_data "shard cut inside its tokens" shard "$T/cut.bin" "1" \
-  "$T/cut.bin: offset 32: file holds 234 tokens, header says 400"
+  "$T/cut.bin: offset 500: file holds 234 tokens, header says 400"
+
+# Many shards: a glob that matches nothing, and one cut shard among good ones.
+bad_data "shard glob that matches nothing" shard "'$T/none_*.bin'" "1 2" \
+  "$D:7: the shard pattern '$T/none_*.bin' matches no file" "(expected shards"
+mkdir -p "$T/many"
+for s in 0 1 2; do cp "$T/good.bin" "$T/many/train_000$s.bin"; done
+begin "many shards train (control)"
+sed -e "s#^data bytes [^ ]*#data shard '$T/many/train_*.bin'#" "$GOOD" >"$D"
+expect_ok 2 -in "$D"
+check grep -q "data: 3 file(s), 1200 tokens" "$T/out" || fail "the three shards are not one corpus of 1200 tokens"
+rm -rf "$RUN"
+head -c 300 "$T/good.bin" >"$T/many/train_0001.bin"
+bad_data "one truncated shard among many" shard "'$T/many/train_*.bin'" "1 2" \
+  "$T/many/train_0001.bin: offset 300: file holds 134 tokens, header says 400" "(a truncated shard?)"
 
 { shard_header XXTOKENS 1 2 4 256 0; tokens 2 1 2 3 4 5; } >"$T/trailing.bin"
 bad_data "shard with trailing bytes" shard "$T/trailing.bin" "1" \
