@@ -176,7 +176,7 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
   check("model dense vocab 256 dim 12 layers 1 heads 4 ffn 32 seq 8\n", 1, "head_dim = dim / heads = 3 is odd");
   check("model dense vocab 256 dim 16 dim 16 layers 1 heads 2 ffn 32 seq 8\n", 1, "keyword 'dim' given twice");
   check("model dense vocab 256 dim 16 layers 1 heads 2 ffn 32\n", 1, "'model dense' is missing keyword 'seq'");
-  check(kBase + "data bytes x valid 0.6\nrun 1\n", 3, "value 0.6 for 'valid' is out of range (expected in (0, 0.5])");
+  check(kBase + "data bytes x valid 0.6\nrun 1\n", 3, "value 0.6 for 'valid' is out of range (expected a fraction in (0, 0.5], or a validation shard)");
   check(kBase + "data bytes x workers 65\nrun 1\n", 3, "value 65 for 'workers' is out of range (expected in [0, 64])");
   check(kBase + "optimizer adamw beta1 1\nrun 1\n", 3, "value 1 for 'beta1' is out of range (expected in [0, 1))");
   check(kBase + "optimizer adamw lr 1e-3 clip x\nrun 1\n", 3, "bad value 'x' for 'clip' (expected a number)");
@@ -325,6 +325,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"topology", "topology ring", false},
       {"compress", "compress topk 0.1", false},
       {"eval", "eval every 5", false},
+      {"sample", "sample every 5 prompt 'Once upon' tokens 8", false},
       {"checkpoint", "checkpoint every 5", false},
       {"health", "health every 3", false},
       {"grad_check", "grad_check missing warn", false},
@@ -365,4 +366,24 @@ TEST_CASE("deck: a per-job command given again with the same value is fine, and 
   const std::string file = (t.dir / "test.deck").string();
   CHECK_THAT(error, Catch::StartsWith(file + ":5: 'timeout' cannot change after the first run"));
   CHECK_THAT(error, Catch::Contains("(set at " + file + ":3)"));
+}
+
+TEST_CASE("deck: quoted words, data's valid fraction or file, the stored deck reads back the same", "[deck]") {
+  TempDir t;
+  const Program p = build(t, kBase + "data shard 'runs/my data/train_*.bin' valid \"v al.bin\" tokenizer tok.model\n"
+                                     "sample every 5 prompt \"Q: it's\" tokens 8\nrun 1\n");
+  const Config& c = p.phases.front().config;
+  CHECK(c.data.path == "runs/my data/train_*.bin");
+  CHECK(c.data.valid_path == "v al.bin");
+  CHECK(c.data.valid_fraction == 0);
+  CHECK(c.data.tokenizer == "tok.model");
+  CHECK(c.sample.prompt == "Q: it's");
+  CHECK(c.sample.every == 5);
+  // The resolved deck (what checkpoints keep) parses into the same words.
+  const Program again = build(t, p.deck_text);
+  CHECK(again.phases.front().config.sample.prompt == "Q: it's");
+  CHECK(again.phases.front().config.data.path == "runs/my data/train_*.bin");
+  const Program fraction = build(t, kBase + "data bytes x valid 0.2\nrun 1\n");
+  CHECK(fraction.phases.front().config.data.valid_fraction == 0.2);
+  CHECK(fraction.phases.front().config.data.valid_path.empty());
 }
