@@ -4,13 +4,15 @@ with code of its own, sharing nothing with the writer: a table-driven
 CRC-32C, TFRecord framing and protobuf varints parsed by hand.
 
 usage: tensorboard_read.py [--metrics METRICS_JSONL] [--prefix P]
-                           [--min-scalar-events N] EVENTS_FILE [EVENTS_FILE...]
+                           [--min-scalar-events N] [--min-text-events N] EVENTS_FILE [EVENTS_FILE...]
 
 Checks, over the files in the order given (a resumed run has several):
   - every record's length CRC and data CRC (masked CRC-32C);
   - each file starts with an Event whose file_version is "brain.Event:2";
   - every later Event has a step and a Summary of (tag, simple_value) pairs,
-    and every tag starts with P (--prefix);
+    or of text summaries (tag, a DT_STRING tensor, plugin "text": generated
+    samples), and every tag starts with P (--prefix);
+  - with --min-text-events: at least N text events, each a non-empty text;
   - with --metrics: the scalar events are metrics.jsonl's records one for
     one: same step, and every numeric field but "step" under its tag
     (val_X as val/X, other X as train/X) with value float32(field).
@@ -102,7 +104,7 @@ def fields(buf):
 
 def decode_event(buf):
     """dict: wall_time, step, file_version (or None), values [(tag, float)]."""
-    event = {"wall_time": None, "step": 0, "file_version": None, "values": None}
+    event = {"wall_time": None, "step": 0, "file_version": None, "values": None, "texts": []}
     for field, wire, value in fields(buf):
         if field == 1 and wire == 1:
             event["wall_time"] = struct.unpack("<d", value)[0]
@@ -111,16 +113,30 @@ def decode_event(buf):
         elif field == 3 and wire == 2:
             event["file_version"] = value.decode()
         elif field == 5 and wire == 2:
-            event["values"] = []
+            event["values"], event["texts"] = [], []
             for f, w, v in fields(value):
                 if f != 1 or w != 2:
                     raise Malformed(f"Summary field {f} (wire {w}) is not a Value")
-                tag, simple = None, None
+                tag, simple, text, plugin = None, None, None, None
                 for vf, vw, vv in fields(v):
                     if vf == 1 and vw == 2:
                         tag = vv.decode()
                     elif vf == 2 and vw == 5:
                         simple = struct.unpack("<f", vv)[0]
+                    elif vf == 8 and vw == 2:  # TensorProto: dtype 1 (DT_STRING = 7), string_val 8
+                        tensor = {tf: tv for tf, tw, tv in fields(vv)}
+                        if tensor.get(1) != 7 or 8 not in tensor:
+                            raise Malformed(f"a tensor Value that is not a DT_STRING text: {tensor}")
+                        text = tensor[8].decode()
+                    elif vf == 9 and vw == 2:  # SummaryMetadata.plugin_data.plugin_name
+                        for mf, mw, mv in fields(vv):
+                            if mf == 1 and mw == 2:
+                                plugin = dict((pf, pv) for pf, pw, pv in fields(mv)).get(1, b"").decode()
+                if tag is not None and text is not None:
+                    if plugin != "text":
+                        raise Malformed(f"text Value '{tag}' with plugin {plugin!r} (expected 'text')")
+                    event["texts"].append((tag, text))
+                    continue
                 if tag is None or simple is None:
                     raise Malformed("a Value without tag or simple_value")
                 event["values"].append((tag, simple))
@@ -154,7 +170,12 @@ def protobuf_decoder():
                 f.type_name = type_name
 
     opt, rep = F.LABEL_OPTIONAL, F.LABEL_REPEATED
-    message("Value", [("tag", 1, F.TYPE_STRING, opt, None), ("simple_value", 2, F.TYPE_FLOAT, opt, None)])
+    message("PluginData", [("plugin_name", 1, F.TYPE_STRING, opt, None)])
+    message("SummaryMetadata", [("plugin_data", 1, F.TYPE_MESSAGE, opt, ".xxcheck.PluginData")])
+    message("TensorProto", [("dtype", 1, F.TYPE_INT32, opt, None), ("string_val", 8, F.TYPE_BYTES, rep, None)])
+    message("Value", [("tag", 1, F.TYPE_STRING, opt, None), ("simple_value", 2, F.TYPE_FLOAT, opt, None),
+                      ("tensor", 8, F.TYPE_MESSAGE, opt, ".xxcheck.TensorProto"),
+                      ("metadata", 9, F.TYPE_MESSAGE, opt, ".xxcheck.SummaryMetadata")])
     message("Summary", [("value", 1, F.TYPE_MESSAGE, rep, ".xxcheck.Value")])
     message("Event", [("wall_time", 1, F.TYPE_DOUBLE, opt, None), ("step", 2, F.TYPE_INT64, opt, None),
                       ("file_version", 3, F.TYPE_STRING, opt, None),
@@ -173,7 +194,10 @@ def protobuf_decoder():
         e.ParseFromString(bytes(buf))
         return {"wall_time": e.wall_time, "step": e.step,
                 "file_version": e.file_version if e.HasField("file_version") else None,
-                "values": [(v.tag, v.simple_value) for v in e.summary.value] if e.HasField("summary") else None}
+                "values": [(v.tag, v.simple_value) for v in e.summary.value if not v.HasField("tensor")]
+                if e.HasField("summary") else None,
+                "texts": [(v.tag, b"".join(v.tensor.string_val).decode()) for v in e.summary.value
+                          if v.HasField("tensor") and v.metadata.plugin_data.plugin_name == "text"]}
 
     return decode
 
@@ -238,12 +262,14 @@ def main():
     ap.add_argument("--metrics", help="metrics.jsonl whose records the scalar events must equal")
     ap.add_argument("--prefix", default="", help="every tag must start with this")
     ap.add_argument("--min-scalar-events", type=int, default=0)
+    ap.add_argument("--min-text-events", type=int, default=0)
     args = ap.parse_args()
 
     failures = []
     fail = failures.append
     pb_decode = protobuf_decoder()
     scalar_events = []  # (file, offset, step, [(tag, value)])
+    text_events = []    # (file, offset, step, [(tag, text)])
     n_records = 0
     try:
         for path in args.files:
@@ -254,7 +280,8 @@ def main():
                 where = f"{path}: offset {offset}"
                 if pb_decode:
                     other = pb_decode(data)
-                    same_values = (event["values"] or []) == (other["values"] or [])
+                    same_values = (event["values"] or []) == (other["values"] or []) and \
+                        event["texts"] == other["texts"]
                     if other["step"] != event["step"] or other["file_version"] != event["file_version"] \
                             or not same_values or other["wall_time"] != event["wall_time"]:
                         fail(f"{where}: protobuf decodes {other}, we decode {event}")
@@ -267,9 +294,17 @@ def main():
                 if event["values"] is None or event["file_version"] is not None:
                     fail(f"{where}: event {event} (expected a step and a summary)")
                     continue
-                for tag, _ in event["values"]:
+                for tag, _ in event["values"] + event["texts"]:
                     if not tag.startswith(args.prefix):
                         fail(f"{where}: tag '{tag}' (expected it to start with '{args.prefix}')")
+                if event["texts"]:
+                    if event["values"]:
+                        fail(f"{where}: an event with both scalars and texts (expected one kind per event)")
+                    for tag, text in event["texts"]:
+                        if not text:
+                            fail(f"{where}: text '{tag}' is empty")
+                    text_events.append((path, offset, event["step"], event["texts"]))
+                    continue
                 scalar_events.append((path, offset, event["step"], event["values"]))
             if not records:
                 fail(f"{path}: no records (expected the file_version event)")
@@ -281,6 +316,8 @@ def main():
         print(f"tensorboard_read: FAIL: {e}", file=sys.stderr)
         return 1
 
+    if len(text_events) < args.min_text_events:
+        fail(f"{len(text_events)} text events (expected at least {args.min_text_events})")
     if len(scalar_events) < args.min_scalar_events:
         fail(f"{len(scalar_events)} scalar events (expected at least {args.min_scalar_events})")
     n_values = sum(len(v) for *_, v in scalar_events)
@@ -303,6 +340,7 @@ def main():
         print(f"tensorboard_read: FAIL: {f}", file=sys.stderr)
     checked = "protobuf agrees" if pb_decode else "protobuf module absent: own decoder only"
     print(f"tensorboard_read: {len(args.files)} file(s), {n_records} records, {len(scalar_events)} scalar events, "
+          f"{len(text_events)} text events, "
           f"{n_values} values; {checked}" + (f"; compared with {args.metrics}" if expected is not None else "")
           + (f": FAILED ({len(failures)})" if failures else ": OK"))
     return 1 if failures else 0

@@ -184,3 +184,17 @@ TEST_CASE("a write error warns once and training goes on", "[tensorboard]") {
   REQUIRE(more.size() == 1);
   CHECK(more[0].find("cannot create") != std::string::npos);
 }
+
+TEST_CASE("text summaries are valid UTF-8: a bad byte becomes U+FFFD", "[tensorboard]") {
+  CHECK(tb::valid_utf8("plain") == "plain");
+  CHECK(tb::valid_utf8("h\xc3\xa9llo \xe2\x96\x81 \xf0\x9f\x98\x80") == "h\xc3\xa9llo \xe2\x96\x81 \xf0\x9f\x98\x80");
+  CHECK(tb::valid_utf8("a\xc3") == "a\xef\xbf\xbd");            // cut mid-character
+  CHECK(tb::valid_utf8("\xff\xfe") == "\xef\xbf\xbd\xef\xbf\xbd");  // never UTF-8
+  CHECK(tb::valid_utf8("\xc0\xaf") == "\xef\xbf\xbd\xef\xbf\xbd");  // overlong '/'
+  CHECK(tb::valid_utf8("\xed\xa0\x80") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate
+  // The event: tag, the text as a DT_STRING tensor, plugin "text".
+  const std::string e = tb::text_event(1.5, 7, "samples/text", "hi\xff");
+  CHECK(e.find("samples/text") != std::string::npos);
+  CHECK(e.find("hi\xef\xbf\xbd") != std::string::npos);
+  CHECK(e.find("text") != std::string::npos);
+}

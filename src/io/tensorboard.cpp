@@ -86,6 +86,31 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
   return event;
 }
 
+// Invalid UTF-8 (a byte-level model's sample can end mid-character) as
+// U+FFFD, one per bad byte: TensorBoard reads text as UTF-8.
+std::string valid_utf8(const std::string& in) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(in.data());
+  const size_t n = in.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (int k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 2) ok = c >= 0xc2;                                                    // no overlong
+    if (ok && len == 3) ok = !(c == 0xe0 && p[i + 1] < 0xa0) && !(c == 0xed && p[i + 1] >= 0xa0);  // no surrogates
+    if (ok && len == 4) ok = !(c == 0xf0 && p[i + 1] < 0x90) && !(c == 0xf4 && p[i + 1] >= 0x90) && c <= 0xf4;
+    if (ok) {
+      out.append(in, i, size_t(len));
+      i += size_t(len);
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
 // Value { tag = 1; metadata = 9 { plugin_data = 1 { plugin_name = 1: "text" } };
 //         tensor = 8 { dtype = 1: DT_STRING (7); tensor_shape = 2: {} (a scalar); string_val = 8 } }
 std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
@@ -95,7 +120,7 @@ std::string text_event(double wall_time, int64_t step, const std::string& tag, c
   put_key(tensor, 1, kVarint);
   put_varint(tensor, 7);
   put_bytes_field(tensor, 2, "");
-  put_bytes_field(tensor, 8, text);
+  put_bytes_field(tensor, 8, valid_utf8(text));
   put_bytes_field(value, 1, tag);
   put_bytes_field(value, 8, tensor);
   put_bytes_field(value, 9, metadata);

@@ -31,7 +31,8 @@ uint32_t masked_crc32c(const void* data, size_t size);
 std::string frame_record(const std::string& data);  // one TFRecord around `data`
 std::string file_version_event(double wall_time);   // the first event of every file
 std::string scalars_event(double wall_time, int64_t step, const Scalars& values);  // values stored as float
-// A text summary (TensorBoard's text plugin): a scalar DT_STRING tensor.
+std::string valid_utf8(const std::string& text);  // bad bytes as U+FFFD
+// A text summary (TensorBoard's text plugin): a scalar DT_STRING tensor, valid UTF-8.
 std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text);
 }  // namespace tb
 

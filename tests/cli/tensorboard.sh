@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # TensorBoard event files (src/io/tensorboard.*) read back by an independent
 # reader (tests/tensorboard_read.py: every length and data CRC, the
-# file_version event, the scalars equal metrics.jsonl as float32), on a
+# file_version event, the scalars equal metrics.jsonl as float32, the
+# samples as text summaries), on a
 # 2-rank run and its resume; the reader catches a flipped byte; a blocked
 # tb folder warns once and training goes on; `tensorboard off` writes none;
 # tools/plot draws the runs and refuses a missing or bad metrics.jsonl.
@@ -17,6 +18,7 @@ DECK=$T/deck.deck
 make_corpus "$CORPUS"
 make_deck "$DECK" "$CORPUS" "$RUN" 2         # a checkpoint every 2 steps
 sed -i 's/^eval every 0/eval every 2/' "$DECK"  # val_loss at steps 2 and 4
+sed -i 's/^run /sample every 2 prompt "Line 1" tokens 8\nrun /' "$DECK"  # a text sample at steps 2 and 4
 
 events_in() { find "$1" -maxdepth 1 -name 'events.out.tfevents.*' -type f | LC_ALL=C sort; }
 
@@ -36,7 +38,7 @@ check grep -q -E '/events\.out\.tfevents\.[0-9]{10}\.[^/]+$' <<<"${MAIN[0]:-}" |
 
 begin "the run's scalars equal metrics.jsonl (train/ and val/ tags)"
 check [ "$(grep -c '"val_loss"' "$RUN/metrics.jsonl")" -eq 2 ] || fail "expected val_loss at 2 steps in metrics.jsonl"
-$READ --metrics "$RUN/metrics.jsonl" --min-scalar-events 4 "${MAIN[0]}" >"$T/read" 2>&1
+$READ --metrics "$RUN/metrics.jsonl" --min-scalar-events 4 --min-text-events 2 "${MAIN[0]}" >"$T/read" 2>&1
 check [ $? -eq 0 ] || fail "reader: $(cat "$T/read")"
 check grep -q ': OK$' "$T/read" || fail "reader: $(cat "$T/read")"
 cat "$T/read"
