@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <fmt/format.h>
@@ -21,7 +22,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: xuanxue generate -ckpt FILE -prompt TEXT [-tokenizer MODEL] [-tokens N] [-temperature T]\n"
     "                        [-top_k K] [-top_p P] [-seed S]\n"
-    "  -ckpt FILE        a checkpoint (RUN_DIR/ckpt/step_N.h5); its deck gives the model\n"
+    "  -ckpt FILE|DIR    a checkpoint (RUN_DIR/ckpt/step_N.h5), or RUN_DIR or RUN_DIR/ckpt: its newest;\n"
+    "                    the checkpoint's deck gives the model\n"
     "  -prompt TEXT      the text to continue\n"
     "  -tokenizer MODEL  SentencePiece model (default: the deck's data ... tokenizer, else bytes)\n"
     "  -tokens N         tokens to generate (default 128; never past the model's seq)\n"
@@ -94,10 +96,21 @@ Program checkpoint_program(const std::string& ckpt) {
 
 }  // namespace
 
+// FILE, or the newest complete checkpoint of RUN_DIR or RUN_DIR/ckpt.
+static std::string resolve_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return path;
+  for (const fs::path dir : {fs::path(path), fs::path(path) / "ckpt"})
+    if (const std::string newest = latest_checkpoint(dir.string()); !newest.empty()) return newest;
+  input_error("{}: no complete checkpoint in this directory or its ckpt/ (expected a run directory, or a "
+              "step_N.h5 file)", path);
+}
+
 int run_generate(MPI_Comm comm, int argc, char** argv) {
   int world = 1;
   MPI_Comm_size(comm, &world);
-  const GenerateArgs a = parse(argc, argv);
+  GenerateArgs a = parse(argc, argv);
+  a.ckpt = resolve_checkpoint(a.ckpt);
   if (world != 1) input_error("generate runs on one rank, not {} (expected no launcher, or -n 1)", world);
   const Program program = checkpoint_program(a.ckpt);
   const Config& cfg = program.phases.front().config;
