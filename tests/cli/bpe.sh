@@ -74,6 +74,13 @@ check cmp -s "$T/gen1" "$T/out" || fail "the same seed gave another text"
 expect_ok 1 generate -ckpt "$RUN" -prompt "The " -tokens 20 -seed 8 -temperature 0.8 -top_k 20
 refute cmp -s "$T/gen1" "$T/out" || fail "another seed gave the same text"
 
+begin "export: the tokenizer goes with the model"
+/usr/bin/python3 "$ROOT/tools/ckpt" export "$RUN/ckpt/step_00000004.h5" --format hf "$T/hf" >"$T/export.out" 2>&1
+check [ $? -eq 0 ] || fail "export: $(cat "$T/export.out")"
+check cmp -s "$T/hf/tokenizer.model" "$T/bpe/tokenizer.model" || fail "tokenizer.model is not the deck's"
+check grep -q '"vocab_size": 512' "$T/hf/config.json" || fail "config.json vocab_size is not 512"
+check grep -q '"tokenizer_class": "LlamaTokenizer"' "$T/hf/tokenizer_config.json" || fail "no tokenizer_config.json"
+
 begin "bad: shards of another tokenizer (same vocab), named with both hashes"
 rm -rf "$T/bad"
 expect_bad 2 "$T/bpe/train_0000.bin: tokenizer hash 0x" "but $T/other/tokenizer.model hashes to 0x" \
