@@ -44,7 +44,7 @@ bad_deck "unknown command, with did-you-mean" 's/^seed 1$/sed 1/' \
   "$D:4: unknown command 'sed'" "(expected one of: seed," "(did you mean 'seed'?)"
 
 bad_deck "unknown keyword, with did-you-mean" 's/ valid 0.1 / vlaid 0.1 /' \
-  "$D:7: unknown keyword 'vlaid' for 'data bytes'" "(expected one of: valid, batch, workers, queue, shuffle, chaos_seed, common, common_rate, noise_rank)" \
+  "$D:7: unknown keyword 'vlaid' for 'data bytes'" "(expected one of: valid, tokenizer, batch, workers, queue, shuffle, chaos_seed, common, common_rate, noise_rank)" \
   "(did you mean 'valid'?)"
 
 bad_deck "malformed integer" 's/ batch 2 / batch 2x /' \
@@ -58,7 +58,7 @@ bad_deck "malformed real" 's/^peak_gflops 50$/peak_gflops fast/' \
   "$D:8: bad value 'fast' for 'peak_gflops'" "(expected a number)"
 
 bad_deck "out-of-range value" 's/ valid 0.1 / valid 0.9 /' \
-  "$D:7: value 0.9 for 'valid' is out of range" "(expected in (0, 0.5])"
+  "$D:7: value 0.9 for 'valid' is out of range" "(expected a fraction in (0, 0.5], or a validation shard)"
 
 bad_deck "out-of-range value from -var" '' \
   "$D:11: value 0 for 'steps' is out of range" "(expected >= 1)" -- -var steps 0
