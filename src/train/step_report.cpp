@@ -97,8 +97,9 @@ void StepReport::log_validation(int64_t step, int64_t phase_end, const Validatio
   record_["val_ppl"] = std::exp(v.loss);
   const bool bpb = std::isfinite(v.bpb);
   if (bpb) record_["val_bpb"] = v.bpb;
-  log_.console(fmt::format("step {:>6}/{} | val_loss {:.4f} | val_ppl {:.2f}{}", step, phase_end, v.loss,
-                           std::exp(v.loss), bpb ? fmt::format(" | val_bpb {:.4f}", v.bpb) : ""));
+  record_["val_acc"] = v.acc;
+  log_.console(fmt::format("step {:>6}/{} | val_loss {:.4f} | val_ppl {:.2f}{} | val_acc {:.4f}", step, phase_end,
+                           v.loss, std::exp(v.loss), bpb ? fmt::format(" | val_bpb {:.4f}", v.bpb) : "", v.acc));
 }
 
 void StepReport::flush() {

@@ -16,10 +16,11 @@
 
 namespace xx {
 
-// One validation pass: the mean loss in nats per token, and bits per byte of
-// the text predicted (NaN where tokens have no known byte length).
+// One validation pass: the mean loss in nats per token, bits per byte of the
+// text predicted (NaN where tokens have no known byte length), and the
+// fraction of tokens whose argmax is the target (next-token accuracy).
 struct Validation {
-  double loss = 0, bpb = 0;
+  double loss = 0, bpb = 0, acc = 0;
 };
 
 // The figures of the step just taken.

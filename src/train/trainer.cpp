@@ -3,6 +3,7 @@
 // Set-up is in trainer_setup.cpp, checkpoints in trainer_checkpoint.cpp,
 // health and signals in trainer_resilience.cpp.
 #include "train/trainer.h"
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unistd.h>
@@ -174,7 +175,7 @@ Validation Trainer::evaluate() {
   const int64_t B = cfg_.data.batch, N = B * cfg_.model.seq;
   const Corpus& valid = valid_corpus_ ? *valid_corpus_ : corpus_;
   const int64_t first = valid_corpus_ ? 0 : split_.train_windows;
-  double sums[3] = {0, 0, 0};  // mean losses, nats, bytes of text predicted
+  double sums[5] = {0, 0, 0, 0, 0};  // mean losses, nats, bytes of text predicted, argmax hits, tokens
   precision_->refresh_weights();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
     std::vector<int64_t> windows(B);
@@ -185,13 +186,21 @@ Validation Trainer::evaluate() {
     const double loss = model_->forward(inputs_, targets_).main;
     sums[0] += loss, sums[1] += loss * double(N);
     for (int32_t t : batch.targets) sums[2] += tokenizer_->bytes_of(t);
+    // next-token accuracy: the main head's argmax (the lowest id among equals) is the target
+    auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model_->logits());
+    const int64_t V = cfg_.model.vocab;
+    for (int64_t i = 0; i < N; ++i) {
+      const float* row = &logits(i, 0);
+      sums[3] += int64_t(std::max_element(row, row + V) - row) == batch.targets[size_t(i)];
+    }
+    sums[4] += double(N);
   }
-  double total[3] = {0, 0, 0};
-  MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, comm_);
+  double total[5] = {0, 0, 0, 0, 0};
+  MPI_Allreduce(sums, total, 5, MPI_DOUBLE, MPI_SUM, comm_);
   // bits per byte = nats per token * tokens / bytes / ln 2
   const double bpb = bytes_known_ && total[2] > 0 ? total[1] / total[2] / std::log(2.0)
                                                   : std::numeric_limits<double>::quiet_NaN();
-  return {total[0] / double(world_ * cfg_.eval.batches), bpb};
+  return {total[0] / double(world_ * cfg_.eval.batches), bpb, total[3] / total[4]};
 }
 
 // ---------------------------------------------------------------------------

@@ -1,121 +1,199 @@
 #!/usr/bin/env bash
-# tools/ckpt export FILE --format hf OUT_DIR: three trained models exported
-# (dense MHA as Llama; MLA with a query latent, sigmoid-gated MoE with its
-# balance bias and MTP as DeepSeek-V3; MLA with a softmax-gated MoE as
-# DeepSeek-V2), each read back by tests/hf_check.py (its own safetensors
-# reader, and the forward pass as the HF model code defines it, from
-# config.json alone), which must reproduce the run's last validation loss
-# within 1e-5. Refusals and bad input: exit 2, one line naming the option or
-# the file, nothing written.
+# tools/ckpt export FILE --format hf OUT_DIR on the binary's own checkpoints of four small models:
+# dense MHA (Llama), MLA with a query latent + MoE with the selection bias (sigmoid) + MTP depth 2
+# (DeepSeek-V3), MLA without a query latent + MoE with the auxiliary loss (softmax) (DeepSeek-V2),
+# and dense MHA on SentencePiece shards (Llama and its tokenizer). For each, tests/hf_read.py (the
+# safetensors format from its definition, no tools/ckpt) maps the HF tensors back (bit for bit the
+# checkpoint's /model), recomputes tools/torch_reference.py's loss from them, runs a forward of its
+# own in the Hugging Face model code's conventions on the HF names and config.json keys, and
+# compares with the trainer's own val_loss of the last step (rel 1e-5); and shows that each
+# permutation matters. Then every refusal (a deck option with no HF counterpart), a missing
+# tokenizer, bad input and an existing OUT_DIR: exit 2, one line, nothing written; and the h5
+# export's command line still works.
 # usage: hf_export.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-CKPT="/usr/bin/python3 $ROOT/tools/ckpt"
-CHECK="/usr/bin/python3 $ROOT/tests/hf_check.py"
-CORPUS=$T/corpus.txt
-cat /usr/share/games/fortunes/fortunes >"$CORPUS"
+HERE="$(dirname "${BASH_SOURCE[0]}")"
+CKPT="$HERE/../../tools/ckpt"
+READ="$HERE/../hf_read.py"
+PREP="$HERE/../../tools/prepare-data"
+PY=/usr/bin/python3
 
-# train NAME NP MODEL_LINES: 6 steps, validation (2 batches) and a checkpoint at the end
-train() {
-  local name=$1 np=$2
+CORPUS=$T/corpus.txt
+make_corpus "$CORPUS"
+
+# make_model_deck NAME STEPS LINES...: a deck training model NAME (its run directory $T/NAME) with
+# the model lines given, on the bytes corpus; eval batches 2 of batch 2 at the end, a checkpoint there.
+make_model_deck() {
+  local name=$1 steps=$2
   shift 2
   {
-    echo "seed 3"
+    echo "seed 1"
     printf '%s\n' "$@"
-    echo "data bytes $CORPUS valid 0.1 batch 2 workers 1"
-    echo "optimizer adamw lr 3e-3"
+    grep -q '^data ' <(printf '%s\n' "$@") || echo "data bytes $CORPUS valid 0.1 batch 2 workers 1"
+    echo "optimizer adamw lr 1e-2"
     echo "output dir $T/$name log_every 1"
     echo "eval every 0 batches 2"
-    echo "run 6"
+    echo "run $steps"
   } >"$T/$name.deck"
-  begin "train $name on $np rank(s) (setup)"
-  expect_ok "$np" -in "$T/$name.deck"
 }
-train dense 1 "model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 32"
-train v3 2 "model deepseek vocab 256 dim 32 layers 3 heads 2 ffn 64 seq 32" \
-  "attention mla kv_lora_rank 16 q_lora_rank 12 qk_nope_dim 8 rope_dim 8 v_dim 8" \
-  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.01 route_scale 1.5" \
-  "mtp depth 1 weight 0.3"
-train v2 1 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 32" \
+train() {  # train NAME STEPS LINES...
+  local name=$1
+  make_model_deck "$@"
+  begin "train $name (setup)"
+  expect_ok 1 -in "$T/$name.deck"
+}
+at_end() { ls "$T/$1"/ckpt/step_*.h5 | tail -1; }
+
+MLA="norm_eps 1e-6 init_std 0.2"
+train llama 4 "model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 init_std 0.2"
+train v3 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA" \
+  "attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8" \
+  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 route_scale 1.5" \
+  "mtp depth 2 weight 0.3"
+train v2 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA" \
   "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8" \
-  "moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux"
-train softmax_mtp 1 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 32" \
-  "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8" \
-  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate softmax balance aux" "mtp depth 1"
-train softmax_bias 1 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 32" \
-  "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8" \
-  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate softmax balance bias"
+  "moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 route_scale 2"
+begin "prepare SentencePiece shards (setup)"
+check "$PREP" --tokenizer bpe --vocab 320 --out "$T/bpe" "$CORPUS" >"$T/prep.out" 2>&1 || fail "$(cat "$T/prep.out")"
+train bpe 4 "model dense vocab 320 dim 32 layers 2 heads 2 ffn 64 seq 16 init_std 0.2" \
+  "data shard '$T/bpe/train_*.bin' valid $T/bpe/val.bin tokenizer $T/bpe/tokenizer.model batch 2 workers 1"
 [ "$FAILS" -eq 0 ] || finish
 
-# export NAME FAMILY WORLD [ARGS...]: exports the run's checkpoint and checks it against its val_loss
-export_check() {
-  local name=$1 family=$2 world=$3
-  shift 3
-  begin "$name: exported as $family, the HF forward reproduces the val_loss"
-  $CKPT export "$T/$name/ckpt/step_00000006.h5" --format hf "$T/hf_$name" "$@" >"$T/out" 2>"$T/err"
-  check [ $? -eq 0 ] || { fail "export: $(cat "$T/err")"; return; }
-  check grep -q "($family)" "$T/out" || fail "export says: $(cat "$T/out")"
-  check grep -q "\"model_type\": \"$family\"" "$T/hf_$name/config.json" || fail "config.json is not $family"
-  $CHECK "$T/hf_$name" "$CORPUS" "$T/$name/metrics.jsonl" --batch 2 --world "$world" --eval-batches 2 --valid 0.1 \
-    >"$T/check" 2>&1
-  check [ $? -eq 0 ] || fail "$(cat "$T/check")"
-  cat "$T/check"
-}
-export_check dense llama 1
-export_check v3 deepseek_v3 2
-export_check v2 deepseek_v2 1
-export_check softmax_mtp deepseek_v2 1 --drop-mtp  # V2 has no MTP: the main model, exactly
+# ----------------------------------------------------------------------------
+# the exports, read back independently
 
-begin "v3: the MTP module under DeepSeek-V3's names, its selection biases as e_score_correction_bias"
-/usr/bin/python3 - "$T/hf_v3/model.safetensors" <<'PY' || fail "MTP or bias tensors missing"
-import json, struct, sys
-blob = open(sys.argv[1], "rb").read()
-names = set(json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]))
-need = {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight", "model.layers.3.hnorm.weight",
-        "model.layers.3.shared_head.head.weight", "model.layers.3.shared_head.norm.weight",
-        "model.layers.3.mlp.gate.e_score_correction_bias", "model.layers.1.mlp.gate.e_score_correction_bias",
-        "model.layers.0.self_attn.q_a_proj.weight", "model.layers.2.mlp.shared_experts.up_proj.weight"}
-sys.exit(0 if need <= names else print(sorted(need - names)) or 1)
-PY
-
-# refused NAME PREFIX CHECKPOINT: exit 2, one line, no output directory
-refused() {
-  begin "refused: $1"
-  rm -rf "$T/refused"
-  $CKPT export "$3" --format hf "$T/refused" >"$T/out" 2>"$T/err"
+export_hf() {  # export_hf NAME [ARGS...]: $T/NAME.hf from NAME's last checkpoint; output in $T/out
+  local name=$1
+  shift
+  $PY "$CKPT" export "$(at_end "$name")" --format hf "$T/$name.hf" "$@" >"$T/out" 2>"$T/err"
   local rc=$?
-  check [ $rc -eq 2 ] || fail "exit code $rc (expected 2): $(cat "$T/err")"
-  check [ "$(wc -l <"$T/err")" -eq 1 ] || fail "expected one line on stderr: $(cat "$T/err")"
-  check grep -q -F -- "$2" "$T/err" || fail "stderr: $(cat "$T/err") (expected '$2')"
-  check [ ! -e "$T/refused" ] || fail "the output directory was written"
+  check [ $rc -eq 0 ] || fail "export $name: exit code $rc: $(cat "$T/err")"
 }
-refused "MTP with a softmax gate (DeepSeek-V2 has none)" \
-  "ckpt: export --format hf: mtp depth 1 with moe gate softmax: DeepSeek-V2 has no multi-token prediction" \
-  "$T/softmax_mtp/ckpt/step_00000006.h5"
-refused "a softmax gate with balance bias" "ckpt: export --format hf: moe gate softmax with balance bias" \
-  "$T/softmax_bias/ckpt/step_00000006.h5"
-refused "not a checkpoint" "ckpt: $CORPUS: not a readable HDF5 file" "$CORPUS"
+read_back() {  # read_back NAME DATA_ARGS...
+  local name=$1
+  shift
+  check $PY "$READ" "$T/$name.hf" "$(at_end "$name")" "$T/$name/metrics.jsonl" "$@" --batch 2 --eval-batches 2 \
+    >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|Error|error' "$T/read.out" | head -5)"
+  sed 's/^/    /' "$T/read.out" | grep -E 'val_loss|without|bias changed|^    (OK|FAILED)'
+}
 
-begin "bad: an existing output directory is kept; --force replaces it"
-before=$(snapshot "$T/hf_dense")
-$CKPT export "$T/dense/ckpt/step_00000006.h5" --format hf "$T/hf_dense" >"$T/out" 2>"$T/err"
-check [ $? -eq 2 ] || fail "exit code (expected 2)"
-check grep -q "$T/hf_dense: exists (expected a new directory, or --force" "$T/err" || fail "$(cat "$T/err")"
-check [ "$(snapshot "$T/hf_dense")" = "$before" ] || fail "the existing directory changed"
-$CKPT export "$T/dense/ckpt/step_00000006.h5" --format hf "$T/hf_dense" --force >"$T/out" 2>"$T/err"
-check [ $? -eq 0 ] || fail "--force: $(cat "$T/err")"
-check cmp -s <(echo "$before") <(snapshot "$T/hf_dense") || fail "--force did not write the same export"
+begin "llama: export, names, row permutation, loss"
+export_hf llama
+check grep -q "LlamaForCausalLM (model_type llama)" "$T/out" || fail "$(cat "$T/out")"
+check grep -q "no tokenizer: the deck's data is byte-level" "$T/out" || fail "no word on the tokenizer: $(cat "$T/out")"
+check [ ! -e "$T/llama.hf/tokenizer.model" ] || fail "a byte-level model got a tokenizer file"
+check [ "$(ls "$T/llama.hf" | tr '\n' ' ')" = "config.json model.safetensors " ] || fail "files: $(ls "$T/llama.hf")"
+read_back llama --bytes "$CORPUS" --valid 0.1
 
-begin "bad: a tokenizer that is not there"
-$CKPT export "$T/dense/ckpt/step_00000006.h5" --format hf "$T/refused" --tokenizer "$T/gone.model" >"$T/out" 2>"$T/err"
-check [ $? -eq 2 ] || fail "exit code (expected 2)"
-check grep -q "$T/gone.model: the tokenizer model is missing" "$T/err" || fail "$(cat "$T/err")"
-check [ ! -e "$T/refused" ] || fail "the output directory was written"
+begin "deepseek-v3: MLA with q_lora, MoE sigmoid with the selection bias, MTP depth 2"
+export_hf v3
+check grep -q "DeepseekV3ForCausalLM (model_type deepseek_v3)" "$T/out" || fail "$(cat "$T/out")"
+check grep -q '"num_nextn_predict_layers": 2' "$T/v3.hf/config.json" || fail "$(cat "$T/v3.hf/config.json")"
+read_back v3 --bytes "$CORPUS" --valid 0.1 --expect-bias
 
-begin "the h5 export keeps its own arguments"
-$CKPT export "$T/dense/ckpt/step_00000006.h5" --format hf >"$T/out" 2>"$T/err"
-check [ $? -eq 2 ] || fail "--format hf without OUT_DIR: exit code (expected 2)"
-$CKPT export "$T/dense/ckpt/step_00000006.h5" "$T/x" >"$T/out" 2>"$T/err"
-check [ $? -eq 2 ] || fail "an OUT_DIR without --format hf: exit code (expected 2)"
+begin "deepseek-v2: MLA without q_lora, MoE softmax with the auxiliary loss"
+export_hf v2
+check grep -q "DeepseekV2ForCausalLM (model_type deepseek_v2)" "$T/out" || fail "$(cat "$T/out")"
+check grep -q '"aux_loss_alpha": 0.01' "$T/v2.hf/config.json" || fail "aux_loss_alpha: $(grep aux "$T/v2.hf/config.json")"
+read_back v2 --bytes "$CORPUS" --valid 0.1
 
+begin "tokenizer: the deck's SentencePiece model copied, tokenizer_config.json"
+export_hf bpe
+check cmp -s "$T/bpe/tokenizer.model" "$T/bpe.hf/tokenizer.model" || fail "tokenizer.model is not the deck's"
+check $PY - "$T/bpe.hf" <<'PY' || fail "tokenizer_config.json or config.json's token ids"
+import json, sys
+t = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
+c = json.load(open(sys.argv[1] + "/config.json"))
+sys.exit(0 if t["tokenizer_class"] == "LlamaTokenizer" and (t["unk_token"], t["bos_token"], t["eos_token"]) ==
+         ("<unk>", "<s>", "</s>") and not t["add_bos_token"] and (c["bos_token_id"], c["eos_token_id"]) == (1, 2)
+         else 1)
+PY
+read_back bpe --valid-shard "$T/bpe/val.bin"
+
+begin "--rank 0 exports that rank's state (under sync dense, the same model)"
+export_hf llama --rank 0 --force
+check grep -q "rank 0" "$T/out" || fail "$(cat "$T/out")"
+read_back llama --bytes "$CORPUS" --valid 0.1
+
+# ----------------------------------------------------------------------------
+# refusals: one line naming the deck option, exit 2, no OUT_DIR, no temp directory
+
+expect_hf_error() {  # expect_hf_error WHAT FILE MESSAGE [ARGS...]
+  local what=$1 file=$2 message=$3
+  shift 3
+  rm -rf "$T/refused"
+  $PY "$CKPT" export "$file" --format hf "$T/refused" "$@" >"$T/out" 2>"$T/err"
+  local rc=$?
+  check [ $rc -eq 2 ] || fail "$what: exit code $rc (expected 2)"
+  check [ "$(wc -l <"$T/err")" -eq 1 ] || fail "$what: expected one line on stderr: $(cat "$T/err")"
+  check grep -q -F -- "$message" "$T/err" || fail "$what: $(cat "$T/err")"
+  check [ ! -e "$T/refused" ] || fail "$what: OUT_DIR was created"
+  check [ -z "$(ls -d "$T"/refused.* 2>/dev/null)" ] || fail "$what: a temp directory was left behind"
+}
+refused() {  # refused NAME OPTION MODEL_LINES...: trains one step, then the export is refused naming OPTION
+  local name=$1 option=$2
+  shift 2
+  train "$name" 1 "$@"
+  begin "refused: $option"
+  expect_hf_error "$name" "$(at_end "$name")" "deck option '$option' has no Hugging Face counterpart"
+}
+DENSE="model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16"
+DEEP="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16"
+ATT="attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8"
+refused mha_moe "moe on" "$DENSE" "moe on dense_layers 1 routed 4 topk 2 ffn 16"
+refused mha_mtp "mtp depth 1" "$DENSE" "mtp depth 1"
+refused mla_eps "model norm_eps 1e-05" "$DEEP" "$ATT"
+begin "--latent-eps-1e-6 exports it anyway, and says what changes"
+$PY "$CKPT" export "$(at_end mla_eps)" --format hf "$T/mla_eps.hf" --latent-eps-1e-6 >"$T/out" 2>&1 ||
+  fail "$(cat "$T/out")"
+check grep -q "q_a_layernorm and kv_a_layernorm will use eps 1e-6, not the trained 1e-05" "$T/out" || fail "$(cat "$T/out")"
+check grep -q '"rms_norm_eps": 1e-05' "$T/mla_eps.hf/config.json" || fail "rms_norm_eps: $(grep eps "$T/mla_eps.hf/config.json")"
+refused softmax_bias "moe gate softmax balance bias" "$DEEP norm_eps 1e-6" "$ATT" \
+  "moe on dense_layers 1 routed 4 topk 2 ffn 16 gate softmax balance bias"
+refused softmax_mtp "mtp depth 1" "$DEEP norm_eps 1e-6" "$ATT" "moe on dense_layers 1 routed 4 topk 2 ffn 16" "mtp depth 1"
+refused sigmoid_top1 "moe topk 1 gate sigmoid" "$DEEP norm_eps 1e-6" "$ATT" \
+  "moe on dense_layers 1 routed 4 topk 1 ffn 16 gate sigmoid balance bias"
+
+begin "a tokenizer the deck names but that is missing: exit 2 naming it; --tokenizer gives it"
+mv "$T/bpe/tokenizer.model" "$T/moved.model"
+expect_hf_error "missing tokenizer" "$(at_end bpe)" "the tokenizer '$T/bpe/tokenizer.model' named by the deck's data line is missing"
+$PY "$CKPT" export "$(at_end bpe)" --format hf "$T/bpe2.hf" --tokenizer "$T/moved.model" >"$T/out" 2>&1 ||
+  fail "--tokenizer: $(cat "$T/out")"
+check cmp -s "$T/moved.model" "$T/bpe2.hf/tokenizer.model" || fail "--tokenizer: not copied"
+expect_hf_error "a tokenizer of another vocab" "$(at_end llama)" "has 320 pieces, but the model has vocab 256" \
+  --tokenizer "$T/moved.model"
+mv "$T/moved.model" "$T/bpe/tokenizer.model"
+
+begin "bad input: not a checkpoint"
+printf 'not hdf5' >"$T/junk.h5"
+expect_hf_error "junk" "$T/junk.h5" "$T/junk.h5: not a readable HDF5 file"
+
+begin "an existing OUT_DIR: refused when not empty (untouched), replaced with --force, fine when empty"
+mkdir -p "$T/keep"
+echo precious >"$T/keep/notes.txt"
+before=$(snapshot "$T/keep")
+$PY "$CKPT" export "$(at_end llama)" --format hf "$T/keep" >"$T/out" 2>"$T/err"
+rc=$?
+check [ $rc -eq 2 ] || fail "exit code $rc (expected 2)"
+check grep -q -F "$T/keep: exists and is not empty (expected a new or empty directory; --force replaces it)" "$T/err" ||
+  fail "$(cat "$T/err")"
+check [ "$(snapshot "$T/keep")" = "$before" ] || fail "the directory changed"
+$PY "$CKPT" export "$(at_end llama)" --format hf "$T/keep" --force >"$T/out" 2>&1 || fail "--force: $(cat "$T/out")"
+check [ ! -e "$T/keep/notes.txt" ] && check [ -s "$T/keep/model.safetensors" ] || fail "--force did not replace it"
+check [ -z "$(ls -d "$T"/keep.* 2>/dev/null)" ] || fail "--force left $(ls -d "$T"/keep.*)"
+mkdir "$T/empty"
+$PY "$CKPT" export "$(at_end llama)" --format hf "$T/empty" >"$T/out" 2>&1 || fail "empty OUT_DIR: $(cat "$T/out")"
+check [ -s "$T/empty/config.json" ] || fail "nothing in the empty OUT_DIR"
+
+begin "the command line: h5 stays the default; each format refuses the other's arguments"
+$PY "$CKPT" export "$(at_end llama)" --rank 0 -o "$T/r0.h5" >"$T/out" 2>&1 || fail "h5 export: $(cat "$T/out")"
+check $PY "$CKPT" verify "$T/r0.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+for args in "--format hf" "--format h5 --rank 0 $T/dir" "--format hf $T/dir -o $T/x.h5" "--rank 0" \
+            "--rank 0 -o $T/x.h5 --latent-eps-1e-6"; do
+  $PY "$CKPT" export "$(at_end llama)" $args >"$T/out" 2>"$T/err"
+  rc=$?
+  check [ $rc -eq 2 ] || fail "'export FILE $args': exit code $rc (expected 2)"
+  check grep -q "error: " "$T/err" || fail "'export FILE $args': $(cat "$T/err")"
+done
+check [ ! -e "$T/dir" ] && check [ ! -e "$T/x.h5" ] || fail "a refused command line wrote something"
 finish

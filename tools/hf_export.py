@@ -1,0 +1,524 @@
+# The Hugging Face layout of a xuanxue model, for `tools/ckpt export FILE --format hf OUT_DIR`
+# (docs/CHECKPOINT.md, "Export for other tools"): the deck's model as a config.json of
+# LlamaForCausalLM (dense MHA), DeepseekV2ForCausalLM or DeepseekV3ForCausalLM, its tensors under
+# the names and in the row order of those model codes in one model.safetensors, and the
+# SentencePiece model the data line names. numpy and the standard library only.
+#
+# What is permuted, and why (our convention: kernels/rope.h, kernels/mla.h, tools/torch_reference.py):
+#   - llama q_proj, k_proj: we rotate the interleaved pairs (2i, 2i+1) of each head; HF Llama's
+#     rotate_half rotates (i, i + D/2) by the same angle t * theta^(-2i/D). The rows of each head
+#     go from (pair i, member s) at 2i + s to s * D/2 + i (evens first, then odds), the inverse
+#     of what HF's convert_llama_weights_to_hf does to Meta's weights. q.k is unchanged.
+#   - deepseek: none. HF DeepSeek's apply_rotary_pos_emb (V2 remote code, V3's
+#     apply_rotary_pos_emb_interleave) reads the rope part interleaved and de-interleaves it itself;
+#     native DeepseekV2 rotates the pairs as complex numbers, as we do.
+#   - MTP eh_proj: our proj multiplies [hnorm(h) | enorm(emb)]; DeepSeek-V3 (vLLM, SGLang)
+#     concatenates [enorm(emb) | hnorm(h)]: the two column halves are swapped.
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+
+import numpy as np
+
+
+class Refusal(Exception):
+    """A model that has no Hugging Face counterpart, or an export that cannot be written as asked: exit 2."""
+
+
+# ----------------------------------------------------------------------------
+# the deck (the checkpoint's resolved deck text: one command per line)
+
+
+def split_words(line):
+    """Words at white space; '...' or "..." quote part of a word (src/deck/deck.cpp's rule)."""
+    words, word, quote, open_ = [], [], None, False
+    for c in line:
+        if quote:
+            if c == quote:
+                quote = None
+            else:
+                word.append(c)
+        elif c in "'\"":
+            quote, open_ = c, True
+        elif c.isspace():
+            if open_:
+                words.append("".join(word))
+            word, open_ = [], False
+        else:
+            word.append(c)
+            open_ = True
+    if open_:
+        words.append("".join(word))
+    return words
+
+
+# Defaults of src/deck/config.h.
+MODEL_DEFAULTS = {"rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.02}
+MOE_DEFAULTS = {"dense_layers": 1, "shared": 0, "gate": "softmax", "balance": "aux", "balance_coef": 0.001,
+                "route_scale": 1.0}
+
+
+def deck_settings(deck):
+    """The model, attention, moe, mtp and data lines in effect at the first `run` (each the last one
+    before it), as {command: {"kind": word, keyword: value}}."""
+    s = {"attention": {"kind": "mha"}, "moe": {"kind": "off"}, "mtp": {"depth": "0", "weight": "0.3"}}
+    for line in deck.splitlines():
+        words = split_words(line.split("#")[0])
+        if not words:
+            continue
+        if words[0] == "run":
+            break
+        if words[0] in ("model", "attention", "moe", "data"):
+            d = {"kind": words[1] if len(words) > 1 else ""}
+            rest = words[2:]
+            if words[0] == "data" and rest:
+                d["path"], rest = rest[0], rest[1:]
+            d.update(zip(rest[0::2], rest[1::2]))
+            s[words[0]] = d
+        elif words[0] == "mtp":
+            s["mtp"] = {"weight": "0.3", **dict(zip(words[1::2], words[2::2]))}
+    if "model" not in s:
+        raise Refusal("its deck has no model line (expected the deck the run was trained with)")
+    return s
+
+
+def model_of(s):
+    """Typed values of the deck's model, attention, moe and mtp lines (defaults filled in)."""
+    m = {**MODEL_DEFAULTS, **s["model"]}
+    out = {"kind": m["kind"], **{k: int(m[k]) for k in ("vocab", "dim", "layers", "heads", "ffn", "seq")},
+           **{k: float(m[k]) for k in MODEL_DEFAULTS}}
+    a = s["attention"]
+    out["attention"] = {"kind": a["kind"]}
+    if a["kind"] == "mla":
+        out["attention"].update({k: int(a.get(k, 0)) for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim",
+                                                                "rope_dim", "v_dim")})
+    e = {**MOE_DEFAULTS, **s["moe"]}
+    out["moe"] = {"mode": e["kind"]}
+    if e["kind"] == "on":
+        out["moe"].update({k: int(e[k]) for k in ("dense_layers", "shared", "routed", "topk", "ffn")})
+        out["moe"].update(gate=e["gate"], balance=e["balance"], balance_coef=float(e["balance_coef"]),
+                          route_scale=float(e["route_scale"]))
+    out["mtp"] = {"depth": int(s["mtp"].get("depth", 0)), "weight": float(s["mtp"].get("weight", 0.3))}
+    return out
+
+
+# ----------------------------------------------------------------------------
+# config.json: which HF model, and every key; or a refusal naming the option
+
+
+# HF DeepSeek's q_a_layernorm and kv_a_layernorm are built as RMSNorm(rank) with the class default
+# eps 1e-6, whatever rms_norm_eps says (V2 remote and native code, V3 likewise); ours use norm_eps.
+HF_LATENT_NORM_EPS = 1e-6
+
+
+def refuse(option, why):
+    raise Refusal(f"deck option '{option}' has no Hugging Face counterpart ({why}); nothing written")
+
+
+def hf_config(m, tokens, latent_eps=False):
+    """(model_type, config dict, notes) for the model m (model_of); tokens: bos/eos ids or None.
+    latent_eps: export an MLA model whose norm_eps is not 1e-6 anyway (--latent-eps-1e-6)."""
+    a, e, t = m["attention"], m["moe"], m["mtp"]
+    L, D, C, H = m["layers"], t["depth"], m["dim"], m["heads"]
+    moe_on = e["mode"] == "on"
+    notes = []
+    common = {
+        "vocab_size": m["vocab"], "hidden_size": C, "intermediate_size": m["ffn"], "num_hidden_layers": L,
+        "num_attention_heads": H, "num_key_value_heads": H, "hidden_act": "silu",
+        "max_position_embeddings": m["seq"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
+        "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+        "initializer_range": m["init_std"], "tie_word_embeddings": False, "use_cache": True,
+        "bos_token_id": tokens.get("bos"), "eos_token_id": tokens.get("eos"), "pad_token_id": None,
+        "torch_dtype": "float32",
+    }
+    if a["kind"] == "mha":
+        if moe_on:
+            refuse("moe on", "with attention mha: Llama has no experts, and HF's DeepSeek models attend with "
+                             "MLA only; use attention mla")
+        if D > 0:
+            refuse(f"mtp depth {D}", "with attention mha: Llama has no multi-token prediction; MTP is "
+                                     "DeepSeek-V3's (attention mla)")
+        if C % H:
+            refuse(f"model dim {C} heads {H}", "Llama's q_proj is heads x dim/heads rows")
+        config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common, "head_dim": C // H,
+                  "mlp_bias": False, "pretraining_tp": 1}
+        notes.append("rope: q_proj and k_proj rows of each head permuted from interleaved pairs (2i, 2i+1) "
+                     "to halves (i, i + head_dim/2) for Llama's rotate_half")
+        return "llama", config, notes
+
+    if m["norm_eps"] != HF_LATENT_NORM_EPS and not latent_eps:
+        refuse(f"model norm_eps {m['norm_eps']:g}", f"with attention mla: HF DeepSeek's q_a_layernorm and "
+               f"kv_a_layernorm always use eps {HF_LATENT_NORM_EPS:g}, ours use norm_eps; train with norm_eps "
+               f"1e-6, or pass --latent-eps-1e-6 to accept that change of those two norms")
+    if m["norm_eps"] != HF_LATENT_NORM_EPS:
+        notes.append(f"--latent-eps-1e-6: HF's q_a_layernorm and kv_a_layernorm will use eps 1e-6, not the "
+                     f"trained {m['norm_eps']:g} (rms_norm_eps, every other norm, stays {m['norm_eps']:g})")
+    if moe_on and e["gate"] == "softmax" and e["balance"] == "bias":
+        refuse("moe gate softmax balance bias", "DeepSeek-V2's softmax gate has no selection bias and "
+                                                "DeepSeek-V3's bias (e_score_correction_bias) needs gate sigmoid")
+    if moe_on and e["gate"] == "softmax" and D > 0:
+        refuse(f"mtp depth {D}", "with moe gate softmax: MTP is DeepSeek-V3's, whose gate is sigmoid; "
+                                 "DeepSeek-V2 has no MTP")
+    if moe_on and e["gate"] == "sigmoid" and e["topk"] < 2:
+        refuse(f"moe topk {e['topk']} gate sigmoid", "we normalise the one selected score to 1; DeepSeek-V3's "
+                                                    "remote code normalises only when top_k > 1")
+    v3 = (moe_on and e["gate"] == "sigmoid") or D > 0
+    model_type = "deepseek_v3" if v3 else "deepseek_v2"
+    config = {"architectures": ["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"],
+              "model_type": model_type, **common,
+              "kv_lora_rank": a["kv_lora_rank"], "q_lora_rank": a["q_lora_rank"] or None,
+              "qk_rope_head_dim": a["rope_dim"], "qk_nope_head_dim": a["qk_nope_dim"], "v_head_dim": a["v_dim"],
+              "moe_layer_freq": 1, "ep_size": 1, "n_group": 1, "topk_group": 1, "seq_aux": False,
+              "scoring_func": "sigmoid" if v3 else "softmax", "topk_method": "noaux_tc" if v3 else "greedy",
+              "norm_topk_prob": v3}
+    if moe_on:
+        config.update(n_shared_experts=e["shared"], n_routed_experts=e["routed"], num_experts_per_tok=e["topk"],
+                      moe_intermediate_size=e["ffn"], first_k_dense_replace=e["dense_layers"],
+                      routed_scaling_factor=e["route_scale"],
+                      aux_loss_alpha=e["balance_coef"] if e["balance"] == "aux" else 0.0)
+        if e["balance"] == "bias":
+            notes.append("moe: the selection biases (/buffers/*.ffn.gate_bias) are mlp.gate.e_score_correction_bias"
+                         f"; balance_coef {e['balance_coef']:g} (their update step) is training only")
+        elif v3:
+            notes.append("moe: balance aux under gate sigmoid: e_score_correction_bias is zero; HF's V3 code "
+                         "computes no auxiliary loss (aux_loss_alpha is kept for reference)")
+    else:  # every layer, MTP's included, keeps the dense FFN: all below first_k_dense_replace
+        config.update(n_shared_experts=None, n_routed_experts=None, num_experts_per_tok=None,
+                      moe_intermediate_size=None, first_k_dense_replace=L + D, routed_scaling_factor=1.0,
+                      aux_loss_alpha=0.0)
+    if v3:
+        config.update(num_nextn_predict_layers=D, rope_interleave=True)
+    if D > 0:
+        layers = f"model.layers.{L}" + (f"..{L + D - 1}" if D > 1 else "")
+        notes.append(f"mtp: {layers} (eh_proj column halves swapped to [enorm | hnorm]; "
+                     f"embed_tokens and shared_head.head are copies of the shared ones); mtp weight "
+                     f"{t['weight']:g} is training only")
+    return model_type, config, notes
+
+
+# ----------------------------------------------------------------------------
+# tensors: our names (src/model/params.cpp) to HF's, in the HF row order
+
+
+def interleaved_to_halves(w, heads):
+    """Rows of each head from pairs (2i, 2i+1) to halves (i, i + D/2): row 2i + s goes to s * D/2 + i."""
+    rows, cols = w.shape
+    d = rows // heads
+    return w.reshape(heads, d // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def hf_tensors(m, model_type, tensors, buffers):
+    """[(hf_name, float32 array)] from our /model tensors (name -> array) and /buffers. Raises
+    Refusal when the file's tensors are not the deck's model (a name missing, a shape, one left over)."""
+    a, e = m["attention"], m["moe"]
+    L, D, C, H, V = m["layers"], m["mtp"]["depth"], m["dim"], m["heads"], m["vocab"]
+    used, out = set(), []
+
+    def get(name, shape):
+        if name not in tensors:
+            raise Refusal(f"tensor '/model/{name}' is missing (expected by the deck's model)")
+        value = tensors[name]
+        if tuple(value.shape) != tuple(shape):
+            raise Refusal(f"tensor '/model/{name}' has shape {list(value.shape)} (expected {list(shape)} "
+                          f"from the deck's model)")
+        used.add(name)
+        return np.asarray(value, dtype=np.float32)
+
+    def put(name, value):
+        out.append((name, np.ascontiguousarray(value, dtype=np.float32)))
+
+    def mlp(ours, hf, width):  # SwiGLU: w1 gate, w3 up, w2 down
+        put(hf + "gate_proj.weight", get(ours + "w1", (width, C)))
+        put(hf + "up_proj.weight", get(ours + "w3", (width, C)))
+        put(hf + "down_proj.weight", get(ours + "w2", (C, width)))
+
+    def block(ours, hf, moe):
+        put(hf + "input_layernorm.weight", get(ours + "attn_norm", (C,)))
+        s = hf + "self_attn."
+        if model_type == "llama":
+            put(s + "q_proj.weight", interleaved_to_halves(get(ours + "attn.wq", (C, C)), H))
+            put(s + "k_proj.weight", interleaved_to_halves(get(ours + "attn.wk", (C, C)), H))
+            put(s + "v_proj.weight", get(ours + "attn.wv", (C, C)))
+            put(s + "o_proj.weight", get(ours + "attn.wo", (C, C)))
+        else:
+            R, Q, dn, dr, dv = a["kv_lora_rank"], a["q_lora_rank"], a["qk_nope_dim"], a["rope_dim"], a["v_dim"]
+            if Q == 0:
+                put(s + "q_proj.weight", get(ours + "attn.wq", (H * (dn + dr), C)))
+            else:
+                put(s + "q_a_proj.weight", get(ours + "attn.wq_a", (Q, C)))
+                put(s + "q_a_layernorm.weight", get(ours + "attn.q_norm", (Q,)))
+                put(s + "q_b_proj.weight", get(ours + "attn.wq_b", (H * (dn + dr), Q)))
+            put(s + "kv_a_proj_with_mqa.weight", get(ours + "attn.wkv_a", (R + dr, C)))
+            put(s + "kv_a_layernorm.weight", get(ours + "attn.kv_norm", (R,)))
+            put(s + "kv_b_proj.weight", get(ours + "attn.wkv_b", (H * (dn + dv), R)))
+            put(s + "o_proj.weight", get(ours + "attn.wo", (C, H * dv)))
+        put(hf + "post_attention_layernorm.weight", get(ours + "ffn_norm", (C,)))
+        if not moe:
+            mlp(ours + "ffn.", hf + "mlp.", m["ffn"])
+            return
+        E, F = e["routed"], e["ffn"]
+        put(hf + "mlp.gate.weight", get(ours + "ffn.gate", (E, C)))
+        if model_type == "deepseek_v3":
+            bias = buffers.get(ours + "ffn.gate_bias")
+            bias = np.zeros(E, np.float32) if bias is None else np.asarray(bias, np.float32).reshape(-1)
+            if bias.shape != (E,):
+                raise Refusal(f"buffer '/buffers/{ours}ffn.gate_bias' has {bias.size} values (expected {E})")
+            put(hf + "mlp.gate.e_score_correction_bias", bias)
+        elif ours + "ffn.gate_bias" in buffers and np.any(buffers[ours + "ffn.gate_bias"] != 0):
+            raise Refusal(f"buffer '/buffers/{ours}ffn.gate_bias' is not zero, but DeepSeek-V2 has no selection bias")
+        if e["shared"] > 0:
+            mlp(ours + "ffn.shared.", hf + "mlp.shared_experts.", e["shared"] * F)
+        else:  # n_shared_experts 0: HF builds a shared MLP of width 0
+            put(hf + "mlp.shared_experts.gate_proj.weight", np.zeros((0, C)))
+            put(hf + "mlp.shared_experts.up_proj.weight", np.zeros((0, C)))
+            put(hf + "mlp.shared_experts.down_proj.weight", np.zeros((C, 0)))
+        for j in range(E):
+            mlp(f"{ours}ffn.experts.{j}.", f"{hf}mlp.experts.{j}.", F)
+
+    embed = get("embed", (V, C))
+    put("model.embed_tokens.weight", embed)
+    for l in range(L):
+        block(f"layers.{l}.", f"model.layers.{l}.", e["mode"] == "on" and l >= e["dense_layers"])
+    put("model.norm.weight", get("norm", (C,)))
+    head = get("head", (V, C))
+    put("lm_head.weight", head)
+    for d in range(D):  # DeepSeek-V3's MTP modules: layer index num_hidden_layers + d
+        ours, hf = f"mtp.{d}.", f"model.layers.{L + d}."
+        put(hf + "embed_tokens.weight", embed)
+        put(hf + "enorm.weight", get(ours + "enorm", (C,)))
+        put(hf + "hnorm.weight", get(ours + "hnorm", (C,)))
+        proj = get(ours + "proj", (C, 2 * C))  # ours multiplies [hnorm(h) | enorm(emb)]
+        put(hf + "eh_proj.weight", np.concatenate([proj[:, C:], proj[:, :C]], axis=1))
+        block(ours, hf, e["mode"] == "on")
+        put(hf + "shared_head.norm.weight", get(ours + "norm", (C,)))
+        put(hf + "shared_head.head.weight", head)
+    left = sorted(set(tensors) - used)
+    if left:
+        raise Refusal(f"tensor '/model/{left[0]}' has no place in the deck's model ({len(left)} such tensors)")
+    return out
+
+
+# ----------------------------------------------------------------------------
+# safetensors: u64 little-endian header length N, N bytes of JSON (padded with spaces to a multiple
+# of 8), then the tensors' bytes back to back; data_offsets count from the byte after the header
+
+
+def safetensors_header(tensors, metadata):
+    header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+    offset = 0
+    for name, value in tensors:
+        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [offset, offset + value.nbytes]}
+        offset += value.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(raw) + (-len(raw) % 8)) + raw + b" " * (-len(raw) % 8)
+
+
+def write_safetensors(path, tensors, metadata):
+    with open(path, "wb") as f:
+        f.write(safetensors_header(tensors, metadata))
+        for _, value in tensors:
+            f.write(value.astype("<f4", copy=False).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------
+# the tokenizer: a SentencePiece ModelProto, read just far enough to count and name its pieces
+
+
+def _varint(buf, i):
+    shift = value = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+def _fields(buf):
+    """(field number, wire type, value) of one protobuf message; value: int or bytes."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if field == 0:
+            raise ValueError("field 0")
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if i > len(buf):
+            raise ValueError("truncated field")
+        yield field, wire, value
+
+
+def sentencepiece_pieces(data):
+    """[(piece, type)] of a SentencePiece model (ModelProto field 1; SentencePiece: 1 piece, 3 type,
+    1 NORMAL 2 UNKNOWN 3 CONTROL 4 USER_DEFINED 5 UNUSED 6 BYTE). ValueError: not one."""
+    pieces = []
+    for field, wire, value in _fields(data):
+        if field == 1:
+            if wire != 2:
+                raise ValueError("pieces are not messages")
+            piece, kind = None, 1
+            for f, w, v in _fields(value):
+                if f == 1 and w == 2:
+                    piece = v.decode("utf-8")
+                elif f == 3 and w == 0:
+                    kind = v
+            if piece is None:
+                raise ValueError("a piece without text")
+            pieces.append((piece, kind))
+    if not pieces or sum(kind == 2 for _, kind in pieces) != 1:
+        raise ValueError("no pieces, or not exactly one unknown piece")
+    return pieces
+
+
+def tokenizer_files(path, vocab, seq):
+    """(model bytes, tokenizer_config dict, {bos, eos} ids) of the SentencePiece model at path."""
+    try:
+        data = open(path, "rb").read()
+        pieces = sentencepiece_pieces(data)
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise Refusal(f"tokenizer '{path}' is not a readable SentencePiece model ({err})")
+    if len(pieces) != vocab:
+        raise Refusal(f"tokenizer '{path}' has {len(pieces)} pieces, but the model has vocab {vocab} "
+                      f"(expected the tokenizer the model was trained with)")
+    ids = {p: i for i, (p, kind) in enumerate(pieces) if kind == 3}
+    unk = next(p for p, kind in pieces if kind == 2)
+    config = {
+        # the slow LlamaTokenizer in legacy mode without a prefix space calls SentencePiece as it is;
+        # the training stream holds no <s> or </s> (tools/prepare-data), so none are added
+        "tokenizer_class": "LlamaTokenizer", "model_max_length": seq,
+        "unk_token": unk, "bos_token": "<s>" if "<s>" in ids else None, "eos_token": "</s>" if "</s>" in ids else None,
+        "pad_token": None, "add_bos_token": False, "add_eos_token": False, "add_prefix_space": False,
+        "legacy": True, "clean_up_tokenization_spaces": False, "sp_model_kwargs": {},
+    }
+    return data, config, {"bos": ids.get("<s>"), "eos": ids.get("</s>")}
+
+
+def tokenizer_path(settings, override):
+    """The tokenizer to copy (None: none), and a line saying which and why."""
+    data = settings.get("data", {})
+    named = data.get("tokenizer", "")
+    if override:
+        path, why = override, "given by --tokenizer"
+    elif named:
+        path, why = named, "named by the deck's data line"
+    elif data.get("kind") == "bytes":
+        return None, (f"no tokenizer: the deck's data is byte-level (data bytes, token = byte value, vocab "
+                      f"{settings['model'].get('vocab')}); no tokenizer file written")
+    else:
+        return None, ("no tokenizer: the deck's data line names none (shards of an unchecked tokenizer); "
+                      "pass --tokenizer MODEL to include one")
+    if not os.path.isfile(path):
+        where = ""
+        if not os.path.isabs(path):
+            where = f" (looked for {os.path.abspath(path)}"
+            where += (": a relative path in the deck starts at the training run's working directory; run from "
+                      "there or pass --tokenizer MODEL)" if not override else ")")
+        raise Refusal(f"the tokenizer '{path}' {why} is missing{where}; nothing written")
+    return path, why
+
+
+# ----------------------------------------------------------------------------
+# the directory, written whole or not at all
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_out_dir(out, force):
+    """Refuses an OUT_DIR that is a file, non-empty without --force, or whose parent is missing."""
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise Refusal(f"{out}: its parent directory {parent} does not exist (expected a directory to write into)")
+    if os.path.lexists(out):
+        if not os.path.isdir(out) or os.path.islink(out):
+            raise Refusal(f"{out}: exists and is not a directory (expected a new or empty directory)")
+        if os.listdir(out) and not force:
+            raise Refusal(f"{out}: exists and is not empty (expected a new or empty directory; --force replaces it)")
+
+
+def write_dir(out, files, force):
+    """files: {name: bytes or callable(path)}. Everything goes into a temp directory next to OUT_DIR,
+    fsynced, then renamed into place (an existing OUT_DIR, empty or with --force, is replaced): a
+    failure leaves OUT_DIR as it was and no temp directory behind."""
+    check_out_dir(out, force)
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".tmp.", dir=parent)
+    old = None
+    try:
+        for name, content in files.items():
+            path = os.path.join(tmp, name)
+            if callable(content):
+                content(path)
+                continue
+            with open(path, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # as mkdir would make it (mkdtemp's 0700 would follow the rename)
+        fsync_dir(tmp)
+        if os.path.isdir(out):
+            if os.listdir(out):
+                old = tempfile.mkdtemp(prefix=os.path.basename(out) + ".old.", dir=parent)
+                os.rename(out, os.path.join(old, "replaced"))
+            else:
+                os.rmdir(out)
+        os.rename(tmp, out)
+        fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old and not os.path.exists(out):
+            os.rename(os.path.join(old, "replaced"), out)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export(out, settings, tensors, buffers, metadata, force=False, tokenizer=None, latent_eps=False):
+    """Checks everything, then writes OUT_DIR; returns the lines to print."""
+    m = model_of(settings)
+    check_out_dir(out, force)
+    tok_path, tok_line = tokenizer_path(settings, tokenizer)
+    files, ids = {}, {}
+    if tok_path:
+        data, tok_config, ids = tokenizer_files(tok_path, m["vocab"], m["seq"])
+        files["tokenizer.model"] = data
+        files["tokenizer_config.json"] = (json.dumps(tok_config, indent=2) + "\n").encode()
+        tok_line = f"tokenizer: {tok_path} ({tok_line}; sentencepiece, vocab {m['vocab']}) as tokenizer.model"
+    model_type, config, notes = hf_config(m, ids, latent_eps)
+    named = hf_tensors(m, model_type, tensors, buffers)
+    files["config.json"] = (json.dumps(config, indent=2) + "\n").encode()
+    files["model.safetensors"] = lambda path: write_safetensors(path, named, {"format": "pt", **metadata})
+    write_dir(out, files, force)
+    count = sum(v.size for _, v in named)
+    size = os.path.getsize(os.path.join(out, "model.safetensors"))
+    lines = [f"{out}: {config['architectures'][0]} (model_type {model_type}), {len(named)} tensors, "
+             f"{count} values, model.safetensors {size / 2**20:.1f} MiB; " + ", ".join(sorted(files))]
+    return lines + ["  " + n for n in notes] + ["  " + tok_line]
