@@ -100,7 +100,7 @@ Program checkpoint_program(const std::string& ckpt) {
 static std::string resolve_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) return path;
-  for (const fs::path dir : {fs::path(path), fs::path(path) / "ckpt"})
+  for (const fs::path& dir : {fs::path(path), fs::path(path) / "ckpt"})
     if (const std::string newest = latest_checkpoint(dir.string()); !newest.empty()) return newest;
   input_error("{}: no complete checkpoint in this directory or its ckpt/ (expected a run directory, or a "
               "step_N.h5 file)", path);

@@ -880,3 +880,55 @@ TEST_CASE("tokenizer: bytes, and the FNV-1a hash shards record", "[data]") {
   CHECK_THROWS_AS(load_tokenizer(tmp.file("missing")), InputError);
   CHECK_THROWS_AS(load_tokenizer(tmp.file("a")), InputError);  // not a SentencePiece model
 }
+
+TEST_CASE("partition contiguous: each rank its own slice, complete per epoch, reshuffled, beside the pool", "[data]") {
+  for (Shuffle shuffle : {Shuffle::fixed, Shuffle::chaos})
+    for (int world : {1, 2, 3, 4})
+      for (int64_t n : {4, 7, 48, 101}) {
+        INFO(shuffle_name(shuffle) << ", world " << world << ", windows " << n);
+        SamplerOptions o;
+        o.shuffle = shuffle, o.seed = 77, o.contiguous = true;
+        std::set<int64_t> all;
+        int64_t next_begin = 0;
+        for (int r = 0; r < world; ++r) {
+          DistributedSampler s(n, world, r, o);
+          const int64_t per = s.per_rank_per_epoch();
+          REQUIRE(per == (n + world - 1) / world);
+          std::vector<int64_t> e0, e1;
+          for (int64_t k = 0; k < per; ++k) e0.push_back(s.window(k));
+          for (int64_t k = per; k < 2 * per; ++k) e1.push_back(s.window(k));
+          // Its own contiguous slice, all of it every epoch (a short slice wraps: the only repeats).
+          const std::set<int64_t> mine(e0.begin(), e0.end());
+          const int64_t lo = *mine.begin(), hi = *mine.rbegin();
+          CHECK(lo == next_begin);
+          CHECK(int64_t(mine.size()) == hi - lo + 1);
+          CHECK(std::set<int64_t>(e1.begin(), e1.end()) == mine);
+          if (mine.size() >= 5) CHECK(e0 != e1);  // reshuffled each epoch
+          next_begin = hi + 1;
+          all.insert(mine.begin(), mine.end());
+        }
+        CHECK(int64_t(all.size()) == n);  // the slices cover every window, disjoint
+      }
+  // Beside a common pool: the slices partition the shard windows, never the pool's.
+  SamplerOptions o;
+  o.shuffle = Shuffle::chaos, o.seed = 5, o.contiguous = true, o.common = 0.2, o.common_rate = 0.25;
+  std::set<int64_t> shard_windows;
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(60, 3, r, o);
+    for (int64_t k = 0; k < 200; ++k) {
+      const Sample x = s.sample(k);
+      if (x.pool_slot < 0) shard_windows.insert(x.window);
+      else CHECK(std::binary_search(s.pool_windows().begin(), s.pool_windows().end(), x.window));
+    }
+    for (int64_t w : s.pool_windows()) CHECK(shard_windows.count(w) == 0);
+  }
+  CHECK(shard_windows.size() == 60 - 12);
+  // What it cannot do: independent streams, a continued epoch, fewer windows than ranks.
+  o = SamplerOptions{};
+  o.contiguous = true, o.shuffle = Shuffle::independent;
+  CHECK_THROWS_AS(DistributedSampler(10, 2, 0, o), std::invalid_argument);
+  o.shuffle = Shuffle::fixed, o.start = {0, 3};
+  CHECK_THROWS_AS(DistributedSampler(10, 2, 0, o), std::invalid_argument);
+  o.start = {};
+  CHECK_THROWS_AS(DistributedSampler(3, 4, 0, o), std::invalid_argument);
+}

@@ -383,7 +383,11 @@ TEST_CASE("deck: quoted words, data's valid fraction or file, the stored deck re
   const Program again = build(t, p.deck_text);
   CHECK(again.phases.front().config.sample.prompt == "Q: it's");
   CHECK(again.phases.front().config.data.path == "runs/my data/train_*.bin");
-  const Program fraction = build(t, kBase + "data bytes x valid 0.2\nrun 1\n");
+  const Program fraction = build(t, kBase + "data bytes x valid 0.2 partition contiguous\nrun 1\n");
+  CHECK(fraction.phases.front().config.data.partition == "contiguous");
+  CHECK(build(t, kBase + "run 1\n").phases.front().config.data.partition == "shuffled");
+  CHECK_THAT(error_of(t, kBase + "data bytes x partition sliced\nrun 1\n"),
+             Catch::Contains("bad value 'sliced' for 'partition' (expected one of: shuffled, contiguous)"));
   CHECK(fraction.phases.front().config.data.valid_fraction == 0.2);
   CHECK(fraction.phases.front().config.data.valid_path.empty());
 }

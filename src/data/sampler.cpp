@@ -19,6 +19,7 @@ constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 // independent streams apart from the epoch seeds and from each other.
 constexpr uint64_t kPoolTag = 0x706f6f6c5f736565ULL;  // "pool_see"
 constexpr uint64_t kRankTag = 0x72616e6b5f737472ULL;  // "rank_str"
+constexpr uint64_t kSliceTag = 0x736c6963655f7365ULL;  // "slice_se"
 
 // Seed of one epoch's permutation: mixed, so neighbouring (seed, epoch) pairs
 // (seed+1 at epoch 0 vs seed at epoch 1) give unrelated shuffles.
@@ -43,7 +44,11 @@ const char* shuffle_name(Shuffle s) {
 }
 
 DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, uint64_t seed)
-    : DistributedSampler(windows, world, rank, SamplerOptions{Shuffle::fixed, seed, 0.0, 0.0}) {}
+    : DistributedSampler(windows, world, rank, [seed] {
+        SamplerOptions o;
+        o.seed = seed;  // shuffle fixed, no pool
+        return o;
+      }()) {}
 
 DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, const SamplerOptions& options)
     : windows_(windows), world_(world), rank_(rank), options_(options) {
@@ -76,13 +81,22 @@ DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, con
     shard_count_ = windows - pool;
     rate_q32_ = uint64_t(std::llround(std::ldexp(options.common_rate, 32)));
   }
+  if (options.contiguous && options.shuffle == Shuffle::independent)
+    throw std::invalid_argument("partition contiguous with shuffle independent (expected shuffle fixed or chaos: "
+                                "independent streams have no partition)");
+  if (options.contiguous && shard_count_ < world)
+    throw std::invalid_argument("partition contiguous over " + std::to_string(shard_count_) + " windows and " +
+                                std::to_string(world) + " ranks (expected at least one window per rank)");
   per_rank_ = options.shuffle == Shuffle::independent ? shard_count_ : (shard_count_ + world - 1) / world;
+  // partition contiguous: this rank's slice [begin, begin + size) of the shard windows.
+  slice_begin_ = shard_count_ * rank / world;
+  slice_size_ = shard_count_ * (rank + 1) / world - slice_begin_;
   const auto& c = options.start;
   if (c.epoch < 0 || c.position < 0 || c.position >= shard_count_ ||
-      (!(c == Continuation{}) && options.shuffle == Shuffle::independent))
+      (!(c == Continuation{}) && (options.shuffle == Shuffle::independent || options.contiguous)))
     throw std::invalid_argument("DistributedSampler: continue epoch " + std::to_string(c.epoch) + " at position " +
                                 std::to_string(c.position) + " (expected a position in [0, " +
-                                std::to_string(shard_count_) + ") under shuffle fixed or chaos)");
+                                std::to_string(shard_count_) + ") under shuffle fixed or chaos, partition shuffled)");
   first_epoch_left_ = (shard_count_ - c.position + world - 1) / world;
 }
 
@@ -110,6 +124,17 @@ int64_t DistributedSampler::pool_draws_before(int64_t k) const {
 }
 
 int64_t DistributedSampler::shard_window(int64_t s) {
+  if (options_.contiguous) {
+    // This rank's slice, in its own order each epoch; ceil(M/W) samples per
+    // epoch on every rank (lock-step), a shorter slice wrapping to its start.
+    const int64_t e = s / per_rank_, i = s % per_rank_;
+    if (e != cached_epoch_) {
+      perm_ = permutation(slice_size_, epoch_seed(mix64(options_.seed ^ mix64(uint64_t(rank_) + kSliceTag)), e));
+      cached_epoch_ = e;
+    }
+    const int64_t index = slice_begin_ + perm_[i % slice_size_];
+    return shard_.empty() ? index : shard_[index];
+  }
   const bool independent = options_.shuffle == Shuffle::independent;
   const auto [e, position] = independent ? std::pair{s / per_rank_, s % per_rank_} : epoch_position(s);
   if (e != cached_epoch_) {

@@ -10,6 +10,9 @@
 // seed and its rank; ranks may overlap.
 // common pool: a seeded fraction of the windows is taken out of the shards;
 // every rank draws from all of it, mixed into its shard stream at a fixed rate.
+// partition contiguous (fixed, chaos): rank r reads only its own contiguous
+// slice of the (shard) windows, reshuffled each epoch by its own seed, so the
+// ranks' data really differ, as nodes with their own data do.
 //
 // A rank's samples form one endless stream across epochs; sample k is a pure
 // function of (seed, N, W, r, k) and the pool settings, so a run resumes from
@@ -42,6 +45,7 @@ struct SamplerOptions {
   double common = 0.0;       // fraction of the windows in the common pool (0: none)
   double common_rate = 0.0;  // fraction of each rank's samples drawn from the pool
   Continuation start;        // fixed and chaos only: a resume at another world size
+  bool contiguous = false;   // partition contiguous: each rank its own slice of the windows
 };
 
 // One sample of a rank's stream.
@@ -87,6 +91,7 @@ class DistributedSampler {
   std::vector<int64_t> pool_;   // pool windows, ascending
   std::vector<int64_t> shard_;  // windows outside the pool, ascending (empty: all N, no pool)
   int64_t shard_count_ = 0;     // M
+  int64_t slice_begin_ = 0, slice_size_ = 0;  // partition contiguous: this rank's shard windows
   int64_t first_epoch_left_ = 0;  // shard samples per rank left in the continued epoch
   int64_t cached_epoch_ = -1, cached_cycle_ = -1;
   std::vector<int64_t> perm_;       // shard permutation of the cached epoch

@@ -55,6 +55,7 @@ SamplerOptions sampler_options(const DataConfig& data, uint64_t run_seed, uint64
   o.seed = o.shuffle == Shuffle::fixed ? run_seed : chaos_seed;
   o.common = data.common;
   o.common_rate = data.common > 0 ? data.common_rate : 0.0;
+  o.contiguous = data.partition == "contiguous";
   return o;
 }
 
@@ -75,6 +76,8 @@ std::string describe_sampling(const DataConfig& data, uint64_t chaos_seed, const
   if (!sampler.pool_windows().empty())
     line += fmt::format("; common pool {} of {} windows, {} of each rank's samples", sampler.pool_windows().size(),
                         sampler.windows(), data.common_rate);
+  if (data.partition == "contiguous")
+    line += "; partition contiguous: each rank reads its own slice of the windows";
   return line;
 }
 

@@ -201,6 +201,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                     integer("chaos_seed", &c.data.chaos_seed, at_least(0)),
                     real("common", &c.data.common, within(0, 1, false, true)),
                     real("common_rate", &c.data.common_rate, within(0, 1, true, true)),
+                    choice("partition", &c.data.partition, {"shuffled", "contiguous"}),
                     integer("noise_rank", &c.data.noise_rank, at_least(-1))},
                    {},
                    [&c](const std::string& where) {
@@ -318,7 +319,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "format",
        {data_variant("bytes"), data_variant("shard")},
        "data bytes|shard PATH|GLOB [valid F|FILE] [tokenizer MODEL] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
-       "[chaos_seed S] [common F] [common_rate R] [noise_rank R]", Scope::job},
+       "[chaos_seed S] [common F] [common_rate R] [partition shuffled|contiguous] [noise_rank R]", Scope::job},
       {"optimizer",
        nullptr,
        "kind",

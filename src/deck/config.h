@@ -64,7 +64,8 @@ struct ModelConfig {
 
 // data bytes|shard PATH [valid F|FILE] [tokenizer MODEL] [batch B] [workers N] [queue Q]
 //      [shuffle fixed|chaos|independent] [chaos_seed S] [common F] [common_rate R]
-// docs/DATA.md: shuffle modes, chaos seed replay, the common pool.
+//      [partition shuffled|contiguous]
+// docs/DATA.md: shuffle modes, chaos seed replay, the common pool, partitions.
 struct DataConfig {
   std::string format = "bytes";  // bytes: raw text, one token per byte; shard: see docs/DATA.md
   std::string path;              // a file, or (shard) a glob of shards: 'DIR/train_*.bin'
@@ -79,6 +80,7 @@ struct DataConfig {
   uint64_t chaos_seed = 0;        // chaos, independent: replay this seed (0: draw one at start-up)
   double common = 0.0;            // fraction of the training windows in the common pool (0: no pool)
   double common_rate = 0.1;       // with a pool: fraction of each rank's samples drawn from it
+  std::string partition = "shuffled";  // shuffled: all ranks share each epoch's permutation; contiguous: own slices
   int noise_rank = -1;            // this rank trains on uniformly random tokens (a bad shard, for lossagg robust)
 };
 

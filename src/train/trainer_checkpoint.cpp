@@ -113,6 +113,10 @@ void Trainer::restore(const std::string& path) {
     if (old_world != world_ && cfg_.data.shuffle == "independent")
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
                   "expected {} ranks)", path, old_world, world_, old_world);
+    if (old_world != world_ && cfg_.data.partition == "contiguous")
+      input_error("{}: written by {} ranks, resumed on {} (partition contiguous gives each rank its own slice: "
+                  "another world size would give each rank other data; expected {} ranks)", path, old_world, world_,
+                  old_world);
     per_rank = has_rank_state(path);
   });
   MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);

@@ -162,7 +162,7 @@ void Trainer::build_data_stream(const std::string& resume_path) {
   DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, where);
   if (!sampler.pool_windows().empty())
     pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
-  if (cfg_.data.shuffle != "fixed" || pool_) log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
+  if (cfg_.data.shuffle != "fixed" || pool_ || cfg_.data.partition != "shuffled") log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
   if (rank_ == 0)
     write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()), world_);
   log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,

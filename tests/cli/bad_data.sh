@@ -126,4 +126,15 @@ bad_data "corpus too small for one window" bytes "$T/small.txt" "1 2" \
 bad_data "empty corpus" bytes "$T/empty.txt" "1" \
   "$T/empty.txt: offset 0: empty file" "(expected at least one byte of text)"
 
+# partition contiguous: each rank its own slice; a resume at another world
+# size would hand every rank other data, so it is refused.
+begin "partition contiguous trains on 2 ranks; resumed on 1 it is refused (setup and case)"
+make_deck "$T/part.deck" "$CORPUS" "$T/part" 3
+sed -i 's#^data bytes \([^ ]*\)#data bytes \1 partition contiguous#' "$T/part.deck"
+expect_ok 2 -in "$T/part.deck"
+check grep -q "partition contiguous: each rank reads its own slice" "$T/out" || fail "start-up does not say partition contiguous"
+expect_bad 1 "$T/part/ckpt/step_00000003.h5: written by 2 ranks, resumed on 1 (partition contiguous" \
+  "expected 2 ranks)" -- -in "$T/part.deck" -var steps 4 -resume auto
+rm -rf "$T/part"
+
 finish
