@@ -242,7 +242,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
     return Variant{std::move(kind),
                    {},
                    {scale, integer("scale_window", &c.precision.scale_window, at_least(1)),
-                    choice("products", &c.precision.products, {"native", "widened"})},
+                    choice("products", &c.precision.products, {"native", "widened"}),
+                    choice("clip_order", &c.precision.clip_order, {"unscaled", "scaled"})},
                    {},
                    [&c](const std::string& where) {
                      const std::string& s = c.precision.loss_scale;
@@ -468,7 +469,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        &c.precision.kind,
        "kind",
        {{"fp32", {}, {}, {}, {}}, precision_variant("bf16"), precision_variant("fp16")},
-       "precision fp32 | bf16|fp16 [loss_scale S|dynamic] [scale_window N] [products native|widened]", Scope::job},
+       "precision fp32 | bf16|fp16 [loss_scale S|dynamic] [scale_window N] [products native|widened] "
+       "[clip_order unscaled|scaled]", Scope::job},
       {"lossagg",
        &c.lossagg.kind,
        "kind",

@@ -244,6 +244,10 @@ struct PrecisionConfig {
   // to its fp32 kernel, widened first (the same products; faster where the
   // 16-bit kernel is slower, e.g. AVX512_BF16 without AMX on Intel)
   std::string products = "native";
+  // unscaled: the gradient norm is clipped after unscaling (right); scaled:
+  // as if clipped before unscaling, against the scaled norm (the wrong order,
+  // to measure its harm: 10/13's B4). Matters only under a loss scale.
+  std::string clip_order = "unscaled";
 };
 
 // lossagg off | mean | robust [trim F] | softmax T | uncertainty

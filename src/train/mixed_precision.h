@@ -29,6 +29,7 @@ class MixedPrecision {
   // every rank (one all-reduce of the overflow flag); otherwise the
   // gradients are unscaled, so clipping sees the true ones.
   bool skip_or_unscale(MPI_Comm comm);
+  double step_scale() const { return step_scale_; }  // the loss scale of the step being taken (1: none)
   void register_state(StateRegistry& registry);
 
  private:

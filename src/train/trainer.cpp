@@ -61,8 +61,11 @@ double Trainer::train_step() {
                            : std::sqrt(kernels::sum_squares<float>(Vec<const float>(grads.data(), grads.extent(0))));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   sync.before_update();
+  // clip_order scaled (the wrong order, for measuring it): the factor that
+  // clipping the still-scaled gradient would have applied.
+  const double clip_norm = cfg_.precision.clip_order == "scaled" ? norm * precision_->step_scale() : norm;
   if (!skip)  // a skipped step leaves the weights, AdamW's moments and count, and the MoE biases alone
-    optimizer_->step(model_->params(), grads, cfg_.optimizer, lr, clip_factor(norm, cfg_.optimizer.clip));
+    optimizer_->step(model_->params(), grads, cfg_.optimizer, lr, clip_factor(clip_norm, cfg_.optimizer.clip));
   if (lossagg_) lossagg_->end_step(skip ? 0.0 : lr);  // uncertainty: SGD on the log-variances
   sync.after_update(step_, step_comm_);
   if (!skip) balance_experts();

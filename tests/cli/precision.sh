@@ -9,7 +9,9 @@
 #  - start-up names the GEMM kernel, and says whether bf16 runs natively or
 #    is emulated; `gemm blas` runs bf16 emulated and says so;
 #  - `precision bf16 products widened` (the fp32 kernel) is deterministic and
-#    agrees with native bf16 to rounding.
+#    agrees with native bf16 to rounding;
+#  - `precision fp16 clip_order scaled` (clipping before unscaling, the wrong
+#    order) measures the same gradient norm and trains worse.
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
 root="$here/../.."
@@ -64,6 +66,20 @@ check grep -Eq '^  gemm .*bf16 (products widened to fp32|is EMULATED)' "$T/out" 
 check cmp -s "$T/widened-a.jsonl" "$T/widened-b.jsonl" || fail "two widened runs differ"
 said=$(/usr/bin/python3 "$here/../golden/compare.py" close "$T/bf16-2-a.jsonl" "$T/widened-a.jsonl") ||
   fail "widened and native bf16 disagree: $said"
+
+begin "fp16 clip_order scaled (the wrong order): the same gradient norm at step 1, a worse loss after"
+sed 's/^precision fp16$/precision fp16 clip_order scaled/' "$T/fp16.deck" >"$T/fp16-scaled.deck"
+run_xx 1 -in "$T/fp16-scaled.deck" -var data "$data" -var run_dir "$T/scaled"
+check [ "$RC" -eq 0 ] || { fail "exit code $RC"; show_run; }
+/usr/bin/python3 - "$T/fp16-1-a/metrics.jsonl" "$T/scaled/metrics.jsonl" <<'PY' || fail "clip_order scaled: no harm shown"
+import json, sys
+right, wrong = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+first = right[0]["grad_norm"] == wrong[0]["grad_norm"]  # clipping changes the update, not the norm measured
+last = wrong[-1]["loss"] - right[-1]["loss"]
+print(f"    step 1 grad_norm {right[0]['grad_norm']:.4f} both: {first}; step {right[-1]['step']} loss right "
+      f"{right[-1]['loss']:.4f}, wrong {wrong[-1]['loss']:.4f}")
+sys.exit(0 if first and last > 0.05 else 1)
+PY
 
 begin "200 steps of deepseek-tiny: bf16's validation loss within 1% of fp32's"
 for p in fp32 bf16; do
