@@ -5,6 +5,7 @@
 #include <functional>
 #include <numeric>
 #include "mpi_fixture.h"
+#include "resilience/flight_recorder.h"
 #include "train/trainer.h"
 
 using namespace xx;
@@ -172,4 +173,32 @@ TEST_CASE("topology clusters and ring average within their groups; a phase ends 
                 options);
   whole.run();
   REQUIRE(all_equal(all_fingerprints(whole.model().params())));
+}
+
+TEST_CASE("output barrier on: one world barrier after each logged step, and nothing else changes", "[mpi]") {
+  const auto dir = shared_scratch("barrier");
+  const auto corpus = make_corpus(dir);
+  const int steps = 4;
+  // The barriers of one run on MPI_COMM_WORLD, counted by the flight recorder
+  // (the PMPI wrappers see every call, whoever makes it).
+  auto run = [&](const std::string& name, const std::string& barrier) {
+    const Program p = make_program(dir, name, small_deck(corpus, dir + "/" + name, steps,
+                                                        "output dir " + dir + "/" + name + " log_every 1 barrier " +
+                                                            barrier + "\n"));
+    const uint64_t before = flight::recorder().status().calls;
+    const auto losses = run_deck(p);
+    const uint64_t after = flight::recorder().status().calls;
+    REQUIRE(after - before < 1000);  // all of them still in the recorder's ring of 1024
+    int barriers = 0;
+    for (uint64_t id = before + 1; id <= after; ++id) {
+      const flight::Entry e = flight::recorder().entry(id);
+      REQUIRE(e.id == id);
+      barriers += std::strcmp(e.op, "MPI_Barrier") == 0 && flight::recorder().comm_label(e.comm) == "world";
+    }
+    return std::pair{losses, barriers};
+  };
+  const auto [off_losses, off_barriers] = run("off", "off");
+  const auto [on_losses, on_barriers] = run("on", "on");
+  CHECK(on_barriers - off_barriers == steps);  // log_every 1: one per step
+  CHECK(on_losses == off_losses);              // a barrier moves no number
 }

@@ -162,6 +162,7 @@ struct OutputConfig {
   int64_t log_every = 10;
   std::string progress = "auto";  // rank 0's live progress line: auto (stdout a terminal, not under mpirun), on, off
   bool tensorboard = true;        // RUN_DIR/tb/events.out.tfevents.* (docs/OBSERVABILITY.md)
+  bool barrier = false;           // an MPI_Barrier after each logged step (folklore: "a barrier after logging")
 };
 
 // eval every N [batches K]

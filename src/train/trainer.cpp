@@ -258,7 +258,12 @@ void Trainer::after_step(double loss, double seconds) {
   report_->step_done(step_, loss, seconds, int64_t(cfg_.data.batch) * cfg_.model.seq * world_ * strategy_->micro_batches());
   losses_.push_back(loss);
   if (due(cfg_.health.every)) check_health_now();
-  if (due(cfg_.output.log_every) || end) report_->log_step(figures(loss));
+  if (due(cfg_.output.log_every) || end) {
+    report_->log_step(figures(loss));
+    // output barrier on: every rank waits for the others after logging, as the
+    // folklore has it (10/13's B6 measures what that costs; nothing needs it).
+    if (cfg_.output.barrier) MPI_Barrier(comm_);
+  }
   double val = std::numeric_limits<double>::quiet_NaN();
   if (due(cfg_.eval.every) || end) {
     const Validation v = evaluate();
