@@ -44,7 +44,7 @@ bad_deck "unknown command, with did-you-mean" 's/^seed 1$/sed 1/' \
   "$D:4: unknown command 'sed'" "(expected one of: seed," "(did you mean 'seed'?)"
 
 bad_deck "unknown keyword, with did-you-mean" 's/ valid 0.1 / vlaid 0.1 /' \
-  "$D:7: unknown keyword 'vlaid' for 'data bytes'" "(expected one of: valid, tokenizer, batch, workers, queue, shuffle, chaos_seed, common, common_rate, noise_rank)" \
+  "$D:7: unknown keyword 'vlaid' for 'data bytes'" "(expected one of: valid, tokenizer, batch, workers, queue, shuffle, chaos_seed, common, common_rate, partition, noise_rank)" \
   "(did you mean 'valid'?)"
 
 bad_deck "malformed integer" 's/ batch 2 / batch 2x /' \
