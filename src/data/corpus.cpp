@@ -192,24 +192,27 @@ int64_t Corpus::windows(int64_t seq) const {
   return n;
 }
 
-int64_t Corpus::window_start(int64_t w, int64_t seq) const {
+// The file of window w and the window's number within it; {files, 0} past the end.
+std::pair<size_t, int64_t> Corpus::locate(int64_t w, int64_t seq) const {
   for (size_t i = 0; i < files_.size(); ++i) {
     const int64_t here = (files_[i].size() - 1) / seq;
-    if (w < here) return first_[i] + w * seq;
+    if (w >= 0 && w < here) return {i, w};
     w -= here;
   }
-  return size_;  // past the end: callers check against windows()
+  return {files_.size(), 0};
+}
+
+int64_t Corpus::window_start(int64_t w, int64_t seq) const {
+  const auto [file, local] = locate(w, seq);
+  return file < files_.size() ? first_[file] + local * seq : size_;  // past the end: callers check against windows()
 }
 
 void Corpus::read_window(int64_t w, int64_t seq, int32_t* out) const {
-  int64_t left = w;
-  for (const auto& f : files_) {
-    const int64_t here = (f.size() - 1) / seq;
-    if (left >= 0 && left < here) return f.read(left * seq, seq + 1, out, true);
-    left -= here;
-  }
-  throw std::out_of_range(fmt::format("{}: window {} of {}+1 tokens is past the {} windows of the corpus", path_, w,
-                                      seq, windows(seq)));
+  const auto [file, local] = locate(w, seq);
+  if (file == files_.size())
+    throw std::out_of_range(fmt::format("{}: window {} of {}+1 tokens is past the {} windows of the corpus", path_,
+                                        w, seq, windows(seq)));
+  files_[file].read(local * seq, seq + 1, out, true);
 }
 
 int32_t Corpus::token(int64_t i) const {

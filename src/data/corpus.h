@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xx {
@@ -72,6 +73,7 @@ class Corpus {
   int32_t token(int64_t i) const;  // one token of the flat stream (tests, tools)
 
  private:
+  std::pair<size_t, int64_t> locate(int64_t w, int64_t seq) const;
   std::string path_;
   std::vector<TokenFile> files_;
   std::vector<int64_t> first_;  // flat index of each file's first token

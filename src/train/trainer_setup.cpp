@@ -75,48 +75,48 @@ Trainer::~Trainer() {
 // file stops every rank alike; the others trust it and map what they read.
 void Trainer::load_data() {
   const DataConfig& d = cfg_.data;
+  const int64_t seq = cfg_.model.seq;
   const std::string& where = program_.phases.front().where;
   auto load = [&](bool check) {
     corpus_ = Corpus::load(d.path, d.format, check);
+    if (!d.valid_path.empty()) valid_corpus_ = std::make_unique<Corpus>(Corpus::load(d.valid_path, d.format, check));
     tokenizer_ = load_tokenizer(d.tokenizer);
-    check_tokenizer(corpus_, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
-    if (corpus_.vocab() > cfg_.model.vocab)
-      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", d.path,
-                  corpus_.vocab(), cfg_.model.vocab, corpus_.vocab());
-    if (d.valid_path.empty()) {
-      split_ = split_windows(corpus_, cfg_.model.seq, d.valid_fraction);
-      return;
-    }
-    valid_corpus_ = std::make_unique<Corpus>(Corpus::load(d.valid_path, d.format, check));
-    check_tokenizer(*valid_corpus_, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
-    if (valid_corpus_->vocab() > cfg_.model.vocab)
-      input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", d.valid_path,
-                  valid_corpus_->vocab(), cfg_.model.vocab, valid_corpus_->vocab());
-    split_.seq = cfg_.model.seq;
-    split_.train_windows = corpus_.windows(cfg_.model.seq);
-    split_.valid_windows = valid_corpus_->windows(cfg_.model.seq);
-    for (const Corpus* c : {&corpus_, valid_corpus_.get()})
-      if (c->windows(cfg_.model.seq) < 1)
-        input_error("{}: {} tokens in {} file(s), too few for one window of seq {} (expected at least {} tokens in "
-                    "one file)", c->path(), c->size(), c->files().size(), cfg_.model.seq, cfg_.model.seq + 1);
+  };
+  auto split = [&] {
+    split_ = valid_corpus_ ? WindowSplit{seq, corpus_.windows(seq), valid_corpus_->windows(seq)}
+                           : split_windows(corpus_, seq, d.valid_fraction);
   };
   on_rank0_or_throw(comm_, rank_, [&] {
     load(true);
+    for (const Corpus* c : {&corpus_, valid_corpus_.get()}) {
+      if (!c) continue;
+      check_tokenizer(*c, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
+      if (c->vocab() > cfg_.model.vocab)
+        input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", c->path(),
+                    c->vocab(), cfg_.model.vocab, c->vocab());
+    }
+    if (valid_corpus_)
+      for (const Corpus* c : {&corpus_, valid_corpus_.get()})
+        if (c->windows(seq) < 1)
+          input_error("{}: {} tokens in {} file(s), too few for one window of seq {} (expected at least {} tokens "
+                      "in one file)", c->path(), c->size(), c->files().size(), seq, seq + 1);
+    split();
     // A sample's prompt must leave room for what it generates.
     for (const auto& phase : program_.phases) {
       const SampleConfig& s = phase.config.sample;
       if (s.every == 0) continue;
       const auto prompt = tokenizer_->encode(s.prompt);
-      if (prompt.empty() || int64_t(prompt.size()) >= cfg_.model.seq)
+      if (prompt.empty() || int64_t(prompt.size()) >= seq)
         input_error("{}: sample prompt '{}' encodes to {} tokens (expected 1 to {}, below the model's seq {})",
-                    phase.where, s.prompt, prompt.size(), cfg_.model.seq - 1, cfg_.model.seq);
+                    phase.where, s.prompt, prompt.size(), seq - 1, seq);
       for (int32_t t : prompt)
         if (t >= cfg_.model.vocab)
           input_error("{}: sample prompt '{}' has token {}, outside the model's vocab {}", phase.where, s.prompt, t,
                       cfg_.model.vocab);
     }
   });
-  if (rank_ != 0) load(false);
+  // Rank 0 checked all of it; the others map the same files.
+  if (rank_ != 0) load(false), split();
   // Bits per byte: what each token stands for in bytes of text. A shard
   // without a named tokenizer has it only for bytes (vocab 256).
   bytes_known_ = !d.tokenizer.empty() || corpus_.vocab() <= 256;

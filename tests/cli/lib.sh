@@ -149,16 +149,23 @@ crash_pattern='Segmentation|segmentation fault|terminate called|MPI_ABORT|core d
 #     stderr, at the start of a line: one message, not one per rank;
 #   - every HINT (e.g. "(did you mean 'seed'?)") occurs in stderr;
 #   - no crash, no rank failure, no training step on stdout.
-expect_bad() {
-  local np=$1 prefix=$2
-  shift 2
-  local hints=() h
+# split_hints HINT... -- ARGS...: HINTS=(the hints), ARGS=(what follows the --).
+split_hints() {
+  HINTS=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do
-    hints+=("$1")
+    HINTS+=("$1")
     shift
   done
   shift  # the --
-  run_xx "$np" "$@"
+  ARGS=("$@")
+}
+
+expect_bad() {
+  local np=$1 prefix=$2 h
+  shift 2
+  split_hints "$@"
+  local hints=("${HINTS[@]}")
+  run_xx "$np" "${ARGS[@]}"
   local before=$FAILS
   check [ "$RC" -eq 2 ] || fail "np $np: exit code $RC (expected 2)"
   local n s

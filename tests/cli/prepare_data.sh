@@ -125,15 +125,11 @@ no_output() {  # no_output DIR WHY: neither DIR nor a DIR.tmp.* next to it
 # starts with PREFIX and holds every HINT, no traceback, nothing written.
 BAD=$T/bad
 expect_bad_pd() {
-  local prefix=$1
+  local prefix=$1 h
   shift
-  local hints=() h
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do
-    hints+=("$1")
-    shift
-  done
-  shift  # the --
-  run_pd --tokenizer bpe --out "$BAD" "$@"
+  split_hints "$@"
+  local hints=("${HINTS[@]}")
+  run_pd --tokenizer bpe --out "$BAD" "${ARGS[@]}"
   local before=$FAILS
   check [ "$RC" -eq 2 ] || fail "exit code $RC (expected 2)"
   check [ "$(wc -l <"$T/err")" -eq 1 ] || fail "stderr has $(wc -l <"$T/err") lines (expected one)"
