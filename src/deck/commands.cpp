@@ -254,7 +254,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                                    s, suggest(s, {"dynamic"}));
                    }};
   };
-  // fault kill|hang|nan|signal|throw rank R step S: the same keywords, all
+  // fault kill|hang|nan|signal|throw|detach rank R step S: the same keywords, all
   // required (`off` takes them too, so a deck can switch the kind with a variable).
   auto fault_variant = [&](std::string kind) {
     return Variant{std::move(kind),
@@ -454,8 +454,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "kind",
        {{"off", {}, {integer("rank", &c.fault.rank, at_least(0)), integer("step", &c.fault.step, at_least(1))}, {}, {}},
         fault_variant("kill"), fault_variant("hang"), fault_variant("nan"), fault_variant("signal"),
-        fault_variant("throw")},
-       "fault off | kill|hang|nan|signal|throw rank R step S", Scope::job},
+        fault_variant("throw"), fault_variant("detach")},
+       "fault off | kill|hang|nan|signal|throw|detach rank R step S", Scope::job},
       {"grad_check",
        nullptr,
        "",

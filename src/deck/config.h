@@ -217,9 +217,11 @@ struct ResilienceConfig {
   bool requeue = false;
 };
 
-// fault kill|hang|nan|signal|throw rank R step S (tests only; docs/RESILIENCE.md):
+// fault kill|hang|nan|signal|throw|detach rank R step S (tests only; docs/RESILIENCE.md):
 // at optimizer step S (1-based) rank R is SIGKILLed, hangs, puts a NaN in its
-// gradients, sends itself SIGTERM, or throws (a failure of that rank alone).
+// gradients, sends itself SIGTERM, or throws (a failure of that rank alone);
+// detach: from step S on, rank R's last tensor gets no gradient (a parameter
+// its forward no longer uses), what `grad_check missing` is there to catch.
 // A resumed run injects nothing.
 struct FaultConfig {
   std::string kind = "off";

@@ -98,7 +98,10 @@ void Trainer::inject_fault(int64_t step) {
   const auto& f = cfg_.fault;
   // A resumed run injects nothing: the test that killed a run can resume the same deck.
   if (f.kind == "off" || resumed_ || f.step != step || f.rank != rank_) return;
-  log_->rank(fmt::format("fault {} injected at step {}", f.kind, step));
+  if (f.kind == "detach") return;  // a standing fault: inject_gradient_fault set it up
+  // The wall clock, so that an experiment can time how long the job takes to end after it.
+  const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  log_->rank(fmt::format("fault {} injected at step {} (unix time {:.3f})", f.kind, step, unix_s));
   if (f.kind == "kill") {
     std::raise(SIGKILL);
   } else if (f.kind == "hang") {

@@ -212,6 +212,13 @@ void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
       if (fault_step_ == step_ + 1 && end == total)
         Kokkos::deep_copy(Kokkos::subview(model_->grads(), total - 1), fault_value_);
     });
+  if (cfg_.fault.kind == "detach" && cfg_.fault.rank == rank_) {
+    const TensorInfo last = model_->layout().tensors().back();
+    on_gradients_.push_back([this, last, total](int64_t, int64_t end) {
+      if (!resumed_ && step_ + 1 >= cfg_.fault.step && end == total)
+        Kokkos::deep_copy(Kokkos::subview(model_->grads(), std::make_pair(last.offset, last.offset + last.size)), 0.0f);
+    });
+  }
   if (cfg_.grad_check.missing != "off")  // a rank that lossagg robust trimmed has no gradient by design
     on_gradients_.push_back([this](int64_t b, int64_t e) { if (seed_main_ != 0) check_missing_gradients(b, e); });
   if (!precision_->scaler())
