@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -82,6 +83,14 @@ def parser():
     p.add_argument("--mpirun-args", action="append", default=[], metavar="'FLAGS'",
                    help="extra mpirun flags (repeatable)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a case is stopped (default 3600)")
+    p.add_argument("--expect-fail", action="append", default=[], metavar="NAME",
+                   help="variant NAME is meant to end in failure (an injected fault): its cases count as run "
+                        "when they fail, and their figures are what they logged")
+    p.add_argument("--resume", action="store_true",
+                   help="OUT holds this ablation, partly run: keep its finished cases, run the rest")
+    p.add_argument("--reload", action="store_true",
+                   help="after each case, start it again with -resume auto (nothing left to train: it reads its "
+                        "newest checkpoint and ends); its console goes to console_reload.txt")
     p.add_argument("--report-only", metavar="OUT", help="rebuild results.json, table.md and plots of OUT; runs nothing")
     return p
 
@@ -137,6 +146,10 @@ def config_from_args(a):
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise UsageError(f"--variant: name(s) {', '.join(sorted(dup))} given twice (expected distinct names)")
+    for name in a.expect_fail:
+        if name not in names:
+            raise UsageError(f"--expect-fail {name}: no such variant (expected one of {', '.join(names)})")
+        next(v for v in variants if v["name"] == name)["expect_fail"] = True
     common = [" ".join(w) for c in a.common for w in split_lines(c)]
     check_lines([c.split() for c in common], "--common")
     binary = os.path.abspath(a.bin)
@@ -152,7 +165,8 @@ def config_from_args(a):
             "seeds": parse_seeds(a.seeds), "ranks": a.ranks, "steps": a.steps, "vars": [list(v) for v in a.var],
             "common": common, "eval_every": a.eval_every, "target_loss": a.target_loss, "out": out,
             "bin": binary, "launcher": [w for l in a.launcher for w in shlex.split(l)],
-            "mpirun_args": [w for m in a.mpirun_args for w in shlex.split(m)], "timeout": a.timeout}
+            "mpirun_args": [w for m in a.mpirun_args for w in shlex.split(m)], "timeout": a.timeout,
+            "reload": a.reload}
 
 
 # ---------------------------------------------------------------------------
@@ -224,7 +238,8 @@ def case_deck(cfg, variant, seed, case_dir):
     for line in cfg["common"] + variant["lines"]:
         set_line(blocks, line.split())
     set_line(blocks, ["seed", str(seed)])
-    set_line(blocks, ["output", "dir", case_dir, "log_every", "1"])
+    set_keyword(blocks, "output", "dir", case_dir)  # the deck's other output keywords stay (barrier, tensorboard)
+    set_keyword(blocks, "output", "log_every", 1)
     if cfg["eval_every"] is not None:
         set_keyword(blocks, "eval", "every", cfg["eval_every"])
     rel = os.path.relpath(cfg["deck"], ROOT)
@@ -260,7 +275,8 @@ def mpirun_command(cfg, deck_path, case_dir):
 
 
 def run_case(cfg, env, variant, seed):
-    """Writes the case's deck and runs it; returns {variant, seed, dir, rc, wall_s, command}."""
+    """Writes the case's deck and runs it; returns {variant, seed, dir, rc, wall_s, end_unix, command}
+    (and reload_rc, reload_wall_s with --reload)."""
     rel = os.path.join(variant["name"], f"seed{seed}")
     case_dir = os.path.join(cfg["out"], rel)
     os.makedirs(case_dir)
@@ -269,23 +285,32 @@ def run_case(cfg, env, variant, seed):
         f.write(case_deck(cfg, variant, seed, case_dir))
     cmd = mpirun_command(cfg, deck_path, case_dir)
     case = {"variant": variant["name"], "seed": seed, "dir": rel, "command": shlex.join(cmd)}
+    case["rc"], case["wall_s"], case["end_unix"] = run_logged(cfg, env, cmd, os.path.join(case_dir, "console.txt"))
+    if cfg.get("reload") and case["rc"] == 0:
+        cmd = cmd + ["-resume", "auto"]
+        case["reload_rc"], case["reload_wall_s"], _ = run_logged(cfg, env, cmd,
+                                                                  os.path.join(case_dir, "console_reload.txt"))
+    return case
+
+
+def run_logged(cfg, env, cmd, console_path):
+    """Runs cmd with its output in console_path; (exit status or 'timeout', wall seconds, unix time at the end)."""
     t0 = time.monotonic()
-    with open(os.path.join(case_dir, "console.txt"), "w") as console:
-        console.write(f"# {case['command']}\n")
+    with open(console_path, "w") as console:
+        console.write(f"# {shlex.join(cmd)}\n")
         console.flush()
         # its own process group, so that a timeout or Ctrl-C stops mpirun and every rank
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT,
                              start_new_session=True)
         try:
-            case["rc"] = p.wait(timeout=cfg["timeout"])
+            rc = p.wait(timeout=cfg["timeout"])
         except subprocess.TimeoutExpired:
             stop(p)
-            case["rc"] = "timeout"
+            rc = "timeout"
         except BaseException:
             stop(p)
             raise
-    case["wall_s"] = time.monotonic() - t0
-    return case
+    return rc, time.monotonic() - t0, time.time()
 
 
 def stop(p):
@@ -562,7 +587,7 @@ def report(cfg, cases):
     for c in cases:
         c["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], c["dir"], "metrics.jsonl")),
                                     cfg["target_loss"])
-    failures = [c for c in cases if c.get("rc") != 0 or not c["summary"]]
+    failures = [c for c in cases if not finished(cfg, c)]
     summary = write_results(cfg, cases)
     text = table_md(cfg, summary, failures)
     with open(os.path.join(cfg["out"], "table.md"), "w") as f:
@@ -584,17 +609,56 @@ def load_results(out):
     return doc
 
 
-def run_all(cfg):
-    if os.path.isdir(cfg["out"]) and os.listdir(cfg["out"]):
+def finished(cfg, case):
+    """A case that needs no rerun: it ran to its end (exit 0, metrics; with --reload, the reload too), or a
+    variant that is meant to fail (`expect_fail`, tools/verdicts' faults) failed, without a timeout."""
+    v = next((v for v in cfg["variants"] if v["name"] == case["variant"]), {})
+    if v.get("expect_fail"):
+        return case.get("rc") not in (0, None, "timeout")
+    return case.get("rc") == 0 and bool(case.get("summary")) and (not cfg.get("reload") or case.get("reload_rc") == 0)
+
+
+# What must match for --resume to continue an ablation (the rest, such as the timeout or the seeds, may change).
+SAME_ABLATION = ("deck", "variants", "ranks", "steps", "vars", "common", "eval_every", "launcher",
+                 "mpirun_args", "reload")
+
+
+def kept_cases(cfg):
+    """--resume: the finished cases of OUT's results.json (their folders stay); every other case folder is
+    removed, to run again."""
+    doc = load_results(cfg["out"])
+    old = doc["config"]
+    changed = [k for k in SAME_ABLATION if (old.get(k) or None) != (cfg.get(k) or None)]
+    if changed:
+        raise UsageError(f"--resume {cfg['out']}: it holds another ablation ({', '.join(changed)} differ; expected "
+                         "the same command line, or a new --out)")
+    keep = [c for c in doc["cases"] if finished(cfg, c) and c["seed"] in cfg["seeds"]]  # seeds may be added
+    kept = {c["dir"] for c in keep}
+    for v in cfg["variants"]:
+        for seed in cfg["seeds"]:
+            rel = os.path.join(v["name"], f"seed{seed}")
+            if rel not in kept and os.path.isdir(os.path.join(cfg["out"], rel)):
+                shutil.rmtree(os.path.join(cfg["out"], rel))
+    return keep
+
+
+def run_all(cfg, resume=False):
+    cases = []
+    if resume and os.path.isfile(os.path.join(cfg["out"], RESULTS)):
+        cases = kept_cases(cfg)
+    elif os.path.isdir(cfg["out"]) and os.listdir(cfg["out"]):
         raise UsageError(f"--out {cfg['out']}: not empty (expected a new folder; every case needs a fresh run dir)")
     os.makedirs(cfg["out"], exist_ok=True)
     env = sourced_env()
     order = [(s, v) for s in cfg["seeds"] for v in cfg["variants"]]  # seed-major, interleaved
     print(f"# tools/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
-          f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}", flush=True)
-    cases = []
+          f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}"
+          + (f" ({len(cases)} finished before, kept)" if cases else ""), flush=True)
+    done = {(c["variant"], c["seed"]) for c in cases}
     write_results(cfg, cases)
     for i, (seed, v) in enumerate(order):
+        if (v["name"], seed) in done:
+            continue
         case = run_case(cfg, env, v, seed)
         case["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], case["dir"], "metrics.jsonl")),
                                        cfg["target_loss"])
@@ -602,7 +666,9 @@ def run_all(cfg):
         write_results(cfg, cases)  # after every case, so that an interrupted ablation can still be reported
         s = case["summary"]
         head = f"# case {i + 1}/{len(order)}: {v['name']} seed {seed}:"
-        if case["rc"] == 0 and s:
+        if finished(cfg, case) and v.get("expect_fail"):
+            print(f"{head} failed as intended (exit status {case['rc']}), {case['wall_s']:.1f} s wall", flush=True)
+        elif case["rc"] == 0 and s:
             val = f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"
             print(f"{head} loss {s['train_loss']:.4f}, val {val}, {s['comm_bytes'] / 1e6:.3g} MB/rank, "
                   f"{s['train_s']:.1f} s training, {case['wall_s']:.1f} s wall", flush=True)
@@ -631,7 +697,7 @@ def main(argv=None):
             cfg, cases = doc["config"], doc["cases"]
         else:
             cfg = config_from_args(args)
-            cases = run_all(cfg)
+            cases = run_all(cfg, resume=args.resume)
     except UsageError as e:
         print(f"tools/ablate: {e}", file=sys.stderr)
         return 2
