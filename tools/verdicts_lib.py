@@ -285,10 +285,11 @@ def oscillation(case_dir):
 
 
 def checkpoint_write_s(case_dir):
-    """Mean of the `write X s` figures of the case's checkpoint lines."""
+    """Median of the `write X s` figures of the case's checkpoint lines (the first write of a process pays
+    HDF5's and the file system's first touches)."""
     w = [float(x) for x in re.findall(r"^checkpoint .*?write ([0-9.]+) s", text(os.path.join(case_dir, "console.txt")),
                                       re.M)]
-    return statistics.fmean(w) if w else None
+    return statistics.median(w) if w else None
 
 
 def checkpoint_load_s(case_dir):
@@ -447,6 +448,9 @@ def why(row):
     if row["rule"] in ("identical", "caught") or "effect" not in row:
         return row.get("effect_text", "")
     e = row["effect"]
+    if all(p[1] == p[2] for p in row["pairs"]):
+        return (f"{row['metric']} {fmt_value(row['baseline_mean'], row['metric'])} in both: every pair equal bit for "
+                "bit, so the switch changed nothing in these runs.")
     pct = 100 if row["relative"] else 1
     unit = "%" if row["relative"] else ""
     lo, hi = e["lo"] * pct, e["hi"] * pct
