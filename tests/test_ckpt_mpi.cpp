@@ -3,6 +3,7 @@
 // whose ranks disagree (sync local, clusters, compression residuals) resumes
 // bit for bit from any step; diff codecs rebuild each rank within their bounds.
 #include <catch2/catch.hpp>
+#include <hdf5.h>
 #include <cmath>
 #include <filesystem>
 #include "core/error.h"
@@ -348,4 +349,165 @@ TEST_CASE("async on writes the same tensors as async off, and resumes bit for bi
   REQUIRE(resumed.losses.size() == 2);
   for (int i = 0; i < 2; ++i) REQUIRE(resumed.losses[i] == off.losses[4 + i]);
   REQUIRE(resumed.fingerprints == off.fingerprints);
+}
+
+namespace {
+
+// Everything a checkpoint file holds, by name: each dataset's values
+// ("/ranks/1/params") and each attribute's ("/ranks/1/params@crc32c", "@deck" at the root),
+// as raw bytes of their native types.
+using Content = std::map<std::string, std::vector<char>>;
+
+herr_t add_attribute(hid_t obj, const char* name, const H5A_info_t*, void* out) {
+  auto& [content, where] = *static_cast<std::pair<Content*, std::string>*>(out);
+  const hid_t attr = H5Aopen(obj, name, H5P_DEFAULT), type = H5Aget_type(attr);
+  std::vector<char> bytes(H5Aget_storage_size(attr));
+  H5Aread(attr, type, bytes.data());
+  (*content)[where + "@" + name] = bytes;
+  H5Tclose(type), H5Aclose(attr);
+  return 0;
+}
+
+void add_attributes(hid_t obj, const std::string& where, Content& content) {
+  std::pair<Content*, std::string> out{&content, where};
+  H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, add_attribute, &out);
+}
+
+herr_t add_object(hid_t group, const char* name, const H5L_info_t*, void* out) {
+  auto& content = *static_cast<Content*>(out);
+  const hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+  const std::string where = std::string("/") + name;
+  if (H5Iget_type(obj) == H5I_DATASET) {
+    const hid_t type = H5Dget_type(obj), native = H5Tget_native_type(type, H5T_DIR_DEFAULT), space = H5Dget_space(obj);
+    std::vector<char> bytes(size_t(H5Sget_simple_extent_npoints(space)) * H5Tget_size(native));
+    if (!bytes.empty()) H5Dread(obj, native, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data());
+    content[where] = bytes;
+    H5Sclose(space), H5Tclose(native), H5Tclose(type);
+  } else {
+    content[where + "/"] = {};  // a group
+  }
+  add_attributes(obj, where, content);
+  H5Oclose(obj);
+  return 0;
+}
+
+Content file_content(const std::string& path) {
+  Content content;
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  add_attributes(file, "", content);
+  H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, add_object, &content);
+  H5Fclose(file);
+  return content;
+}
+
+// Values that differ between tensors, ranks and calls.
+std::vector<float> wiggly(int64_t n, double seed) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = float(std::sin(seed + 0.37 * double(i)) * (1 + 0.001 * double(i % 97)));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("writer rank0 writes the file writer collective writes: every dataset and attribute, every rank's state",
+          "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_writer");
+  ModelConfig m;
+  m.dim = 16, m.layers = 2, m.heads = 2, m.ffn = 32, m.vocab = 64, m.seq = 8;
+  const ParamLayout layout(m);
+  const int64_t n = layout.total();
+  const int rank = mpi_rank();
+  // The base (the same on every rank) and each rank's own state, which differs.
+  CheckpointData data;
+  data.params = wiggly(n, 1), data.adam_m = wiggly(n, 2), data.adam_v = wiggly(n, 3);
+  for (auto& x : data.adam_v) x = x * x;
+  data.buffers["layers.0.ffn.gate_bias"] = wiggly(8, 4);
+  data.series["adam_steps"] = {7};
+  data.state.step = 7, data.state.world_size = mpi_size(), data.state.seed = 99;
+  data.deck = "seed 99\n";
+  data.state_index = "/train adam_steps\n/ranks/* residual\n";
+  auto own_state = [&](int r) {
+    RankState s;
+    s.params = data.params, s.adam_m = data.adam_m, s.adam_v = data.adam_v;
+    const auto nudge = wiggly(n, 10 + r);
+    for (int64_t i = 0; i < n; i += 3) s.params[i] += 1e-3f * nudge[i], s.adam_m[i] -= 1e-4f * nudge[i];
+    s.extra["residual"] = wiggly(n, 20 + r);
+    s.sampler_batches = 5 + r;
+    return s;
+  };
+  const RankState mine = own_state(rank);
+
+  const std::vector<std::pair<std::string, std::string>> formats = {
+      {"full", "full"}, {"diff_lossless", "lossless"}, {"diff_int8", "int8"}};
+  for (const auto& [name, codec] : formats) {
+    INFO(name);
+    CheckpointFormat format;
+    format.mode = name == "full" ? "full" : "diff";
+    format.codec.kind = *kernels::ckpt_codec::codec_from_name(codec);
+    // One encoding, written by each writer: any difference is the writers'.
+    const auto encoded = encode_checkpoint(MPI_COMM_WORLD, layout, data, &mine, format);
+    const std::string collective = write_encoded(MPI_COMM_WORLD, dir + "/c_" + name, *encoded);
+    const std::string rank0 = write_encoded(MPI_COMM_WORLD, dir + "/r_" + name, *encoded, CheckpointWriter::rank0);
+    if (rank != 0) continue;
+    const Content a = file_content(collective), b = file_content(rank0);
+    REQUIRE(a.count("/ranks/" + std::to_string(mpi_size() - 1) + "/residual"));
+    REQUIRE(a.count("@complete"));
+    REQUIRE(a.size() > 50);
+    for (const auto& [key, bytes] : a) {
+      INFO(key);
+      REQUIRE(b.count(key));
+      REQUIRE(b.at(key) == bytes);
+    }
+    REQUIRE(b.size() == a.size());
+    const auto base_a = read_checkpoint(collective, layout), base_b = read_checkpoint(rank0, layout);
+    REQUIRE(base_b.params == base_a.params);
+    REQUIRE(base_b.adam_v == base_a.adam_v);
+    for (int r = 0; r < mpi_size(); ++r) {
+      INFO("rank " << r);
+      const auto ra = read_rank_state(collective, layout, base_a, r), rb = read_rank_state(rank0, layout, base_b, r);
+      REQUIRE(rb.params == ra.params);
+      REQUIRE(rb.adam_m == ra.adam_m);
+      REQUIRE(rb.adam_v == ra.adam_v);
+      REQUIRE(rb.extra == ra.extra);
+      // Each rank's own state, not rank 0's (int8 rebuilds params within its bound only).
+      const RankState truth = own_state(r);
+      REQUIRE(rb.sampler_batches == truth.sampler_batches);
+      REQUIRE(rb.extra == truth.extra);
+      if (codec != "int8") REQUIRE(rb.params == truth.params);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("writer rank0 in a run: async on and off write the collective run's files and resume bit for bit",
+          "[mpi][ckpt]") {
+  const auto dir = shared_scratch("ckpt_writer_run");
+  const auto corpus = make_corpus(dir);
+  const std::string line = "sync local 3\ncheckpoint every 2 mode diff codec lossless base_every 2 ";
+  const auto collective = run(make_program(dir, "c", small_deck(corpus, dir + "/c", 6, line + "\n")));
+  for (const std::string async : {"off", "on"}) {
+    INFO("async " << async);
+    const auto program =
+        make_program(dir, "r" + async, small_deck(corpus, dir + "/r" + async, 6, line + "writer rank0 async " + async + "\n"));
+    Trainer trainer(MPI_COMM_WORLD, program, RunOptions{"", true});
+    trainer.run();
+    REQUIRE(trainer.losses() == collective.losses);
+    const ParamLayout& layout = trainer.model().layout();
+    if (mpi_rank() == 0)
+      for (int at : {2, 4, 6}) {
+        INFO("step " << at);
+        const auto a = read_checkpoint(ckpt(dir + "/c", at), layout), b = read_checkpoint(ckpt(dir + "/r" + async, at), layout);
+        REQUIRE(b.chain_kind == a.chain_kind);
+        REQUIRE(b.params == a.params);
+        for (int r = 0; r < mpi_size(); ++r)
+          REQUIRE(read_rank_state(ckpt(dir + "/r" + async, at), layout, b, r).params ==
+                  read_rank_state(ckpt(dir + "/c", at), layout, a, r).params);
+      }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto resumed = run(program, ckpt(dir + "/r" + async, 4));  // a delta (base_every 2: 4 is a delta of 2)
+    REQUIRE(resumed.losses.size() == 2);
+    for (int i = 0; i < 2; ++i) REQUIRE(resumed.losses[i] == collective.losses[4 + i]);
+    REQUIRE(resumed.fingerprints == collective.fingerprints);
+  }
 }

@@ -309,6 +309,25 @@ struct WriteFailed : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// `bytes` as the whole of file `path`, with POSIX calls: "" or what failed
+// ("write the file: No space left on device").
+std::string write_whole_file(const std::string& path, const std::vector<char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fmt::format("create the file: {}", errno_text(errno));
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return fmt::format("write the file: {}", errno_text(e));
+    }
+    done += size_t(n);
+  }
+  if (::close(fd) != 0) return fmt::format("close the file: {}", errno_text(errno));  // NFS reports late
+  return "";
+}
+
 void broadcast_text(std::string& s, int root, MPI_Comm comm) {
   int n = int(s.size());
   MPI_Bcast(&n, 1, MPI_INT, root, comm);
@@ -321,27 +340,21 @@ void broadcast_text(std::string& s, int root, MPI_Comm comm) {
 // HDF5); a dataset's data comes from one rank (`owner`), the others select
 // nothing, in one collective transfer (filters such as fletcher32 need it).
 // A failure is recorded, not thrown, until the next sync() (above).
+//
+// Alone (`writer rank0`'s rank 0, a one-process write) the same calls run on
+// MPI_COMM_SELF, and HDF5 builds the file in memory (the core driver); the
+// image goes to disk with plain POSIX writes at close(). HDF5 never meets a
+// full disk there: once one of its writes has failed, HDF5 1.10.8 cannot
+// close that file (a failed H5Fflush leaves its metadata cache unable to
+// flush again: "slist already enabled?"), and closes it again at exit, in
+// MPI_Finalize, on freed memory: a segfault (exit 139) after the right
+// message, through MPI-IO on MPI_COMM_SELF and through sec2 (POSIX) alike.
 class Writer {
  public:
-  Writer(MPI_Comm comm, const std::string& path) : comm_(comm) {
-    MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &world_);
-    install_file_error_handler();
-    H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    ok(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "set MPI-IO file access");
-    hold_metadata(fapl);
-    errno = 0;
-    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (file_ < 0) fail("create the file");
-    dxpl_ = H5Pcreate(H5P_DATASET_XFER);
-    ok(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), "set collective transfer");
-    try {
-      sync();
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
+  // Every rank of comm, parallel HDF5.
+  Writer(MPI_Comm comm, const std::string& path) : Writer(comm, path, false, 0) {}
+  // This process alone: in memory, then to `path` (about `bytes` in all).
+  Writer(const std::string& path, int64_t bytes) : Writer(MPI_COMM_SELF, path, true, bytes) {}
   ~Writer() { release(); }
   hid_t file() const { return file_; }
   int rank() const { return rank_; }
@@ -351,6 +364,7 @@ class Writer {
     errno = 0;
     H5Pclose(dxpl_);
     dxpl_ = -1;
+    if (alone_) return close_alone();
     const herr_t status = H5Fclose(file_);
     file_ = -1;
     ok(status, "close the file");
@@ -476,6 +490,45 @@ class Writer {
     else error_ = fmt::format("{}: {}", what, hdf5);
     arm_deadline(w.path, w.tmp, rank_, error_);
   }
+  Writer(MPI_Comm comm, const std::string& path, bool alone, int64_t bytes) : comm_(comm), alone_(alone), path_(path) {
+    MPI_Comm_rank(comm, &rank_);
+    MPI_Comm_size(comm, &world_);
+    install_file_error_handler();
+    H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    // (the in-memory file grows by the expected size: one or two allocations)
+    if (alone_) ok(H5Pset_fapl_core(fapl, size_t(std::max<int64_t>(bytes, 1 << 20)), false), "set in-memory file access");
+    else ok(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "set MPI-IO file access");
+    hold_metadata(fapl);
+    errno = 0;
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (file_ < 0) fail("create the file");
+    dxpl_ = H5Pcreate(H5P_DATASET_XFER);
+    if (!alone_) ok(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), "set collective transfer");
+    try {
+      sync();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  // Alone: the finished file's image, out of memory onto the disk.
+  void close_alone() {
+    ok(H5Fflush(file_, H5F_SCOPE_GLOBAL), "flush the file");  // the image is what was flushed: `complete` too
+    std::vector<char> image;
+    if (const ssize_t size = H5Fget_file_image(file_, nullptr, 0); size < 0) {
+      fail("take the file's image");
+    } else {
+      image.resize(size_t(size));
+      if (H5Fget_file_image(file_, image.data(), image.size()) != size) fail("take the file's image");
+    }
+    const herr_t status = H5Fclose(file_);  // in memory: nothing can fail on the disk
+    file_ = -1;
+    ok(status, "close the file");
+    if (error_.empty()) error_ = write_whole_file(path_, image);
+    sync();
+  }
+
   // Collective: every rank closes what it still holds (after a sync threw,
   // at the same place on every rank).
   void release() {
@@ -485,6 +538,8 @@ class Writer {
   }
 
   MPI_Comm comm_;
+  bool alone_ = false;  // MPI_COMM_SELF, in memory: one process writes the whole file
+  std::string path_;
   int rank_ = 0, world_ = 1;
   hid_t file_ = -1, dxpl_ = -1;
   std::string error_;  // this rank's first failure since the file was created
@@ -825,8 +880,46 @@ void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   }
 }
 
-// Each rank's own state: /ranks/<r>.
-void write_ranks(Writer& w, hid_t file, const EncodedCheckpoint& enc, int world) {
+// Every rank's /ranks/<r> datasets on rank 0, for `writer rank0`.
+struct GatheredParts {
+  std::vector<std::vector<const void*>> at;  // at[r][i]: rank r's part i (rank 0's: its own, in place)
+  std::deque<std::vector<char>> received;    // the other ranks' bytes, which `at` points into
+};
+
+// Collective over comm: rank 0 gets every rank's parts (their sizes are in
+// enc.meta), rank after rank, point to point in pieces of at most 1 GiB:
+// MPI counts are int, and one rank's tensor may pass 2 GiB.
+GatheredParts gather_parts(MPI_Comm comm, const EncodedCheckpoint& enc, int rank, int world) {
+  constexpr int64_t kPiece = int64_t(1) << 30;
+  const size_t parts = enc.parts.size(), stride = 2 * parts;
+  auto check = [](int rc, const char* what) {
+    if (rc != MPI_SUCCESS) throw std::runtime_error(fmt::format("checkpoint: gathering the ranks' state: {} failed", what));
+  };
+  GatheredParts out;
+  if (rank == 0) {
+    out.at.assign(world, std::vector<const void*>(parts, nullptr));
+    for (size_t i = 0; i < parts; ++i) out.at[0][i] = enc.parts[i].data;
+  }
+  for (int r = 1; r < world; ++r) {
+    if (rank != 0 && rank != r) continue;
+    for (size_t i = 0; i < parts; ++i) {
+      const int64_t bytes = enc.meta[r * stride + 2 * i] * int64_t(H5Tget_size(enc.parts[i].type));
+      char* into = nullptr;
+      if (rank == 0) into = out.received.emplace_back(size_t(bytes)).data(), out.at[r][i] = into;
+      const char* from = static_cast<const char*>(enc.parts[i].data);
+      for (int64_t done = 0; done < bytes; done += kPiece) {
+        const int n = int(std::min(kPiece, bytes - done));
+        if (rank == 0) check(MPI_Recv(into + done, n, MPI_BYTE, r, 0, comm, MPI_STATUS_IGNORE), "MPI_Recv");
+        else check(MPI_Send(from + done, n, MPI_BYTE, 0, 0, comm), "MPI_Send");
+      }
+    }
+  }
+  return out;
+}
+
+// Each rank's own state: /ranks/<r>. Collectively every rank passes its own
+// (owner r); alone, rank 0 passes everyone's from `gathered` (owner 0).
+void write_ranks(Writer& w, hid_t file, const EncodedCheckpoint& enc, int world, const GatheredParts* gathered) {
   const size_t stride = 2 * enc.parts.size();
   H5 ranks = w.group(file, "ranks");
   for (int r = 0; r < world; ++r) {
@@ -837,8 +930,9 @@ void write_ranks(Writer& w, hid_t file, const EncodedCheckpoint& enc, int world)
       const int64_t count = enc.meta[r * stride + 2 * i];
       const auto crc = uint32_t(enc.meta[r * stride + 2 * i + 1]);
       const auto& p = enc.parts[i];
-      w.dataset(group, p.name, p.type, {hsize_t(count)}, r, r == w.rank() ? p.data : nullptr, crc,
-                p.codec != "full");
+      const int owner = gathered ? 0 : r;
+      const void* data = gathered ? gathered->at[r][i] : r == w.rank() ? p.data : nullptr;
+      w.dataset(group, p.name, p.type, {hsize_t(count)}, owner, data, crc, p.codec != "full");
     }
     for (const auto& p : enc.parts)
       if (p.codec != "full") {
@@ -850,11 +944,55 @@ void write_ranks(Writer& w, hid_t file, const EncodedCheckpoint& enc, int world)
   }
 }
 
+// The whole file through `w`; WriteFailed on a failure.
+void write_file(Writer& w, const EncodedCheckpoint& enc, int world, const GatheredParts* gathered) {
+  const hid_t file = w.file();
+  write_root(w, file, enc);
+  write_base(w, file, enc);
+  if (enc.has_ranks) write_ranks(w, file, enc, world, gathered);
+  w.flush();
+  w.sync();
+  w.attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
+  w.close();
+}
+
+// Every rank writes its share with parallel HDF5. Returns "" or the error,
+// the same on every rank.
+std::string write_collectively(MPI_Comm comm, const std::string& tmp, const EncodedCheckpoint& enc, int world) {
+  try {
+    Writer w(comm, tmp);
+    write_file(w, enc, world, nullptr);
+  } catch (const WriteFailed& e) {
+    return e.what();  // thrown on every rank at the same sync; the file is closed
+  }
+  return "";
+}
+
+// Rank 0 writes the file alone, every rank's own state gathered onto it
+// first; its outcome is broadcast. Returns "" or the error, on every rank.
+std::string write_on_rank0(MPI_Comm comm, const std::string& tmp, const EncodedCheckpoint& enc, int rank, int world) {
+  const GatheredParts gathered = enc.has_ranks ? gather_parts(comm, enc, rank, world) : GatheredParts{};
+  std::string error;
+  if (rank == 0) try {
+    Writer w(tmp, bytes_at_least(enc, world));
+    write_file(w, enc, world, &gathered);
+  } catch (const WriteFailed& e) {
+    error = e.what();
+  }
+  // Nothing of a failed file may stay open: HDF5 would close it again at exit.
+  if (const ssize_t left = rank == 0 && !error.empty() ? H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) : 0; left > 0)
+    std::fprintf(stderr, "xuanxue: warning: HDF5 still holds %zd open object(s) after the failed write of %s\n", left,
+                 tmp.c_str());
+  broadcast_text(error, 0, comm);
+  return error;
+}
+
 }  // namespace
 
 bool checkpoint_write_failed() { return g_write_failed; }
 
-std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& enc) {
+std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& enc,
+                          CheckpointWriter writer) {
   quiet_hdf5();
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
@@ -866,19 +1004,9 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
   if (rank == 0) error = prepare_directory(dir);
   if (rank == 0 && error.empty()) error = reserve_space(tmp, bytes_at_least(enc, world));
   broadcast_text(error, 0, comm);
-  if (error.empty()) try {
-    Writer w(comm, tmp);
-    const hid_t file = w.file();
-    write_root(w, file, enc);
-    write_base(w, file, enc);
-    if (enc.has_ranks) write_ranks(w, file, enc, world);
-    w.flush();
-    w.sync();
-    w.attr(file, "complete", H5T_NATIVE_INT, 1);  // last: a file without it never counts
-    w.close();
-  } catch (const WriteFailed& e) {
-    error = e.what();  // thrown on every rank at the same sync; the file is closed
-  }
+  if (error.empty())
+    error = writer == CheckpointWriter::rank0 ? write_on_rank0(comm, tmp, enc, rank, world)
+                                              : write_collectively(comm, tmp, enc, world);
   // Rank 0 makes it the checkpoint; the broadcast is the barrier that keeps
   // every rank here until it is on disk.
   if (error.empty()) {
@@ -909,7 +1037,8 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamL
 
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
   fs::create_directories(dir);
-  return write_checkpoint(MPI_COMM_SELF, dir, layout, data, nullptr, {});
+  const auto encoded = encode_checkpoint(MPI_COMM_SELF, layout, data, nullptr, {});
+  return write_encoded(MPI_COMM_SELF, dir, *encoded, CheckpointWriter::rank0);  // one process: no MPI-IO needed
 }
 
 namespace {

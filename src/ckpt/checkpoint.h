@@ -96,10 +96,20 @@ struct EncodedCheckpoint;
 std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
                                                      const CheckpointData& data, const RankState* mine,
                                                      const CheckpointFormat& format, ChainBase* chain = nullptr);
+// Who writes the file (deck: checkpoint ... writer collective|rank0); the
+// file is the same either way.
+//  - collective: every rank of comm, with parallel HDF5 (MPI-IO); each rank
+//    writes its own /ranks/<r>.
+//  - rank0: every rank's /ranks/<r> is gathered onto rank 0, which alone
+//    builds the file in memory (HDF5's core driver) and writes it with POSIX
+//    calls: HDF5 never meets a full disk (checkpoint.cpp, Writer).
+enum class CheckpointWriter { collective, rank0 };
+
 // Collective over comm (the same ranks as encode_checkpoint's, possibly a
 // dup): writes the file atomically and points DIR/latest at it; returns its path.
 // A failure on any rank throws CheckpointWriteError on every rank (above).
-std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded);
+std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
+                          CheckpointWriter writer = CheckpointWriter::collective);
 // The file's chain kind ("base" or "delta") once encoded.
 std::string chain_kind_of(const EncodedCheckpoint& encoded);
 
@@ -112,7 +122,7 @@ std::string chain_kind_of(const EncodedCheckpoint& encoded);
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
                              const CheckpointData& data, const RankState* mine, const CheckpointFormat& format,
                              ChainBase* chain = nullptr);
-// One process, no per-rank state (tools, tests).
+// One process, no per-rank state (tools, tests): written as `writer rank0` writes.
 std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data);
 
 // Rank `rank`'s own state in a checkpoint with /ranks, rebuilt against the

@@ -185,6 +185,7 @@ struct SampleConfig {
 };
 
 // checkpoint [every N] [at_end yes|no] [mode full|diff] [codec lossless|int8|topk] [ratio R] [block B] [keep K]
+//            [base_every M] [async on|off] [writer collective|rank0]
 // (docs/CHECKPOINT.md). Every rank's own state goes in /ranks/<r>: as it is
 // (full) or as its difference from the ranks' average (diff, by the codec).
 struct CheckpointConfig {
@@ -197,6 +198,7 @@ struct CheckpointConfig {
   int64_t keep = 0;                // keep the newest K checkpoint files (0: all); never breaks a chain
   int64_t base_every = 1;          // diff across time: a full base every M checkpoints, in between the change since it
   bool async = false;              // snapshot at the step boundary, write from a background thread
+  std::string writer = "collective";  // collective (parallel HDF5) | rank0 (gathered, rank 0 writes alone): the same file
 };
 
 // health every N [nan skip|stop] [max_skips K]

@@ -103,7 +103,8 @@ class Trainer {
   std::map<std::string, int64_t> required_buffers(StatePlace place) const;
   CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state
   void save_checkpoint(double loss);
-  void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded, int64_t keep);
+  void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
+                            CheckpointWriter writer, int64_t keep);
   void log_checkpoint();
 
   // resilience (trainer_resilience.cpp)
@@ -182,6 +183,7 @@ class Trainer {
   std::exception_ptr writer_error_;       // the background write's failure, rethrown by finish_checkpoint
   struct PendingWrite {
     std::string path, kind, how;   // file, chain kind, "diff lossless" / "full copies"
+    std::string writer;            // "collective" / "rank 0 writes"
     double stall = 0, write_s = 0; // training-thread seconds in save_checkpoint; seconds the write took
     double waited = 0;             // of the stall: waiting for the previous write (async on)
     bool async = false;

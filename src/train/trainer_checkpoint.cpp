@@ -276,6 +276,8 @@ void Trainer::save_checkpoint(double loss) {
   pending_.waited = waited;
   pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
   pending_.how = format.mode == "diff" ? "diff " + cfg_.checkpoint.codec : "full copies";
+  const auto writer = cfg_.checkpoint.writer == "rank0" ? CheckpointWriter::rank0 : CheckpointWriter::collective;
+  pending_.writer = writer == CheckpointWriter::rank0 ? "rank 0 writes" : "collective";
   if (cfg_.checkpoint.async && !async_checked_) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
@@ -289,25 +291,26 @@ void Trainer::save_checkpoint(double loss) {
     if (writer_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm_, &writer_comm_);
     pending_.async = true;
     pending_.stall = MPI_Wtime() - t0;
-    writer_ = std::thread([this, dir, encoded, keep] {
+    // (rank0: the gather runs here too, on the writer's own communicator)
+    writer_ = std::thread([this, dir, encoded, writer, keep] {
       try {
-        write_checkpoint_now(writer_comm_, dir, *encoded, keep);
+        write_checkpoint_now(writer_comm_, dir, *encoded, writer, keep);
       } catch (...) {
         writer_error_ = std::current_exception();
       }
     });
     return;
   }
-  write_checkpoint_now(comm_, dir, *encoded, keep);
+  write_checkpoint_now(comm_, dir, *encoded, writer, keep);
   pending_.stall = MPI_Wtime() - t0;
   log_checkpoint();
 }
 
 // The HDF5 part of a checkpoint, on the training thread or the writer's.
 void Trainer::write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
-                                   int64_t keep) {
+                                   CheckpointWriter writer, int64_t keep) {
   const double t0 = MPI_Wtime();
-  pending_.path = write_encoded(comm, dir, encoded);
+  pending_.path = write_encoded(comm, dir, encoded, writer);
   if (rank_ == 0 && keep > 0) prune_checkpoints(dir, keep);
   pending_.write_s = MPI_Wtime() - t0;
 }
@@ -319,13 +322,15 @@ void Trainer::finish_checkpoint() {
   log_checkpoint();
 }
 
-// One console line per checkpoint: stall is what the training thread spent in save_checkpoint.
+// One console line per checkpoint: stall is what the training thread spent
+// in save_checkpoint; write is the whole write (rank0: the gather included).
 void Trainer::log_checkpoint() {
   const auto& p = pending_;
   const double mb = rank_ == 0 && fs::exists(p.path) ? double(fs::file_size(p.path)) / 1e6 : 0.0;
-  log_->console(fmt::format("checkpoint {} ({}, {}, {:.2f} MB, write {:.3f} s{}, stall {:.3f} s, of which waiting for "
-                            "the previous write {:.3f} s)",
-                            p.path, p.how, p.kind, mb, p.write_s, p.async ? " in background" : "", p.stall, p.waited));
+  log_->console(fmt::format("checkpoint {} ({}, {}, {}, {:.2f} MB, write {:.3f} s{}, stall {:.3f} s, of which waiting "
+                            "for the previous write {:.3f} s)",
+                            p.path, p.how, p.kind, p.writer, mb, p.write_s, p.async ? " in background" : "", p.stall,
+                            p.waited));
 }
 
 }  // namespace xx

@@ -25,11 +25,15 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   bcast_string(resume_path, comm_);
   build_model();
   register_state();
+  const double restore_start = MPI_Wtime();
   if (!resume_path.empty()) restore(resume_path), resumed_ = true;
   else enter_phase(0);
+  const double restore_s = MPI_Wtime() - restore_start;  // rank 0 reads the file, every rank gets it
   log_ = std::make_unique<RunLog>(cfg_.output.dir, rank_, resumed_, options_.quiet, cfg_.output.tensorboard);
   watchdog_ = std::make_unique<Watchdog>(cfg_.output.dir, rank_, cfg_.resilience.timeout);
-  if (resumed_) log_->console(fmt::format("resumed from {} at step {}", resume_path, step_));
+  if (resumed_)
+    log_->console(fmt::format("resumed from {} at step {} (read and broadcast in {:.3f} s)", resume_path, step_,
+                              restore_s));
   if (!log_note_.empty()) log_->console(log_note_);
   build_data_stream(resume_path);
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
@@ -241,8 +245,10 @@ std::string Trainer::backends() const {
   row("sync strategy", strategy_report_);
   out += comm_ops_->report() + "\n";
   const auto& ck = cfg_.checkpoint;
-  row("checkpoints", fmt::format("parallel HDF5 (MPI-IO, collective), per-rank state {}{}, fletcher32 + crc32c",
-                                 ck.mode, ck.mode == "diff" ? " " + ck.codec : ""));
+  const char* writer = ck.writer == "rank0" ? "rank 0 writes (HDF5 POSIX driver, the ranks' state gathered)"
+                                            : "parallel HDF5 (MPI-IO, collective)";
+  row("checkpoints", fmt::format("{}, per-rank state {}{}, fletcher32 + crc32c", writer, ck.mode,
+                                 ck.mode == "diff" ? " " + ck.codec : ""));
   row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
   row("peak (MFU)", mfu_.describe());
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",

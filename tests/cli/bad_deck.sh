@@ -57,6 +57,9 @@ bad_deck "malformed integer on a continued line" 's/ ffn 64 / ffn 6.4 /' \
 bad_deck "malformed real" 's/^peak_gflops 50$/peak_gflops fast/' \
   "$D:8: bad value 'fast' for 'peak_gflops'" "(expected a number)"
 
+bad_deck "bad choice: checkpoint's writer" 's/^run /checkpoint every 2 writer rank1\nrun /' \
+  "$D:11: bad value 'rank1' for 'writer'" "(expected one of: collective, rank0)"
+
 bad_deck "out-of-range value" 's/ valid 0.1 / valid 0.9 /' \
   "$D:7: value 0.9 for 'valid' is out of range" "(expected a fraction in (0, 0.5], or a validation shard)"
 

@@ -3,7 +3,9 @@
 # prints the deck, verify passes intact files and fails (exit 1, naming the
 # dataset) on a flipped byte, refuses a non-checkpoint with exit 2, and diff
 # of a file with itself is all zero while two steps differ; with base_every,
-# ls shows the chain and verify fails a delta whose base is gone.
+# ls shows the chain and verify fails a delta whose base is gone; `writer
+# rank0` writes what `writer collective` writes, and a 2-rank run stopped
+# and resumed with it (-resume auto) logs the uninterrupted run's curve.
 # usage: ckpt_tool.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CKPT="$(dirname "${BASH_SOURCE[0]}")/../../tools/ckpt"
@@ -110,4 +112,48 @@ check [ "$(grep '^/model/' "$T/same" | grep -v -c ' 0\.000e+00 ')" -eq 0 ] || fa
 check /usr/bin/python3 "$CKPT" export "$CRUN/ckpt/step_00000003.h5" --rank 1 -o "$T/r1.h5" >"$T/out" 2>&1 ||
   fail "export of a delta failed: $(cat "$T/out")"
 check /usr/bin/python3 "$CKPT" verify "$T/r1.h5" >"$T/out" 2>&1 || fail "the export does not verify: $(cat "$T/out")"
+
+# ----------------------------------------------------------------------------
+# writer rank0: rank 0 alone writes what the ranks wrote together
+make_deck "$T/writer.deck" "$CORPUS" "\${run}"
+sed -i -e 's/^variable steps 3$/variable steps 6\nvariable writer rank0\nvariable fault off/' \
+  -e 's/^run /sync local 2\ncheckpoint every 2 writer ${writer}\nfault ${fault}\nrun /' "$T/writer.deck"
+begin "writer rank0, 2 ranks: stopped at step 3 and resumed with -resume auto, the same curve as without the stop"
+expect_ok 2 -in "$T/writer.deck" -var run "$T/w_full"
+check grep -q -E 'checkpoint .*step_00000004\.h5 \(full copies, base, rank 0 writes, ' "$T/out" ||
+  fail "no console line names the rank 0 writer: $(grep '^checkpoint' "$T/out")"
+run_xx 2 -in "$T/writer.deck" -var run "$T/w_stop" -var fault "signal rank 1 step 3"
+check [ "$RC" -eq 0 ] || { fail "the stopped run: exit code $RC (expected 0)"; show_run; }
+check grep -q "stopped at step 3 on SIGTERM" "$T/out" || { fail "did not stop at step 3"; show_run; }
+expect_ok 2 -in "$T/writer.deck" -var run "$T/w_stop" -resume auto
+check grep -q -E "resumed from $T/w_stop/ckpt/step_00000003\.h5 at step 3 \(read and broadcast in [0-9.]+ s\)" "$T/out" ||
+  fail "no 'resumed from ... at step 3 (read and broadcast in X s)' line: $(grep resumed "$T/out")"
+curve "$T/w_full/metrics.jsonl" "$T/w_full.jsonl"
+curve "$T/w_stop/metrics.jsonl" "$T/w_stop.jsonl"
+check [ "$(wc -l <"$T/w_full.jsonl")" -eq 6 ] || fail "the uninterrupted run logged $(wc -l <"$T/w_full.jsonl") steps (expected 6)"
+check cmp -s "$T/w_full.jsonl" "$T/w_stop.jsonl" || fail "the resumed curve differs from the uninterrupted one"
+
+begin "writer rank0 and collective: the same datasets and attributes, and the files verify"
+expect_ok 2 -in "$T/writer.deck" -var run "$T/w_coll" -var writer collective
+for step in 2 4 6; do
+  f=step_0000000$step.h5
+  check /usr/bin/python3 "$CKPT" verify "$T/w_full/ckpt/$f" >"$T/verify" 2>&1 || fail "$f does not verify: $(cat "$T/verify")"
+  /usr/bin/python3 - "$T/w_coll/ckpt/$f" "$T/w_full/ckpt/$f" >"$T/same" 2>&1 <<'PY'
+import sys, h5py
+def content(path):  # every dataset's values and every attribute, but the deck text (its writer line)
+    out = {}
+    with h5py.File(path, "r") as f:
+        def add(name, obj):
+            if isinstance(obj, h5py.Dataset): out[name] = obj[()].tobytes()
+            out.update({f"{name}@{k}": repr(v) for k, v in obj.attrs.items() if k != "deck"})
+        add("/", f)
+        f.visititems(add)
+    return out
+a, b = content(sys.argv[1]), content(sys.argv[2])
+differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+print(f"{len(a)} items; differ: {differ}")
+sys.exit(1 if differ or len(a) < 50 else 0)
+PY
+  check [ $? -eq 0 ] || fail "$f: collective and rank0 files differ: $(cat "$T/same")"
+done
 finish

@@ -9,6 +9,11 @@
 #   - room for the second checkpoint's datasets but not for all of its file:
 #     the write fails inside HDF5, in a collective call that the other rank
 #     never leaves; the failing rank's deadline ends the job (async off and on);
+#     with `writer rank0` (80 % and 96 %: where HDF5 itself would fail in a
+#     dataset and in its final flush), rank 0 alone fails to write the file:
+#     exit code 4 exactly (an HDF5 file left open would crash at exit: 139),
+#     no HDF5 object left open, and the error is the write's, not the room
+#     check's;
 #   - a checkpoint directory that became read-only (a read-only bind mount;
 #     root ignores permissions), between a run and its resume;
 #   - the run directory removed while the job runs.
@@ -54,7 +59,8 @@ data bytes $T/corpus.txt valid 0.1 batch 2 workers 1
 peak_gflops 50
 output dir \${run_dir} log_every 1 tensorboard off
 eval every 0 batches 1
-checkpoint every \${every} async \${async}
+variable writer collective
+checkpoint every \${every} async \${async} writer \${writer}
 run \${steps}
 EOF
 
@@ -119,10 +125,21 @@ for async in off on; do
 
   # Room for 80 %: the datasets (57 %) fit, the file does not; the write
   # fails inside HDF5 (chunks are written as datasets are made).
-  begin "async $async: the disk fills up inside HDF5's write"
-  mount_tmpfs $((USED + CKPT_KB * 4 / 5))
-  run_timed 2 -in "$T/disk.deck" -var run_dir "$MNT/run" -var every 5 -var async "$async" -var steps 100
-  expect_write_failure "$MNT/run" "$STEP10" "No space left on device" "$STEP5"
+  for case in "collective 80" "rank0 80" "rank0 96"; do
+    read -r writer percent <<<"$case"
+    begin "async $async, writer $writer, room for $percent %: the disk fills up inside the write"
+    mount_tmpfs $((USED + CKPT_KB * percent / 100))
+    run_timed 2 -in "$T/disk.deck" -var run_dir "$MNT/run" -var every 5 -var async "$async" -var writer "$writer" \
+      -var steps 100
+    expect_write_failure "$MNT/run" "$STEP10" "No space left on device" "$STEP5"
+    if [ "$writer" = rank0 ]; then
+      check grep -q -F "rank 0 writes" "$T/out" || { fail "no checkpoint line says 'rank 0 writes'"; show_run; }
+      check grep -F "could not be written" "$T/err" | grep -v -q -F "no room for its" ||
+        fail "the room check caught it (expected the write to fail inside HDF5)"
+      refute grep -q -i "segmentation\|signal 11" "$T/err" || { fail "a segfault at exit"; show_run; }
+      refute grep -q -F "HDF5 still holds" "$T/err" || { fail "HDF5 ids left open after the failed write"; show_run; }
+    fi
+  done
 done
 
 begin "a read-only checkpoint directory: the resume's first checkpoint cannot be written"
