@@ -1,10 +1,14 @@
 #include "app.h"
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
+#include "core/host_memory.h"
+#include "core/units.h"
 #include "deck/deck.h"
 #include "generate.h"
 #include "model/estimate.h"
@@ -18,19 +22,36 @@ namespace xx {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run]\n"
+    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N]] [-device-gb G]\n"
     "       xuanxue generate -ckpt FILE -prompt TEXT [...]   (xuanxue generate -h)\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
     "  -var NAME VALUE   set deck variable NAME (wins over the deck's own `variable`)\n"
     "  -resume auto      continue from the newest complete checkpoint in RUN_DIR/ckpt, if any\n"
     "  -resume PATH      continue from that checkpoint\n"
-    "  -dry-run          check the deck, print parameter counts and memory per rank, allocate nothing\n";
+    "  -dry-run          check the deck, print parameter counts and memory per rank at every sharding level,\n"
+    "                    allocate nothing\n"
+    "  -ranks N          with -dry-run: plan for N ranks without launching them (default: the ranks launched)\n"
+    "  -device-gb G      memory per rank is G GiB (a device's); default: this node's MemAvailable divided by\n"
+    "                    the ranks on it. A run whose plan does not fit stops before allocating (exit 2)\n";
 
 struct Args {
   std::string deck, resume;
   bool dry_run = false;
+  int ranks = 0;         // -ranks: planned ranks (0: the world size)
+  double device_gb = 0;  // -device-gb: GiB per rank (0: this node's available memory)
   std::map<std::string, std::string> vars;
 };
+
+// The value of `option`: a number in (0, most], an integer when `integer`;
+// else an input error with the expected form.
+double positive_value(const std::string& option, const std::string& text, bool integer, double most,
+                      const char* expected) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(v > 0) || v > most || (integer && v != double(int64_t(v))))
+    input_error("command line: bad value '{}' for {} (expected {})\n{}", text, option, expected, kUsage);
+  return v;
+}
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -43,11 +64,15 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-var") need(2), a.vars[argv[i + 1]] = argv[i + 2], i += 2;
     else if (arg == "-resume") need(1), a.resume = argv[++i];
     else if (arg == "-dry-run") a.dry_run = true;
+    else if (arg == "-ranks") need(1), a.ranks = int(positive_value(arg, argv[++i], true, 1e7, "-ranks N, an integer N >= 1"));
+    else if (arg == "-device-gb") need(1), a.device_gb = positive_value(arg, argv[++i], false, 1e9, "-device-gb G, GiB > 0");
     else if (arg == "-h" || arg == "-help" || arg == "--help") input_error("{}", kUsage);
     else input_error("command line: unknown option '{}'{}\n{}", arg,
-                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run"}), kUsage);
+                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-device-gb"}), kUsage);
   }
   if (a.deck.empty()) input_error("command line: no deck given (expected -in DECK)\n{}", kUsage);
+  if (a.ranks > 0 && !a.dry_run)
+    input_error("command line: -ranks plans without launching (expected -dry-run -ranks N)\n{}", kUsage);
   return a;
 }
 
@@ -77,7 +102,35 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   int dry = args.dry_run;
   MPI_Bcast(&dry, 1, MPI_INT, 0, comm);
   args.dry_run = dry;
+  MPI_Bcast(&args.ranks, 1, MPI_INT, 0, comm);
+  MPI_Bcast(&args.device_gb, 1, MPI_DOUBLE, 0, comm);
   return build_program(deserialize(blob), /*check_files=*/false);
+}
+
+// The memory one rank may use: -device-gb, or this node's MemAvailable split
+// among the ranks launched on it (the smallest share over the nodes, so every
+// rank reaches the same verdict). A device build without -device-gb has no
+// limit: the host's memory says nothing about the device's.
+MemoryLimit memory_limit(MPI_Comm comm, double device_gb) {
+  if (device_gb > 0) return {device_gb * 1024 * 1024 * 1024, fmt::format("-device-gb {}", device_gb)};
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible)
+    return {0, "a device build: pass -device-gb G"};
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int on_node = 1, world = 1;
+  MPI_Comm_size(node, &on_node);
+  MPI_Comm_free(&node);
+  MPI_Comm_size(comm, &world);
+  const int64_t available = mem_available_bytes();
+  // -1 when one node cannot tell: then no limit anywhere.
+  int64_t share = available < 0 ? -1 : available / on_node, smallest = 0, unknown = 0, mine = share < 0;
+  MPI_Allreduce(&share, &smallest, 1, MPI_INT64_T, MPI_MIN, comm);
+  MPI_Allreduce(&mine, &unknown, 1, MPI_INT64_T, MPI_MAX, comm);
+  if (unknown) return {0, "no /proc/meminfo"};
+  std::string source = fmt::format("MemAvailable {} on this node", format_bytes(double(available)));
+  if (on_node > 1) source += fmt::format(" / {} ranks launched on it", on_node);
+  if (on_node < world) source += ", the smallest share over the nodes";
+  return {double(smallest), source};
 }
 
 }  // namespace
@@ -94,11 +147,14 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
       fmt::print("xuanxue: {} rank(s), deck {}\n# resolved deck\n{}\n# parameters\n{}\n", world, args.deck,
                  program.deck_text, describe(program.phases.front().config));
     }
+    const MemoryLimit limit = memory_limit(comm, args.device_gb);
     if (args.dry_run) {
-      const auto& c = program.phases.front().config;
-      if (rank == 0) fmt::print("{}", dry_run_report(c.model, c.data.batch, world));
+      if (rank == 0) fmt::print("{}", dry_run_report(program, args.ranks > 0 ? args.ranks : world, limit));
       return 0;
     }
+    // Every rank holds the same plan against the same limit: all stop here,
+    // before the model allocates anything.
+    if (const std::string refusal = memory_refusal(program, world, limit); !refusal.empty()) throw InputError(refusal);
     RunOptions options;
     options.resume = args.resume;
     if (rank == 0) clear_stop_marker(program.phases.front().config.output.dir);  // a marker says: this launch stopped

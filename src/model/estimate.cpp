@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <vector>
 #include <fmt/format.h>
+#include "core/units.h"
 #include "kernels/attention.h"
 #include "model/params.h"
 
@@ -68,47 +69,260 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
   return est;
 }
 
-std::string dry_run_report(const ModelConfig& m, int batch, int world) {
-  const auto est = estimate_memory(m, batch);
-  const ParamLayout layout(m);
+const char* shard_name(Shard level) {
+  switch (level) {
+    case Shard::off: return "off";
+    case Shard::optimizer: return "optimizer";
+    case Shard::gradients: return "gradients";
+    case Shard::params: return "params";
+  }
+  return "?";
+}
+
+namespace {
+
+bool sixteen_bit(const std::string& precision) { return precision != "fp32"; }
+
+// Bytes of activations: the halvable ones in 16 bits under bf16/fp16, written
+// through 32-bit scratch; everything else 32 bits.
+double activation_bytes(const MemoryEstimate& est, const std::string& precision) {
+  const bool half = sixteen_bit(precision);
+  return (half ? 2.0 : 4.0) * est.halvable_elements + 4.0 * (est.other_elements + est.scratch_elements) +
+         (half ? 4.0 * est.mixed_scratch_elements : 0.0);
+}
+
+// Layers as params would gather them: runs of consecutive tensors of one
+// block (TensorInfo::layer), the embedding, and the final norm with the head.
+void largest_layer(const ParamLayout& layout, const ModelConfig& m, int64_t& size, std::string& name) {
+  size = 0;
+  const auto& t = layout.tensors();
+  for (size_t i = 0; i < t.size();) {
+    size_t j = i;
+    int64_t n = 0;
+    while (j < t.size() && t[j].layer == t[i].layer) n += t[j++].size;
+    if (n > size) {
+      size = n;
+      const int l = t[i].layer;
+      name = l < 0 ? (t[i].name == "embed" ? "embed" : "norm + head")
+                   : l < m.layers ? fmt::format("layers.{}", l) : fmt::format("mtp.{}", l - m.layers);
+    }
+    i = j;
+  }
+}
+
+// fp32 elements the phase's sync strategy allocates beside the model's
+// buffers (src/comm/): the compressor's packed, dense, residual and momentum
+// buffers and its top-k workspace (about four of its largest buckets), the
+// update target's delta and pre-step copy, local SGD's anchor and outer
+// momentum, and the group mean that local SGD and a topology other than
+// full take.
+int64_t sync_elements(const Config& c, const ParamLayout& layout, std::string& what) {
+  const int64_t P = layout.total();
+  int64_t n = 0;
+  std::vector<std::string> parts;
+  if (c.compress.kind != "off") {
+    const int64_t per_bucket = std::max<int64_t>(1, int64_t(c.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
+    int64_t sparse = 0, largest = 0;
+    for (const auto& t : layout.tensors())
+      if (t.size >= c.compress.min_size) sparse += t.size, largest = std::max(largest, std::min(t.size, per_bucket));
+    n += 3 * sparse + (P - sparse) + (c.compress.momentum > 0 ? sparse : 0) + 4 * largest;
+    parts.push_back(c.compress.momentum > 0 ? "compressor (packed, dense, residual, momentum, workspace)"
+                                            : "compressor (packed, dense, residual, workspace)");
+    if (c.compress.target == "update") n += 2 * P, parts.push_back("update delta and pre-step copy");
+  }
+  if (c.sync.kind == "local" && c.sync.outer != "average") n += 2 * P, parts.push_back("outer anchor and momentum");
+  if (c.sync.kind == "local" || c.topology.kind != "full") n += P, parts.push_back("group mean");
+  what.clear();
+  for (const auto& p : parts) what += (what.empty() ? "" : ", ") + p;
+  return n;
+}
+
+// What the precision changes: the 16-bit copy, what params gathers, the activations.
+void set_precision(PlanBasis& b, const MemoryEstimate& est, const std::string& precision) {
+  b.precision = precision;
+  b.copy_bytes = sixteen_bit(precision) ? 2 : 0;
+  b.gather_bytes = sixteen_bit(precision) ? 2 : 4;
+  b.activations = activation_bytes(est, precision);
+}
+
+PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks) {
+  PlanBasis b;
+  b.ranks = ranks;
+  b.params = layout.total();
+  b.shard = (b.params + ranks - 1) / ranks;
+  largest_layer(layout, c.model, b.largest_layer, b.largest_name);
+  set_precision(b, est, c.precision.kind);
+  b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
+  b.sync_buffers = 4.0 * sync_elements(c, layout, b.sync_what);
+  return b;
+}
+
+}  // namespace
+
+PlanBasis plan_basis(const Program& program, int ranks) {
+  const Config& first = program.phases.front().config;
+  const ParamLayout layout(first.model);
+  const auto est = estimate_memory(first.model, first.data.batch);
+  PlanBasis best;
+  for (const Phase& phase : program.phases) {
+    PlanBasis b = basis_of(phase.config, layout, est, ranks);
+    b.phase = phase.where;
+    if (best.phase.empty() || b.sync_buffers + 2 * b.bucket_bytes > best.sync_buffers + 2 * best.bucket_bytes)
+      best = b;
+  }
+  return best;
+}
+
+// Bytes per rank, with P parameters, S = ceil(P/W) of them owned, L in the
+// largest layer, c the 16-bit copy's bytes per weight (0 under fp32):
+//              weights            gradients  optimizer  communication (besides the sync strategy's buffers)
+//   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
+//   optimizer  4 P | c P + 4 S    4 P        8 S        0: the all-gather fills the weights (or their copy) in place
+//   gradients  as optimizer       4 S        8 S        2 max(4 L, bucket): gradients in flight
+//   params     (4 + c) S          4 S        8 S        the same + two layers gathered: 2 L (4 | 2)
+// In flight under gradients and params: the backward writes one layer's whole
+// gradient while the previous one is reduce-scattered, bucket by bucket, into
+// its owners. Gathered under params: the layer computing and the next one,
+// prefetched, in the precision the GEMMs read.
+MemoryPlan plan_level(const PlanBasis& b, Shard level) {
+  const double P = double(b.params), S = double(b.shard), L = double(b.largest_layer), c = b.copy_bytes;
+  MemoryPlan plan;
+  plan.level = level;
+  plan.activations = b.activations;
+  plan.communication = b.sync_buffers;
+  const bool owns_grads = level == Shard::gradients || level == Shard::params;
+  plan.weights = level == Shard::off ? (4 + c) * P : level == Shard::params ? (4 + c) * S : c > 0 ? c * P + 4 * S : 4 * P;
+  plan.gradients = owns_grads ? 4 * S : 4 * P;
+  plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
+  if (owns_grads) plan.communication += 2 * std::max(4 * L, b.bucket_bytes);
+  if (level == Shard::params) plan.communication += 2 * L * b.gather_bytes;
+  return plan;
+}
+
+namespace {
+
+// The smallest level (least sharded) whose plan fits, if any.
+const MemoryPlan* smallest_fitting(const std::array<MemoryPlan, 4>& plans, double limit) {
+  for (const auto& p : plans)
+    if (p.total() <= limit) return &p;
+  return nullptr;
+}
+
+std::array<MemoryPlan, 4> all_levels(const PlanBasis& b) {
+  std::array<MemoryPlan, 4> plans;
+  for (size_t i = 0; i < kShardLevels.size(); ++i) plans[i] = plan_level(b, kShardLevels[i]);
+  return plans;
+}
+
+std::string level_built(Shard level) {
+  return level == Shard::off ? "" : " (not built yet: sharding levels other than off are issue 11/13)";
+}
+
+}  // namespace
+
+std::string dry_run_report(const Program& program, int ranks, const MemoryLimit& limit) {
+  const Config& c = program.phases.front().config;
+  const auto est = estimate_memory(c.model, c.data.batch);
+  const ParamLayout layout(c.model);
   std::string out;
   out += fmt::format("# dry run: nothing allocated\n");
-  out += fmt::format("  parameters total        {:>16} ({:.2f} B)\n", est.params, est.params / 1e9);
-  out += fmt::format("  parameters per token    {:>16} ({:.2f} B active: all but the embedding table and the\n"
+  out += fmt::format("  parameters total        {:>16} ({})\n", est.params, format_count(double(est.params)));
+  out += fmt::format("  parameters per token    {:>16} ({} active: all but the embedding table and the\n"
                      "                                            routed experts a token does not pick)\n",
-                     est.active, est.active / 1e9);
-  out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(m, layout));
-  out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", batch, m.seq, world);
+                     est.active, format_count(double(est.active)));
+  out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(c.model, layout));
+  out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", c.data.batch,
+                     c.model.seq, ranks);
+  const PlanBasis deck_basis = plan_basis(program, ranks);
+  auto row = [](const std::string& name, const MemoryPlan& p, const std::string& tail) {
+    return fmt::format("  {:<10} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", name, format_bytes(p.weights),
+                       format_bytes(p.gradients), format_bytes(p.optimizer), format_bytes(p.activations),
+                       format_bytes(p.communication), format_bytes(p.total()), tail);
+  };
+  auto header = [](const char* first, const char* tail) {
+    return fmt::format("  {:<10} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", first, "weights", "gradients",
+                       "optimizer", "activations", "communication", "total", tail);
+  };
   // Master weights, gradients and AdamW moments stay fp32. 16-bit runs add a
   // 16-bit copy of the weights for the GEMMs, keep the halvable activations in
   // 16 bits, and write those through 32-bit scratch.
-  struct Row {
-    const char* name;
-    double weights, grads, optimizer, activations;
-    double total() const { return weights + grads + optimizer + activations; }
-  };
-  std::vector<Row> rows;
+  out += "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n";
+  out += header("precision", "  vs fp32");
+  double fp32_total = 0;
   for (const char* name : {"fp32", "bf16", "fp16"}) {
-    const bool half = std::string(name) != "fp32";
-    rows.push_back({name, (half ? 6.0 : 4.0) * est.params, 4.0 * est.params, 8.0 * est.params,
-                    (half ? 2.0 : 4.0) * est.halvable_elements + 4.0 * (est.other_elements + est.scratch_elements) +
-                        (half ? 4.0 * est.mixed_scratch_elements : 0.0)});
+    PlanBasis b = deck_basis;
+    set_precision(b, est, name);
+    const MemoryPlan p = plan_level(b, Shard::off);
+    if (fp32_total == 0) fp32_total = p.total();
+    out += row(name, p, fmt::format(" {:>8.2f}x", p.total() / fp32_total));
   }
-  const bool small = rows[0].total() < 1024.0 * 1024.0 * 1024.0;  // MiB below a GiB
-  const double unit = small ? 1024.0 * 1024.0 : 1024.0 * 1024.0 * 1024.0;
-  out += fmt::format("\n# memory per rank ({}): every rank holds the whole model under data parallelism\n",
-                     small ? "MiB" : "GiB");
-  out += fmt::format("  {:<10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>9}\n", "precision", "weights", "gradients",
-                     "optimizer", "activations", "total", "vs fp32");
-  for (const Row& r : rows)
-    out += fmt::format("  {:<10} {:>10.2f} {:>10.2f} {:>10.2f} {:>12.2f} {:>10.2f} {:>8.2f}x\n", r.name, r.weights / unit,
-                       r.grads / unit, r.optimizer / unit, r.activations / unit, r.total() / unit,
-                       r.total() / rows[0].total());
-  out += fmt::format("  activations: {:.2f} kept in 16 bits under bf16/fp16, {:.2f} other kept, "
-                     "{:.2f} scratch (fp32), +{:.2f} scratch under bf16/fp16\n",
-                     4.0 * est.halvable_elements / unit, 4.0 * est.other_elements / unit,
-                     4.0 * est.scratch_elements / unit, 4.0 * est.mixed_scratch_elements / unit);
+  out += fmt::format("  activations: {} kept in 16 bits under bf16/fp16, {} other kept, {} scratch (fp32), "
+                     "+{} scratch under bf16/fp16\n",
+                     format_bytes(4.0 * est.halvable_elements), format_bytes(4.0 * est.other_elements),
+                     format_bytes(4.0 * est.scratch_elements), format_bytes(4.0 * est.mixed_scratch_elements));
+
+  const auto plans = all_levels(deck_basis);
+  const bool known = limit.bytes > 0;
+  out += fmt::format("\n# memory per rank by sharding level: {}, {} rank(s); levels other than off are issue 11/13, "
+                     "not built yet\n", deck_basis.precision, ranks);
+  out += header("level", known ? "  fits" : "");
+  for (const auto& p : plans) out += row(shard_name(p.level), p, known ? (p.total() <= limit.bytes ? "  yes" : "  no") : "");
+  const PlanBasis& b = deck_basis;
+  out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
+                     "bucket {}\n", format_count(double(b.params)), ranks, format_count(double(b.shard)),
+                     b.largest_name, format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
+  out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
+  out += b.copy_bytes ? "  optimizer: AdamW's moments (8 S) and the fp32 master (4 S) sharded; the 16-bit copy (2 P) "
+                        "stays whole, all-gathered in place after the update\n"
+                      : "  optimizer: AdamW's moments sharded (8 S); the weights (4 P) stay whole, all-gathered in place "
+                        "after the update\n";
+  out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, two layers' gradients "
+                     "(the one written, the one reduce-scattered): 2 max(4 L, bucket)\n");
+  out += fmt::format("  params: also the weights; two layers gathered (current + prefetched) in {}: 2 L x {} B\n",
+                     b.precision, b.gather_bytes);
+  if (!b.sync_what.empty())
+    out += fmt::format("  communication also holds the sync strategy's {} of {} (phase at {}), whole at every level\n",
+                       b.sync_what, format_bytes(b.sync_buffers), b.phase);
+  out += "  not counted: memory of MPI, Kokkos and the GEMM library, the data loader's queue, checkpoint copies\n";
+  if (ranks == 1) out += "  one rank: nothing to shard; levels that shard gradients or weights only add their buffers\n";
+
+  if (!known) {
+    out += fmt::format("\n# verdict: no memory limit known ({}); pass -device-gb G\n", limit.source);
+    return out;
+  }
+  std::string fitting;
+  for (const auto& p : plans)
+    if (p.total() <= limit.bytes) fitting += (fitting.empty() ? "" : ", ") + std::string(shard_name(p.level));
+  const MemoryPlan* smallest = smallest_fitting(plans, limit.bytes);
+  out += fmt::format("\n# verdict: limit {} per rank ({})\n", format_bytes(limit.bytes), limit.source);
+  if (!smallest) {
+    out += fmt::format("  no level fits: even params needs {}\n", format_bytes(plans.back().total()));
+  } else {
+    out += fmt::format("  fits: {}\n", fitting);
+    out += fmt::format("  smallest level that fits: {}{}\n", shard_name(smallest->level), level_built(smallest->level));
+  }
   return out;
+}
+
+std::string memory_refusal(const Program& program, int ranks, const MemoryLimit& limit) {
+  if (limit.bytes <= 0) return "";
+  const PlanBasis b = plan_basis(program, ranks);
+  const auto plans = all_levels(b);
+  const MemoryPlan& off = plans.front();
+  if (off.total() <= limit.bytes) return "";
+  const MemoryPlan* smallest = smallest_fitting(plans, limit.bytes);
+  const std::string instead =
+      smallest ? fmt::format("the smallest sharding level that would fit is {} ({}){}", shard_name(smallest->level),
+                             format_bytes(smallest->total()), level_built(smallest->level))
+               : fmt::format("no sharding level fits (params needs {}): more ranks, a smaller model or batch",
+                             format_bytes(plans.back().total()));
+  const std::string deck = b.phase.substr(0, b.phase.rfind(':'));
+  return fmt::format("{}: memory: the plan needs {} per rank at {} rank(s) ({} weights, {} gradients, {} optimizer, "
+                     "{} activations, {} communication), over the limit of {} ({}); {} "
+                     "(expected a deck that fits: xuanxue -in DECK -dry-run prints the plan)",
+                     deck, format_bytes(off.total()), ranks, format_bytes(off.weights), format_bytes(off.gradients),
+                     format_bytes(off.optimizer), format_bytes(off.activations), format_bytes(off.communication),
+                     format_bytes(limit.bytes), limit.source, instead);
 }
 
 }  // namespace xx

@@ -38,5 +38,19 @@ bad_args "-var with one value" \
   "command line: '-var' needs 2 value(s)" "$USAGE" -- -in "$DECK" -var steps
 bad_args "-in without its value" \
   "command line: '-in' needs 1 value(s)" "$USAGE" -- -in
+bad_args "-ranks not a number" \
+  "command line: bad value 'x' for -ranks" "(expected -ranks N, an integer N >= 1)" "$USAGE" -- -in "$DECK" -dry-run -ranks x
+bad_args "-ranks zero" \
+  "command line: bad value '0' for -ranks" "(expected -ranks N, an integer N >= 1)" "$USAGE" -- -in "$DECK" -dry-run -ranks 0
+bad_args "-ranks not an integer" \
+  "command line: bad value '2.5' for -ranks" "(expected -ranks N, an integer N >= 1)" "$USAGE" -- -in "$DECK" -dry-run -ranks 2.5
+bad_args "-ranks without its value" \
+  "command line: '-ranks' needs 1 value(s)" "$USAGE" -- -in "$DECK" -dry-run -ranks
+bad_args "-ranks without -dry-run" \
+  "command line: -ranks plans without launching" "(expected -dry-run -ranks N)" "$USAGE" -- -in "$DECK" -ranks 8
+bad_args "-device-gb negative" \
+  "command line: bad value '-1' for -device-gb" "(expected -device-gb G, GiB > 0)" "$USAGE" -- -in "$DECK" -device-gb -1
+bad_args "-device-gb not a number" \
+  "command line: bad value '80GB' for -device-gb" "(expected -device-gb G, GiB > 0)" "$USAGE" -- -in "$DECK" -device-gb 80GB
 
 finish

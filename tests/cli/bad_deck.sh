@@ -111,6 +111,37 @@ bad_deck "run before model" '/^model /,/continued/d' \
 bad_deck "model changes between runs" '$a model dense vocab 256 dim 64 layers 1 heads 2 ffn 64 seq 16\nrun 1' \
   "$D:12: model cannot change after the first run" "(expected the same 'model' line, or none)"
 
+# A model far beyond any node (about 1.1e12 parameters, 16 TiB per rank) is
+# refused by its memory plan on every rank, before the model allocates
+# anything: one message, not Kokkos' failed allocation from inside it.
+HUGE='s/ dim 32 layers 1 / dim 65536 layers 64 /'
+bad_deck "a model that cannot fit in this node's memory" "$HUGE" \
+  "$D: memory: the plan needs 16" "MemAvailable" "no sharding level fits" "(expected a deck that fits"
+bad_deck "a model that cannot fit in -device-gb" "$HUGE" \
+  "$D: memory: the plan needs 16" "over the limit of 80.00 GiB (-device-gb 80)" "no sharding level fits" \
+  -- -device-gb 80
+bad_deck "a tiny model over a tiny -device-gb" '' \
+  "$D: memory: the plan needs" "(-device-gb 0.0001)" "no sharding level fits" -- -device-gb 0.0001
+
+# About 0.5e9 parameters, 8 GiB per rank in fp32: over 7 GiB, which
+# sharding the optimizer state over 2 ranks would meet (not built yet).
+begin "a model that sharding would fit names the level and says it is not built"
+sed -e 's/ dim 32 layers 1 / dim 4096 layers 8 /' "$GOOD" >"$D"
+expect_bad 2 "$D: memory: the plan needs 8" "over the limit of 7.00 GiB (-device-gb 7)" \
+  "the smallest sharding level that would fit is optimizer" "sharding levels other than off are issue 11/13" \
+  -- -in "$D" -device-gb 7
+expect_absent "$RUN" "a refused run must not create the run directory"
+
+begin "the dry run plans what a run refuses, at 1 and 64 ranks"
+sed -e "$HUGE" "$GOOD" >"$D"
+expect_ok 1 -in "$D" -dry-run -device-gb 141
+check grep -q -E '^  params +.* no$' "$T/out" || fail "no params row that does not fit at one rank"
+check grep -q -F "no level fits" "$T/out" || fail "no verdict that nothing fits"
+expect_ok 2 -in "$D" -dry-run -ranks 64 -device-gb 600
+check grep -q -F "64 rank(s)" "$T/out" || fail "-ranks 64 not planned"
+check grep -q -F "smallest level that fits: params (not built yet" "$T/out" || fail "no params verdict at 64 ranks"
+expect_absent "$RUN" "a dry run must not create the run directory"
+
 begin "missing deck file"
 for np in 1 2; do
   expect_bad "$np" "$T/missing.deck: cannot open deck" "(expected a readable file)" -- -in "$T/missing.deck"

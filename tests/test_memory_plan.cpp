@@ -1,0 +1,143 @@
+// The memory plan behind -dry-run and the refusal of decks that cannot fit
+// (model/estimate.h): each sharding level follows its definition, and sizes
+// print in the unit that fits (core/units.h).
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include "core/units.h"
+#include "deck/deck.h"
+#include "model/estimate.h"
+#include "model/params.h"
+#include "temp_dir.h"
+
+using namespace xx;
+using xx::test::TempDir;
+
+TEST_CASE("sizes print in the unit that fits each value", "[units]") {
+  CHECK(format_count(0) == "0");
+  CHECK(format_count(950) == "950");
+  CHECK(format_count(3295488) == "3.30 M");
+  CHECK(format_count(15.706e9) == "15.71 B");
+  CHECK(format_count(2.5e12) == "2.50 T");
+  CHECK(format_count(999999) == "1.00 M");  // rounds up into the next unit, not "1000.00 K"
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(1536) == "1.50 KiB");
+  CHECK(format_bytes(3.5 * 1024 * 1024) == "3.50 MiB");
+  CHECK(format_bytes(8.0 * 1024 * 1024 * 1024) == "8.00 GiB");
+  CHECK(format_bytes(16.0 * 1024 * 1024 * 1024 * 1024) == "16.00 TiB");
+  CHECK(format_bytes(20000.0 * 1024 * 1024 * 1024 * 1024) == "20000.00 TiB");  // TiB is the largest unit
+  CHECK(format_bytes(1024.0 * 1024 - 1) == "1.00 MiB");
+}
+
+namespace {
+
+// A small MoE model with MTP: four blocks and one MTP module, so no layer is
+// a large share of the model; bucket_mb small, so buckets are below a layer.
+Program small_program(const TempDir& t, const std::string& precision, const std::string& extra = "") {
+  const std::string deck =
+      "model deepseek vocab 256 dim 64 layers 4 heads 4 ffn 128 seq 16\n"
+      "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16\n"
+      "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 32\n"
+      "mtp depth 1\n"
+      "data bytes /dev/null batch 2\n"
+      "precision " + precision + "\n"
+      "sync dense bucket_mb 0.01\n" + extra + "run 1\n";
+  return build_program(read_deck(t.write("plan.deck", deck), {}), false);
+}
+
+}  // namespace
+
+TEST_CASE("each sharding level holds what its definition says", "[model][plan]") {
+  TempDir t;
+  const std::string precision = GENERATE("fp32", "bf16");
+  const int W = GENERATE(1, 3, 8);
+  CAPTURE(precision, W);
+  const Program program = small_program(t, precision);
+  const auto& m = program.phases.front().config.model;
+  const ParamLayout layout(m);
+  const PlanBasis b = plan_basis(program, W);
+  const double P = double(layout.total()), S = double((layout.total() + W - 1) / W);
+  REQUIRE(b.params == layout.total());
+  REQUIRE(b.shard == (layout.total() + W - 1) / W);
+  const bool half = precision != "fp32";
+  const double c = half ? 2 : 0, gathered = half ? 2 : 4;
+  // The largest layer: the biggest run of one block's tensors, the embedding, or norm + head.
+  int64_t largest = 0;
+  for (int l = 0; l < m.layers + m.mtp.depth; ++l) {
+    int64_t n = 0;
+    for (const auto& ti : layout.tensors()) n += ti.layer == l ? ti.size : 0;
+    largest = std::max(largest, n);
+  }
+  largest = std::max({largest, layout.at("embed").size, layout.at("norm").size + layout.at("head").size});
+  REQUIRE(b.largest_layer == largest);
+  const double L = double(largest), bucket = 0.01 * 1024 * 1024;
+  REQUIRE(b.bucket_bytes == Approx(bucket));
+  REQUIRE(4 * L > bucket);  // the case this model is for: a bucket is a part of a layer
+  REQUIRE(b.sync_buffers == 0);  // dense over the full topology: in place
+
+  const auto off = plan_level(b, Shard::off), opt = plan_level(b, Shard::optimizer),
+             grad = plan_level(b, Shard::gradients), par = plan_level(b, Shard::params);
+  // off: everything whole; the all-reduce works in place.
+  CHECK(off.weights == (4 + c) * P);
+  CHECK(off.gradients == 4 * P);
+  CHECK(off.optimizer == 8 * P);
+  CHECK(off.communication == 0);
+  // optimizer: the moments (and under 16 bits the fp32 master) owned 1/W.
+  CHECK(opt.optimizer == 8 * S);
+  CHECK(opt.weights == (half ? 2 * P + 4 * S : 4 * P));
+  CHECK(opt.gradients == 4 * P);
+  CHECK(opt.communication == 0);
+  // gradients: also the gradients; two layers' gradients in flight.
+  CHECK(grad.gradients == 4 * S);
+  CHECK(grad.weights == opt.weights);
+  CHECK(grad.optimizer == 8 * S);
+  CHECK(grad.communication == 2 * 4 * L);
+  // params: also the weights; two layers gathered in the GEMMs' precision.
+  CHECK(par.weights == (4 + c) * S);
+  CHECK(par.gradients == 4 * S);
+  CHECK(par.communication == 2 * 4 * L + 2 * gathered * L);
+  for (const auto& p : {off, opt, grad, par}) CHECK(p.activations == off.activations);
+
+  if (W == 1) {
+    // One rank: nothing to shard. The levels hold the same weights,
+    // gradients, optimizer state and activations; the ones that shard
+    // gradients or weights only add their buffers in flight.
+    for (const auto& p : {opt, grad, par}) CHECK(p.total() - p.communication == off.total());
+  } else {
+    CHECK(off.total() >= opt.total());
+    CHECK(opt.total() >= grad.total());
+    CHECK(grad.total() >= par.total());
+  }
+}
+
+TEST_CASE("the plan counts the sync strategy's buffers, whole at every level", "[model][plan]") {
+  TempDir t;
+  const Program dense = small_program(t, "fp32");
+  const Program compressed = small_program(t, "fp32", "compress topk 0.1 momentum 0.9\n");
+  const Program local = small_program(t, "fp32", "sync local 4 outer nesterov lr 0.7 momentum 0.9\n");
+  const double P = double(plan_basis(dense, 4).params);
+  const PlanBasis c = plan_basis(compressed, 4), l = plan_basis(local, 4);
+  CHECK(c.sync_buffers > 4 * 4 * P);  // packed, dense, residual, momentum, and a workspace
+  CHECK(l.sync_buffers == 3 * 4 * P);  // anchor, outer momentum, group mean
+  for (Shard level : kShardLevels)
+    CHECK(plan_level(l, level).communication - plan_level(plan_basis(dense, 4), level).communication ==
+          l.sync_buffers);
+}
+
+TEST_CASE("a deck that cannot fit is refused with the smallest level that would", "[model][plan]") {
+  TempDir t;
+  const Program program = small_program(t, "bf16");
+  const PlanBasis b = plan_basis(program, 8);
+  const double off = plan_level(b, Shard::off).total(), grad = plan_level(b, Shard::gradients).total(),
+               par = plan_level(b, Shard::params).total();
+  CHECK(memory_refusal(program, 8, {off, "test"}).empty());  // fits exactly
+  CHECK(memory_refusal(program, 8, {0, "none known"}).empty());
+  const std::string refusal = memory_refusal(program, 8, {grad, "-device-gb 1"});
+  CHECK_THAT(refusal, Catch::Contains("memory: the plan needs " + format_bytes(off)));
+  CHECK_THAT(refusal, Catch::Contains("over the limit of " + format_bytes(grad) + " (-device-gb 1)"));
+  CHECK_THAT(refusal, Catch::Contains("the smallest sharding level that would fit is gradients"));
+  CHECK_THAT(refusal, Catch::Contains("issue 11/13"));
+  CHECK_THAT(memory_refusal(program, 8, {par / 2, "x"}), Catch::Contains("no sharding level fits"));
+  const std::string report = dry_run_report(program, 8, {grad, "-device-gb 1"});
+  CHECK_THAT(report, Catch::Contains("smallest level that fits: gradients (not built yet"));
+  CHECK_THAT(report, Catch::Contains("fits: gradients, params"));
+}
