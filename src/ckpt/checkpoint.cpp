@@ -314,15 +314,9 @@ struct WriteFailed : std::runtime_error {
 std::string write_whole_file(const std::string& path, const std::vector<char>& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return fmt::format("create the file: {}", errno_text(errno));
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return fmt::format("write the file: {}", errno_text(e));
-    }
-    done += size_t(n);
+  if (const int e = write_all(fd, bytes.data(), bytes.size()); e != 0) {
+    ::close(fd);
+    return fmt::format("write the file: {}", errno_text(e));
   }
   if (::close(fd) != 0) return fmt::format("close the file: {}", errno_text(errno));  // NFS reports late
   return "";

@@ -23,6 +23,16 @@ void fsync_path(const std::string& path, bool directory) {
   if (failed) throw std::runtime_error(fmt::format("cannot fsync {}: {}", path, errno_text(failed)));
 }
 
+int write_all(int fd, const char* data, size_t size) {
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    done += size_t(n);
+  }
+  return 0;
+}
+
 void write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   // Any failure (no space, an I/O error) names the file and errno, and leaves no .tmp behind.
@@ -32,15 +42,9 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error(fmt::format("cannot create {}: {}", tmp, errno_text(errno)));
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      fail("write", e);
-    }
-    done += size_t(n);
+  if (const int e = write_all(fd, text.data(), text.size()); e != 0) {
+    ::close(fd);
+    fail("write", e);
   }
   if (::fsync(fd) != 0) {
     const int e = errno;
