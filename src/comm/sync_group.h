@@ -14,6 +14,10 @@ class GroupSync : public SyncStrategy {
   GroupSync(const SyncBuffers& buffers, const SyncSettings& settings);
   void continue_into(int64_t phase_start) override { settings_.phase_start = phase_start; }
   void begin_step(int64_t step) override;
+  void zero_gradients() override { Kokkos::deep_copy(buffers_.grads, 0.0f); }
+  ReducedGradients reduced_gradients() override {  // every strategy but sharded keeps them whole
+    return {Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0)), false};
+  }
   // Every phase ends in consensus: a phase that averaged in groups ends with
   // one global average of the parameters and of the optimizer state.
   void end_phase(int64_t step, CommStats& stats) override;
@@ -41,5 +45,6 @@ std::unique_ptr<SyncStrategy> make_gossip(const SyncBuffers&, const SyncSettings
 std::unique_ptr<SyncStrategy> make_local(const SyncBuffers&, const SyncSettings&);
 std::unique_ptr<SyncStrategy> make_compressed_gradient(const SyncBuffers&, const SyncSettings&);
 std::unique_ptr<SyncStrategy> make_compressed_update(const SyncBuffers&, const SyncSettings&);
+std::unique_ptr<SyncStrategy> make_sharded(const SyncBuffers&, const SyncSettings&);
 
 }  // namespace xx::sync_detail

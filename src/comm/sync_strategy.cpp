@@ -92,6 +92,8 @@ const std::vector<StrategyRow>& strategy_rows() {
          return s.topology.kind != "ring" ? "topology " + s.topology.kind : std::string();
        },
        make_gossip},
+      {"sharded", [](const SyncSettings& s) { return s.shard == "off" ? std::string("shard off") : std::string(); },
+       make_sharded},
       {"dense", [](const SyncSettings&) { return std::string(); }, make_dense},
   };
   return rows;

@@ -9,13 +9,17 @@
 //   local                sync local K [outer ...]          no gradient traffic; parameters averaged
 //                                                         (or an outer step) every K steps
 //   gossip               topology ring                     gradients averaged with the two neighbours
+//   sharded              shard optimizer|gradients         ZeRO 1/2: each rank updates its pieces of the
+//                                                         buffer, the weights all-gathered (sync_sharded.cpp)
 //   dense                sync dense | accumulate K         bucketed all-reduce overlapped with the backward
 //
 // A step, as the trainer drives it:
-//   1. begin_step(step)          before the first forward (topologies redraw here)
+//   1. begin_step(step)          before the first forward (topologies redraw here);
+//      zero_gradients()          the backward accumulates into zeros
 //   2. micro_batches()           forward and backward passes this step
 //   3. gradients_ready(offset)   from the last backward: gradients in [offset, end) are final here
-//   4. reduce_gradients(step)    after the backward: the gradients become what the optimizer applies
+//   4. reduce_gradients(step)    after the backward: the gradients become what the optimizer applies,
+//      reduced_gradients()       and this is where they are (the whole buffer, or this rank's shard)
 //   5. before_update, the optimizer, after_update(step)
 //   6. after_step(step)          the step counter has moved (local: average every K)
 //   7. end_phase(step)           at a phase's last step: every rank leaves with the same state
@@ -33,6 +37,7 @@
 #include "comm/grad_sync.h"
 #include "comm/ops.h"
 #include "comm/topology.h"
+#include "core/ownership.h"
 #include "deck/config.h"
 #include "core/state.h"
 #include "core/views.h"
@@ -50,6 +55,9 @@ struct SyncBuffers {
   // Builds the top-k compressor over `target` (it knows the tensor list).
   std::function<std::unique_ptr<CompressedSync>(Buffer<float> target, const CompressConfig&, double bucket_mb)>
       make_compressor;
+  // The pieces of the buffers this rank owns (deck: shard; the optimizer's
+  // moments are the shard's): the whole buffer unless sharded.
+  Ownership owned;
 };
 
 // The phase's settings a strategy reads.
@@ -57,6 +65,7 @@ struct SyncSettings {
   SyncConfig sync;
   TopologyConfig topology;
   CompressConfig compress;
+  std::string shard = "off";  // the job's shard level
   int64_t phase_start = 0;  // steps before this phase (clusters draw afresh each phase)
   bool operator==(const SyncSettings&) const = default;
 };
@@ -70,7 +79,7 @@ inline std::string sparse_transport(const std::vector<Phase>& phases) {
 }
 
 inline SyncSettings sync_settings(const Config& c, int64_t phase_start) {
-  return {c.sync, c.topology, c.compress, phase_start};
+  return {c.sync, c.topology, c.compress, c.shard.level, phase_start};
 }
 
 // Do the ranks hold the same bits? Parameters (the health check compares
@@ -81,6 +90,15 @@ struct Agreement {
   bool all() const { return params && optimizer; }
 };
 
+// Where the averaged gradients are after reduce_gradients: the whole
+// buffer, or under shard gradients this rank's shard (its owned pieces in
+// buffer order; each rank holds another 1/W, so sums over them are summed
+// over the ranks too).
+struct ReducedGradients {
+  Vec<float> values;
+  bool sharded = false;
+};
+
 class SyncStrategy {
  public:
   virtual ~SyncStrategy() = default;
@@ -89,8 +107,10 @@ class SyncStrategy {
   // The next phase has the same settings: the strategy goes on, state and all.
   virtual void continue_into(int64_t phase_start) {}
   virtual void begin_step(int64_t step) {}
+  virtual void zero_gradients() = 0;
   virtual void gradients_ready(int64_t offset) {}
   virtual void reduce_gradients(int64_t step, CommStats& stats) {}
+  virtual ReducedGradients reduced_gradients() = 0;
   virtual void before_update() {}
   virtual void after_update(int64_t step, CommStats& stats) {}
   virtual void after_step(int64_t step, CommStats& stats) {}

@@ -457,6 +457,11 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
         fault_variant("kill"), fault_variant("hang"), fault_variant("nan"), fault_variant("signal"),
         fault_variant("throw"), fault_variant("detach")},
        "fault off | kill|hang|nan|signal|throw|detach rank R step S", Scope::job},
+      {"shard",
+       &c.shard.level,
+       "level",
+       {{"off", {}, {}, {}, {}}, {"optimizer", {}, {}, {}, {}}, {"gradients", {}, {}, {}, {}}, {"params", {}, {}, {}, {}}},
+       "shard off | optimizer | gradients | params", Scope::job},
       {"grad_check",
        nullptr,
        "",
@@ -648,6 +653,34 @@ void check_phase(const Config& c, const std::string& where, std::optional<Compre
     input_error("{}: lossagg {} with compress target update (expected target gradient: each rank's own AdamW "
                 "would undo its weight)", where, agg);
 }
+// Sharding (ZeRO 1/2) needs every rank to hold the same weights after each
+// step and a plain all-reduce of the gradients over all ranks: `set_at`
+// holds where each command was last given, so the error names both lines.
+void check_shard(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at,
+                 double first_bucket_mb) {
+  if (c.shard.level == "off") return;
+  auto at = [&](const std::string& name) {
+    auto it = set_at.find(name);
+    return it == set_at.end() ? std::string("the default") : it->second;
+  };
+  const std::string shard = fmt::format("shard {} ({})", c.shard.level, at("shard"));
+  if (c.shard.level == "params")
+    input_error("{}: shard params (ZeRO-3, the weights gathered layer by layer) is not built yet (expected "
+                "shard off, optimizer or gradients; -dry-run shows what each would need)", at("shard"));
+  const char* why = "(expected sync dense or accumulate over topology full, without compress: a sharded optimizer "
+                    "needs the same averaged gradients and weights on every rank)";
+  if (c.sync.kind == "local")
+    input_error("{}: {} with sync local ({}) {}", where, shard, at("sync"), why);
+  if (c.topology.kind != "full")
+    input_error("{}: {} with topology {} ({}) {}", where, shard, c.topology.kind, at("topology"), why);
+  if (c.compress.kind != "off")
+    input_error("{}: {} with compress {} ({}) {}", where, shard, c.compress.kind, at("compress"), why);
+  if (c.sync.bucket_mb != first_bucket_mb)
+    input_error("{}: {} with sync bucket_mb {} ({}), unlike the first phase's {} (expected one bucket size per "
+                "job: the pieces each rank owns are cut from the buckets)",
+                where, shard, c.sync.bucket_mb, at("sync"), first_bucket_mb);
+}
+
 }  // namespace
 
 std::vector<std::string> command_names() {
@@ -669,6 +702,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
   bool have_model = false, have_data = false;
   std::map<std::string, std::string> set_at;  // where each command was last given before the first run
   std::optional<CompressConfig> topk;         // the deck's compress topk setting
+  std::map<std::string, std::string> last_set;  // where each command was last given
 
   for (const auto& line : lines) {
     if (line.words.empty()) continue;
@@ -683,6 +717,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
     const auto before = job_rows(*cmd);
     apply(*cmd, line, where);
     if (program.phases.empty()) set_at[name] = where;
+    last_set[name] = where;
     const bool model = name == "model" || name == "attention" || name == "moe" || name == "mtp";
     if (!program.phases.empty() && job_rows(*cmd) != before) {
       if (model)
@@ -704,6 +739,8 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       if (!have_data) input_error("{}: 'run' before any 'data' command (expected a data line above the run)", where);
       check_model(config.model, where);
       check_phase(config, where, topk);
+      check_shard(config, where, last_set,
+                  program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);
       program.phases.push_back(Phase{config, steps, where});
       total_steps += steps;
     }

@@ -263,6 +263,15 @@ struct LossAggConfig {
   double temperature = 1.0;   // softmax: T, w_r proportional to tokens_r * exp(loss_r / T)
 };
 
+// shard off | optimizer | gradients | params (one per job): the training
+// state sharded over the data-parallel ranks, ZeRO 1/2/3 (comm/sync_sharded.cpp).
+// optimizer: each rank updates 1/W of the flat buffer and keeps that much of
+// AdamW's moments; gradients: also reduce-scatters the gradients into their
+// owners; params (not built yet): also the weights, gathered layer by layer.
+struct ShardConfig {
+  std::string level = "off";
+};
+
 struct Config {
   uint64_t seed = 1234;
   std::string gemm = "auto";  // GEMM backend: auto | onednn | blas (kernels/gemm.h)
@@ -274,6 +283,7 @@ struct Config {
   SyncConfig sync;
   TopologyConfig topology;
   CompressConfig compress;
+  ShardConfig shard;
   OutputConfig output;
   EvalConfig eval;
   SampleConfig sample;

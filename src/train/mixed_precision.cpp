@@ -20,8 +20,7 @@ void MixedPrecision::begin_step() {
 
 void MixedPrecision::refresh_weights() { model_.refresh_half_weights(); }
 
-bool MixedPrecision::skip_or_unscale(MPI_Comm comm) {
-  auto& g = model_.grads();
+bool MixedPrecision::skip_or_unscale(MPI_Comm comm, Vec<float> g) {
   bool skip = false;
   if (scaler_) {
     ExecSpace().fence();
@@ -29,8 +28,7 @@ bool MixedPrecision::skip_or_unscale(MPI_Comm comm) {
     MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
     skip = scaler_->update(any != 0);
   }
-  if (!skip && step_scale_ != 1.0)
-    kernels::scale_inplace<float>(Vec<float>(g.data(), g.extent(0)), float(1.0 / step_scale_));
+  if (!skip && step_scale_ != 1.0) kernels::scale_inplace<float>(g, float(1.0 / step_scale_));
   return skip;
 }
 

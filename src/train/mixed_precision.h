@@ -25,10 +25,11 @@ class MixedPrecision {
   // Before a step's forward: the 16-bit weights, and the loss scale the backward starts from.
   void begin_step();
   void refresh_weights();  // the 16-bit copy of the weights, from the master weights
-  // After the gradients are averaged: true when the step must be skipped on
-  // every rank (one all-reduce of the overflow flag); otherwise the
-  // gradients are unscaled, so clipping sees the true ones.
-  bool skip_or_unscale(MPI_Comm comm);
+  // After the gradients are averaged (`grads`: all of them, or this rank's
+  // shard): true when the step must be skipped on every rank (one
+  // all-reduce of the overflow flag); otherwise they are unscaled, so
+  // clipping sees the true ones.
+  bool skip_or_unscale(MPI_Comm comm, Vec<float> grads);
   double step_scale() const { return step_scale_; }  // the loss scale of the step being taken (1: none)
   void register_state(StateRegistry& registry);
 

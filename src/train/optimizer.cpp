@@ -1,4 +1,5 @@
 #include "train/optimizer.h"
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include "kernels/adamw.h"
@@ -11,12 +12,12 @@ double clip_factor(double norm, double clip) {
 }
 
 template <class T>
-AdamW<T>::AdamW(const ParamLayout& layout)
-    : layout_(layout), m_("AdamW::m", layout.total()), v_("AdamW::v", layout.total()) {}
+AdamW<T>::AdamW(const ParamLayout& layout, Ownership owned)
+    : layout_(layout), owned_(std::move(owned)), m_("AdamW::m", owned_.shard_size()), v_("AdamW::v", owned_.shard_size()) {}
 
 template <class T>
-void AdamW<T>::step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr,
-                    double grad_scale) {
+void AdamW<T>::step(Buffer<T>& params, const std::vector<const T*>& piece_grads, const OptimizerConfig& cfg,
+                    double lr, double grad_scale) {
   ++t_;
   kernels::AdamWStep s;
   s.lr = float(lr);
@@ -26,12 +27,30 @@ void AdamW<T>::step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerCo
   s.bias1 = float(1.0 - std::pow(cfg.beta1, double(t_)));
   s.bias2 = float(1.0 - std::pow(cfg.beta2, double(t_)));
   s.grad_scale = float(grad_scale);
+  // Each tensor's part in each owned piece (unsharded: one piece, every tensor whole).
+  const auto& pieces = owned_.pieces();
+  size_t i = 0;
   for (const auto& t : layout_.tensors()) {
     s.weight_decay = t.decay ? float(cfg.weight_decay) : 0.0f;
-    kernels::adamw_update<T>(Vec<T>(params.data() + t.offset, t.size), Vec<float>(m_.data() + t.offset, t.size),
-                             Vec<float>(v_.data() + t.offset, t.size),
-                             Vec<const T>(grads.data() + t.offset, t.size), s);
+    const int64_t t_end = t.offset + t.size;
+    while (i < pieces.size() && pieces[i].end <= t.offset) ++i;
+    for (size_t j = i; j < pieces.size() && pieces[j].begin < t_end; ++j) {
+      const OwnedPiece& p = pieces[j];
+      const int64_t a = std::max(p.begin, t.offset), n = std::min(p.end, t_end) - a;
+      if (n <= 0) continue;
+      const int64_t in_shard = p.at + (a - p.begin);
+      kernels::adamw_update<T>(Vec<T>(params.data() + a, n), Vec<float>(m_.data() + in_shard, n),
+                               Vec<float>(v_.data() + in_shard, n), Vec<const T>(piece_grads[j] + (a - p.begin), n), s);
+    }
   }
+}
+
+template <class T>
+void AdamW<T>::step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr,
+                    double grad_scale) {
+  std::vector<const T*> at;
+  for (const auto& p : owned_.pieces()) at.push_back(grads.data() + p.begin);
+  step(params, at, cfg, lr, grad_scale);
 }
 
 template class AdamW<float>;

@@ -1,8 +1,12 @@
-// AdamW over the flat parameter buffer and global-norm clipping. The
-// learning-rate schedule (cosine, sgdr, step) is Schedule in train/schedule.h.
+// AdamW over the flat parameter buffer, or over the pieces of it this rank
+// owns under `shard optimizer|gradients` (core/ownership.h: the moments are
+// then only the shard's), and global-norm clipping. The learning-rate
+// schedule (cosine, sgdr, step) is Schedule in train/schedule.h.
 #pragma once
 #include <cstdint>
+#include <vector>
 #include "deck/config.h"
+#include "core/ownership.h"
 #include "core/views.h"
 #include "model/params.h"
 #include "train/schedule.h"
@@ -15,18 +19,25 @@ double clip_factor(double norm, double clip);
 template <class T>
 class AdamW {
  public:
-  explicit AdamW(const ParamLayout& layout);
+  explicit AdamW(const ParamLayout& layout) : AdamW(layout, Ownership::whole(layout.total())) {}
+  AdamW(const ParamLayout& layout, Ownership owned);
 
-  // One update of every tensor with the gradients scaled by grad_scale.
+  // One update of every owned piece with its gradients scaled by grad_scale;
+  // piece_grads[i]: the first gradient of owned().pieces()[i].
+  void step(Buffer<T>& params, const std::vector<const T*>& piece_grads, const OptimizerConfig& cfg, double lr,
+            double grad_scale);
+  // Every piece's gradients at its place in a whole-buffer `grads`.
   void step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr, double grad_scale);
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  Buffer<float>& m() { return m_; }  // first moments, laid out like the parameters
+  const Ownership& owned() const { return owned_; }
+  Buffer<float>& m() { return m_; }  // first moments of the shard (the whole buffer unsharded)
   Buffer<float>& v() { return v_; }  // second moments
 
  private:
   const ParamLayout& layout_;
+  Ownership owned_;
   Buffer<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -38,7 +38,7 @@ double Trainer::train_step() {
   SyncStrategy& sync = *strategy_;
   const int micro = sync.micro_batches();
   sync.begin_step(step_);
-  model_->zero_grads();
+  sync.zero_gradients();
   precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
   LossParts mean;
   own_nonfinite_ = false;
@@ -54,18 +54,18 @@ double Trainer::train_step() {
   sync.reduce_gradients(step_, step_comm_);
   if (lossagg_on_ && world_ > 1)  // one loss gather per micro-batch
     step_comm_.rounds += micro, step_comm_.bytes_sent += micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
-  const bool overflow = precision_->skip_or_unscale(comm_);
+  const ReducedGradients grads = sync.reduced_gradients();  // whole, or this rank's shard
+  const bool overflow = precision_->skip_or_unscale(comm_, grads.values);
   const bool skip = agree_on_losses(mean) || overflow;  // the one NaN verdict, the same on every rank
-  auto& grads = model_->grads();
-  const double norm = skip ? std::numeric_limits<double>::quiet_NaN()
-                           : std::sqrt(kernels::sum_squares<float>(Vec<const float>(grads.data(), grads.extent(0))));
+  const double norm = skip ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(sum_squares(grads));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   sync.before_update();
   // clip_order scaled (the wrong order, for measuring it): the factor that
   // clipping the still-scaled gradient would have applied.
   const double clip_norm = cfg_.precision.clip_order == "scaled" ? norm * precision_->step_scale() : norm;
   if (!skip)  // a skipped step leaves the weights, AdamW's moments and count, and the MoE biases alone
-    optimizer_->step(model_->params(), grads, cfg_.optimizer, lr, clip_factor(clip_norm, cfg_.optimizer.clip));
+    optimizer_->step(model_->params(), piece_gradients(grads), cfg_.optimizer, lr,
+                     clip_factor(clip_norm, cfg_.optimizer.clip));
   if (lossagg_) lossagg_->end_step(skip ? 0.0 : lr);  // uncertainty: SGD on the log-variances
   sync.after_update(step_, step_comm_);
   if (!skip) balance_experts();
@@ -88,6 +88,20 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 }
 // TRAINING STEP END
 // ---------------------------------------------------------------------------
+
+// The squared norm of the averaged gradients: a shard's is summed over the ranks.
+double Trainer::sum_squares(const ReducedGradients& grads) const {
+  double sum = kernels::sum_squares<float>(Vec<const float>(grads.values.data(), grads.values.extent(0)));
+  if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
+  return sum;
+}
+
+// Where the optimizer finds each owned piece's gradient.
+std::vector<const float*> Trainer::piece_gradients(const ReducedGradients& grads) const {
+  std::vector<const float*> at;
+  for (const auto& p : owned_.pieces()) at.push_back(grads.values.data() + (grads.sharded ? p.at : p.begin));
+  return at;
+}
 
 void Trainer::load_batch(int64_t index) {
   const Batch batch = loader_->next();

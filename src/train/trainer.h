@@ -87,6 +87,8 @@ class Trainer {
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void balance_experts();
+  double sum_squares(const ReducedGradients& grads) const;
+  std::vector<const float*> piece_gradients(const ReducedGradients& grads) const;
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
@@ -140,6 +142,7 @@ class Trainer {
   std::unique_ptr<Watchdog> watchdog_;  // deck: timeout; names a hung rank (docs/RESILIENCE.md)
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
+  Ownership owned_;  // the pieces of the flat buffers this rank updates (deck: shard; the whole one by default)
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<MixedPrecision> precision_;
   std::unique_ptr<LossAggregator> lossagg_;

@@ -154,8 +154,8 @@ void Trainer::restore(const std::string& path) {
     data.state.sampler_batches = mine.sampler_batches;
   }
   from_host(model_->params(), data.params);
-  from_host(optimizer_->m(), data.adam_m);
-  from_host(optimizer_->v(), data.adam_v);
+  from_host(optimizer_->m(), owned_part(data.adam_m, owned_));  // under shard: this rank's pieces
+  from_host(optimizer_->v(), owned_part(data.adam_v, owned_));
   optimizer_->set_steps_taken(step_);
   sampler_start_ = {};
   apply_state(state_, data, per_rank ? &mine : nullptr, path);
@@ -211,8 +211,8 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
 CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
   mine.params = to_host(model_->params());
-  mine.adam_m = to_host(optimizer_->m());
-  mine.adam_v = to_host(optimizer_->v());
+  mine.adam_m = gather_whole(optimizer_->m(), owned_, comm_);  // under shard: the ranks' pieces put together
+  mine.adam_v = gather_whole(optimizer_->v(), owned_, comm_);
   mine.sampler_batches = loader_->position();
   CheckpointData data;
   for (const auto* registry : {&state_, &strategy_state_})

@@ -142,7 +142,12 @@ void Trainer::build_model() {
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
                                                 kernels::precision_from_name(cfg_.precision.kind));
   model_->init(cfg_.seed);
-  optimizer_ = std::make_unique<AdamW<float>>(model_->layout());
+  // shard optimizer|gradients: this rank's pieces of every gradient bucket
+  // (the first phase's buckets; the deck keeps them one size per job).
+  const int64_t total = model_->layout().total();
+  const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
+  owned_ = cfg_.shard.level == "off" ? Ownership::whole(total) : Ownership(total, bucket, world_, rank_);
+  optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), owned_);
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
   restarts_ = std::make_unique<WarmRestarts>(program_, *model_, *optimizer_);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
@@ -191,7 +196,8 @@ void Trainer::enter_phase(size_t phase) {
     SyncBuffers buffers{comm_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
-                        }};
+                        },
+                        owned_};
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     strategy_state_ = StateRegistry();
     strategy_->register_state(strategy_state_);

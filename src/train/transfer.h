@@ -3,10 +3,12 @@
 // the result or the error).
 #pragma once
 #include <mpi.h>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "core/ownership.h"
 #include "core/views.h"
 
 namespace xx::transfer {
@@ -21,6 +23,27 @@ std::vector<T> to_host(const Buffer<T>& b) {
 template <class T>
 void from_host(Buffer<T>& b, const std::vector<T>& v) {
   Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
+}
+
+// Collective when sharded: the whole buffer from every rank's shard (each
+// bucket's pieces all-gathered), the same on every rank.
+inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownership& owned, MPI_Comm comm) {
+  std::vector<float> mine = to_host(shard);
+  if (owned.ranks() == 1) return mine;
+  std::vector<float> whole(owned.total());
+  for (const auto& p : owned.pieces()) std::copy_n(mine.begin() + p.at, p.size(), whole.begin() + p.begin);
+  for (const auto& b : owned.buckets())
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
+                   MPI_FLOAT, comm);
+  return whole;
+}
+
+// This rank's pieces of a whole buffer, in shard order.
+inline std::vector<float> owned_part(const std::vector<float>& whole, const Ownership& owned) {
+  if (owned.ranks() == 1) return whole;
+  std::vector<float> out(owned.shard_size());
+  for (const auto& p : owned.pieces()) std::copy_n(whole.begin() + p.begin, p.size(), out.begin() + p.at);
+  return out;
 }
 
 // Rank 0's string to every rank.

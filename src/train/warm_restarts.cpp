@@ -13,8 +13,8 @@ WarmRestarts::WarmRestarts(const Program& program, Transformer<float>& model, Ad
         best_.params.extent(0) == 0) {
       const int64_t P = model.layout().total();
       best_.params = Buffer<float>("WarmRestarts::best_params", P);
-      best_.adam_m = Buffer<float>("WarmRestarts::best_adam_m", P);
-      best_.adam_v = Buffer<float>("WarmRestarts::best_adam_v", P);
+      best_.adam_m = Buffer<float>("WarmRestarts::best_adam_m", optimizer_.m().extent(0));  // the shard, under shard
+      best_.adam_v = Buffer<float>("WarmRestarts::best_adam_v", optimizer_.v().extent(0));
     }
 }
 

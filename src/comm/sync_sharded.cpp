@@ -1,0 +1,186 @@
+// Sharded data parallelism over all ranks (deck: shard optimizer|gradients;
+// ZeRO 1 and 2). The ownership (core/ownership.h) gives each rank 1/W of
+// every gradient bucket; the optimizer updates only those pieces, and after
+// the update each bucket's pieces are all-gathered, so every rank starts the
+// next forward with the same whole weights.
+//   optimizer  the gradients are all-reduced as under sync dense (the same
+//              buckets, the same collectives: the same bits), and only
+//              AdamW's moments are sharded;
+//   gradients  each bucket is reduce-scattered into its owners as soon as the
+//              backward finishes it, and its whole-size gradients are handed
+//              back to the kernel (host memory): a rank keeps only its shard.
+#include <fmt/format.h>
+#include <type_traits>
+#include "comm/sync_group.h"
+#include "core/host_memory.h"
+#include "kernels/elementwise.h"
+
+namespace xx::sync_detail {
+namespace {
+
+class ShardedSync final : public SyncStrategy {
+ public:
+  ShardedSync(const SyncBuffers& b, const SyncSettings& s)
+      : buffers_(b), settings_(s), owned_(b.owned), allreduce_(b.world, b.grads, s.sync.bucket_mb) {
+    MPI_Comm_size(b.world, &world_);
+    if (std::string(b.ops->dense().name()) != "mpi")
+      throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
+                                           "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
+    if (owned_.total() != b.grads.extent(0))
+      throw std::logic_error("shard: the ownership does not cover the gradient buffer");
+    if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
+    requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
+    started_.assign(owned_.buckets().size(), false);
+  }
+
+  std::string describe() const override {
+    const std::string micro = settings_.sync.kind == "accumulate"
+                                  ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
+    const std::string gather = fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every "
+                                           "bucket it owns) and the weights are all-gathered per bucket", world_);
+    if (!gradients_sharded())
+      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks{}{}",
+                         owned_.buckets().size(), settings_.sync.bucket_mb, micro, gather);
+    return fmt::format("ZeRO-2: {} buckets of {} MB reduce-scattered into their owners during the backward, "
+                       "each rank keeping {} of {} gradients{}{}",
+                       owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
+                       gather);
+  }
+  int micro_batches() const override { return settings_.sync.kind == "accumulate" ? settings_.sync.every : 1; }
+
+  void begin_step(int64_t) override {
+    stats_ = CommStats{};
+    std::fill(started_.begin(), started_.end(), false);
+    if (!gradients_sharded()) allreduce_.begin(buffers_.world);
+  }
+
+  void zero_gradients() override {
+    auto& g = buffers_.grads;
+    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+      // Pages released after the last step's reduce-scatters stay released until the backward writes them.
+      if (gradients_sharded()) return ExecSpace().fence(), zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
+    }
+    Kokkos::deep_copy(g, 0.0f);
+  }
+
+  void gradients_ready(int64_t offset) override {
+    if (!gradients_sharded()) return allreduce_.ready(offset);
+    const auto& buckets = owned_.buckets();
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (!started_[b] && buckets[b].begin >= offset) start_reduce_scatter(b);
+    poke();
+  }
+
+  void reduce_gradients(int64_t, CommStats& stats) override {
+    if (!gradients_sharded()) {
+      allreduce_.finish(micro_batches());
+      add(stats, allreduce_.stats());
+      return;
+    }
+    for (size_t b = 0; b < started_.size(); ++b)
+      if (!started_[b]) start_reduce_scatter(b);
+    const double t0 = MPI_Wtime();
+    for (size_t b = 0; b < requests_.size(); ++b)
+      if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b);
+    stats_.seconds += MPI_Wtime() - t0;
+    if (world_ * micro_batches() > 1)
+      kernels::scale_inplace<float>(Vec<float>(shard_grads_.data(), shard_grads_.extent(0)),
+                                    1.0f / float(world_ * micro_batches()));
+    add(stats, stats_);
+    stats_ = CommStats{};
+  }
+
+  ReducedGradients reduced_gradients() override {
+    if (gradients_sharded()) return {Vec<float>(shard_grads_.data(), shard_grads_.extent(0)), true};
+    return {Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0)), false};
+  }
+
+  // The updated pieces, bucket by bucket, to every rank.
+  void after_update(int64_t, CommStats& stats) override {
+    if (world_ == 1) return;
+    ExecSpace().fence();
+    const double t0 = MPI_Wtime();
+    float* p = buffers_.params.data();
+    const auto& buckets = owned_.buckets();
+    std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + buckets[b].begin, buckets[b].counts.data(),
+                      buckets[b].displs.data(), MPI_FLOAT, buffers_.world, &gathers[b]);
+      stats.rounds += 1;
+      stats.bytes_sent += int64_t(buckets[b].counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
+    }
+    MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
+    stats.seconds += MPI_Wtime() - t0;
+  }
+
+  // Every rank holds the same whole weights after the all-gather; the
+  // moments are sharded, and a checkpoint gathers them whole.
+  Agreement agreement(int64_t) const override { return {true, true}; }
+
+ private:
+  bool gradients_sharded() const { return settings_.shard == "gradients"; }
+  int owned_rank() const {
+    int r = 0;
+    MPI_Comm_rank(buffers_.world, &r);
+    return r;
+  }
+  static void add(CommStats& into, const CommStats& s) {
+    into.rounds += s.rounds, into.bytes_sent += s.bytes_sent, into.seconds += s.seconds;
+  }
+
+  void start_reduce_scatter(size_t b) {
+    started_[b] = true;
+    const auto& bucket = owned_.buckets()[b];
+    const OwnedPiece mine = owned_.piece_of(b);
+    float* shard = shard_grads_.data() + mine.at;
+    ExecSpace().fence();  // the gradients must be written before MPI reads them
+    if (world_ == 1) {
+      Kokkos::deep_copy(Vec<float>(shard, mine.size()), Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
+      return release(b);
+    }
+    const double t0 = MPI_Wtime();
+    MPI_Ireduce_scatter(buffers_.grads.data() + bucket.begin, shard, bucket.counts.data(), MPI_FLOAT, MPI_SUM,
+                        buffers_.world, &requests_[b]);
+    stats_.seconds += MPI_Wtime() - t0;
+    stats_.rounds += 1;
+    stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
+  }
+
+  // Open MPI progresses nonblocking collectives only inside MPI calls; a
+  // finished bucket's whole-size gradients go back to the kernel at once.
+  void poke() {
+    const double t0 = MPI_Wtime();
+    for (size_t b = 0; b < requests_.size(); ++b) {
+      if (requests_[b] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MPI_Test(&requests_[b], &done, MPI_STATUS_IGNORE);
+      if (done) release(b);
+    }
+    stats_.seconds += MPI_Wtime() - t0;
+  }
+
+  void release(size_t b) {
+    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+      const auto& bucket = owned_.buckets()[b];
+      release_whole_pages(buffers_.grads.data() + bucket.begin, (bucket.end - bucket.begin) * int64_t(sizeof(float)));
+    }
+  }
+
+  SyncBuffers buffers_;
+  SyncSettings settings_;
+  Ownership owned_;
+  int world_ = 1;
+  GradientSync allreduce_;     // shard optimizer: sync dense's buckets
+  Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
+  std::vector<MPI_Request> requests_;
+  std::vector<bool> started_;
+  CommStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<SyncStrategy> make_sharded(const SyncBuffers& b, const SyncSettings& s) {
+  return std::make_unique<ShardedSync>(b, s);
+}
+
+}  // namespace xx::sync_detail

@@ -1,0 +1,52 @@
+// Who owns which part of a flat buffer when the training state is sharded
+// over the data-parallel ranks (deck: shard optimizer|gradients; ZeRO 1/2).
+//
+// The buffer is cut into buckets from its end, as the gradient buckets are
+// (the backward finishes the end of the buffer first), and each bucket into
+// W near-equal pieces: piece r belongs to rank r. So every bucket's
+// reduce-scatter and all-gather spreads its bytes evenly over the ranks, and
+// every rank can compute every other's pieces without a message. A rank's
+// shard is its pieces, concatenated in buffer order.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace xx {
+
+struct OwnedPiece {
+  int64_t begin = 0, end = 0;  // in the flat buffer
+  int64_t at = 0;              // where it starts in the owner's shard
+  int64_t size() const { return end - begin; }
+};
+
+class Ownership {
+ public:
+  struct Bucket {
+    int64_t begin = 0, end = 0;
+    std::vector<int> counts, displs;  // rank r's piece: [begin + displs[r], + counts[r])
+  };
+  Ownership() = default;
+  // One rank owns all of it (shard off): one bucket, one piece.
+  static Ownership whole(int64_t total);
+  // `bucket`: elements per bucket (the last one cut, at the start of the buffer, may be shorter).
+  Ownership(int64_t total, int64_t bucket, int ranks, int rank);
+
+  int64_t total() const { return total_; }      // the flat buffer's length
+  int64_t shard_size() const { return shard_; }  // what this rank owns
+  int ranks() const { return ranks_; }
+  const std::vector<OwnedPiece>& pieces() const { return pieces_; }  // buffer order
+  const std::vector<Bucket>& buckets() const { return buckets_; }    // buckets()[0] ends at the buffer's end
+  // This rank's piece of bucket b.
+  OwnedPiece piece_of(size_t b) const;
+  // Rank r's pieces (every rank can answer for every other).
+  std::vector<OwnedPiece> pieces_of(int r) const;
+
+ private:
+  int64_t total_ = 0, shard_ = 0;
+  int ranks_ = 1, rank_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<OwnedPiece> pieces_;
+};
+
+}  // namespace xx
