@@ -1,6 +1,9 @@
 // xx_commbench: what gradient synchronisation costs on this machine, printed
-// as nccl-tests' all_reduce_perf prints it. Two kinds of case:
-//   dense   MPI_Allreduce(MPI_SUM) of float32 buffers, out of place.
+// as nccl-tests' all_reduce_perf (and its siblings) print it. The cases:
+//   dense           MPI_Allreduce(MPI_SUM) of float32 buffers, out of place.
+//   reduce_scatter  MPI_Reduce_scatter_block(MPI_SUM) of float32, out of place.
+//   all_gather      MPI_Allgather of float32, out of place.
+//   all_to_all      MPI_Alltoall of float32, out of place.
 //   sparse  the path of docs/COMPRESSION.md for a gradient of N floats:
 //           compress (top-k, int8/int4, feedback off so every iteration does
 //           the same work), exchange the payloads among all ranks over a
@@ -8,36 +11,51 @@
 //
 // usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]
 //          [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]
-//          [--transport mpi|ucx|both] [--cases dense,sparse] [--timeout S] [--json FILE]
+//          [--transport mpi|ucx|both] [--cases CASE,...] [--timeout S] [--json FILE]
+//   CASE: dense, reduce_scatter, all_gather, all_to_all, sparse (default: all of them)
 // Sizes and counts take a K, M or G suffix (powers of 1024), as in nccl-tests.
 // The UCX transport needs UCX_TLS=self,tcp on one host (src/comm/exchange.h).
 //
-// Figures, R ranks, size = count * 4 bytes:
+// Figures, R ranks. A size S from -b, -e, -f stands for count = S/4 floats, and
+// each table sizes its rows as nccl-tests does (count and size are its columns):
+//   case            count (the MPI call's)   size (B)                  busbw / algbw
+//   dense           S/4                      count * 4                 2(R-1)/R
+//   reduce_scatter  S/4/R received           count * R * 4, the send   (R-1)/R
+//   all_gather      S/4/R sent               count * R * 4, the recv   (R-1)/R
+//   all_to_all      S/4/R to each peer       count * R * 4, the send   (R-1)/R
+//   sparse          N (the gradient)         count * 4                 2(R-1)/R
+//   (S/4/R rounded down, so size can be below S; nccl-tests also rounds all_to_all's
+//   count down to 16 bytes for the GPU's sake, which MPI does not need.)
 //   time     max over ranks of the mean over the timed iterations (nccl-tests)
 //   med      median over the timed iterations of the slowest rank's time
 //   algbw    size / time; for sparse, size is the dense gradient the payloads stand for
-//   busbw    algbw * 2(R-1)/R. Dense: nccl-tests' all-reduce bus bandwidth. Sparse:
-//            the bus bandwidth a dense all-reduce of the same size would need to
-//            finish in the same time, so sparse beats dense where its busbw is higher.
+//   busbw    algbw * the factor above: nccl-tests' bus bandwidth of each collective.
+//            Sparse: the bus bandwidth a dense all-reduce of the same size would need
+//            to finish in the same time, so sparse beats dense where its busbw is higher.
 //   payload  bytes of one rank's payload, = payload_bytes(N, k, quant, block)
 //   factor   size / payload
 //   xchg     exchange() alone, as time is (max over ranks of the mean). A barrier
 //            before it, not counted anywhere, keeps a peer's slower compress out of it.
 //   wire     bytes_sent() / xchg: bytes this rank hands the transport per second
 //            ((R-1) payloads, plus 16 bytes per peer over mpi)
-//   #wrong   summed over ranks. Dense: elements that differ from the exact sum
-//            (small integers, exact in any order). Sparse: elements of the decoded
+//   #wrong   summed over ranks. Dense, reduce_scatter: received elements that differ
+//            from the exact sum (small integers, exact in any order). all_gather,
+//            all_to_all: received elements that differ from what their sender put
+//            there (integers below 2^23 drawn from the sender's rank and index, so
+//            an element in the wrong place shows). Sparse: elements of the decoded
 //            sum that differ bit for bit from the sum each rank computes itself,
 //            compressing every rank's gradient (regenerated from that rank's seed)
 //            and decode_summing in rank order.
 // Exit status: 0 OK, 1 FAILED (a #wrong, or a transport asked for is disabled), 2 bad usage.
 
-// MPI_Allreduce, MPI_Wtime
+// MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather, MPI_Alltoall, MPI_Wtime
 #include <mpi.h>
 // Kokkos::ScopeGuard, parallel_for / parallel_reduce
 #include <Kokkos_Core.hpp>
 // fmt::print for the table
 #include <fmt/format.h>
+// fmt::join for the --cases message (in fmt/ranges.h from fmt 11)
+#include <fmt/ranges.h>
 // --json FILE
 #include <nlohmann/json.hpp>
 
@@ -48,13 +66,14 @@
 #include <fstream>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 // make_mpi_exchange, make_ucx_exchange: the sparse transports
 #include "comm/exchange.h"
-// normal(seed, i): the gradients, regenerable on any rank
+// normal(seed, i): the gradients; splitmix64: the collectives' values; regenerable on any rank
 #include "core/rng.h"
 // Buffer, Vec, ExecSpace
 #include "core/views.h"
@@ -78,6 +97,9 @@ constexpr int64_t kF32 = sizeof(float);
 // ----------------------------------------------------------------------------
 // command line
 
+// --cases, in the order the tables print: kCollectives' names, then sparse.
+const char* const kCases[] = {"dense", "reduce_scatter", "all_gather", "all_to_all", "sparse"};
+
 struct Options {
   int64_t min_bytes = 4 << 10, max_bytes = 64 << 20, factor = 4;
   int warmup = 5, iters = 20;
@@ -85,17 +107,21 @@ struct Options {
   std::vector<double> ratios = {0.1, 0.01, 0.001};
   std::vector<cz::Quant> quants = {cz::Quant::none, cz::Quant::int8, cz::Quant::int4};
   std::vector<std::string> transports = {"mpi", "ucx"};
-  bool dense = true, sparse = true, ucx_required = false;
+  std::set<std::string> cases{std::begin(kCases), std::end(kCases)};
+  bool ucx_required = false;
   double timeout_s = 300;  // generous: ranks may share cores
   std::string json_path;
+  bool has(const std::string& c) const { return cases.count(c) > 0; }
 };
 
 const char* kUsage =
     "usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]\n"
     "         [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]\n"
-    "         [--transport mpi|ucx|both] [--cases dense,sparse] [--timeout S] [--json FILE]\n"
+    "         [--transport mpi|ucx|both] [--cases CASE,...] [--timeout S] [--json FILE]\n"
+    "  CASE: dense (all-reduce), reduce_scatter, all_gather, all_to_all, sparse\n"
     "  defaults: -b 4K -e 64M -f 4 -w 5 -n 20 --sparse 1M,16M --ratios 0.1,0.01,0.001\n"
-    "            --quants none,int8,int4 --transport both --cases dense,sparse\n";
+    "            --quants none,int8,int4 --transport both\n"
+    "            --cases dense,reduce_scatter,all_gather,all_to_all,sparse\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -180,11 +206,11 @@ Options parse_options(int argc, char** argv) {
       else throw UsageError(fmt::format("--transport '{}': expected mpi, ucx or both", v));
       o.ucx_required = v == "ucx";  // asked for by name: disabled is a failure, not a skip
     } else if (flag == "--cases") {
-      o.dense = o.sparse = false;
+      o.cases.clear();
       for (const auto& s : split(v)) {
-        if (s == "dense") o.dense = true;
-        else if (s == "sparse") o.sparse = true;
-        else throw UsageError(fmt::format("--cases '{}': expected dense, sparse or both", s));
+        if (std::find(std::begin(kCases), std::end(kCases), s) == std::end(kCases))
+          throw UsageError(fmt::format("--cases '{}': expected one of {}", s, fmt::join(kCases, ", ")));
+        o.cases.insert(s);
       }
     } else {
       throw UsageError(fmt::format("unknown flag '{}'", flag));
@@ -218,7 +244,7 @@ Timing reduce_times(std::vector<double> t, MPI_Comm comm) {
   return out;
 }
 
-// Seconds of one iteration: all of it, and the exchange alone (0 for dense).
+// Seconds of one iteration: all of it, and the exchange alone (0 for the collectives).
 struct Lap {
   double total = 0, inner = 0;
 };
@@ -245,15 +271,71 @@ int64_t sum_over_ranks(int64_t v, MPI_Comm comm) {
 double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }
 
 // ----------------------------------------------------------------------------
-// dense all-reduce
+// collectives: the dense all-reduce and its nccl-tests siblings, one table each
 
-// Rank r's value i: a small integer, so the sum over ranks (|sum| <= 8R) is
-// exact in float whatever order the reduction adds in.
-float dense_value(int r, int64_t i) { return float(int((i * 7 + int64_t(r) * 13) % 17) - 8); }
+// Rank r's element j of a send buffer, a pure function of (r, j) that any rank
+// can recompute: splitmix64 is a bijection, so no two (r, j) share a draw.
+uint64_t draw(int r, int64_t j) { return splitmix64(kSeed + (uint64_t(r) << 40) + uint64_t(j)); }
+// An integer in [-8, 7]: a sum over ranks (|sum| <= 8R) is exact in float
+// whatever order the reduction adds in.
+float small_value(int r, int64_t j) { return float(int(draw(r, j) >> 60) - 8); }
+// An integer below 2^23, exact in float: moved, not added, and two elements
+// agree only 1 time in 2^23, so one that lands in the wrong place shows.
+float label_value(int r, int64_t j) { return float(draw(r, j) >> 41); }
 
-json run_dense(const Options& o, MPI_Comm comm, int rank, int R, int64_t& wrong_total) {
+// One collective as nccl-tests sizes it. n is the count argument of the MPI
+// call (nccl-tests' count column); a buffer holds n floats, or R blocks of n.
+// size, the larger buffer of one rank, is what algbw divides by the time.
+struct Collective {
+  const char* name;   // in --cases, in the --json output and the average's line
+  const char* title;  // the line above its table
+  const char* mpi;    // the MPI call
+  const char* op;     // "sum", or "none" for those that only move data
+  bool per_rank;      // n = count / R (one block per rank), not count
+  bool send_blocks, recv_blocks;  // that buffer holds R blocks of n
+  int bus;                        // busbw = algbw * bus * (R-1)/R
+  float (*send_value)(int r, int64_t j);                 // rank r's send element j
+  float (*expect)(int r, int64_t i, int64_t n, int R);  // rank r's receive element i
+  int (*call)(const float* send, float* recv, int n, MPI_Comm comm);
+};
+
+float summed(int64_t j, int R) {
+  float s = 0;
+  for (int q = 0; q < R; ++q) s += small_value(q, j);
+  return s;
+}
+
+// MPI_Reduce_scatter_block has no wrapper in src/resilience/mpi_profile.cpp
+// (the trainer never calls it), so the flight recorder does not see it, its
+// time lacks the recorder's (small) cost, and an error comes back here as a
+// code (MPI_ERRORS_RETURN) instead of ending the job there: run_collective checks it.
+const Collective kCollectives[] = {
+    {"dense", "dense all-reduce: MPI_Allreduce(MPI_SUM) of float32, out of place", "MPI_Allreduce", "sum", false,
+     false, false, 2, small_value, [](int, int64_t i, int64_t, int R) { return summed(i, R); },
+     [](const float* s, float* r, int n, MPI_Comm c) { return MPI_Allreduce(s, r, n, MPI_FLOAT, MPI_SUM, c); }},
+    {"reduce_scatter",
+     "reduce-scatter: MPI_Reduce_scatter_block(MPI_SUM) of float32, out of place; count = what each rank\n"
+     "# receives, size = the send buffer (count * R * 4)",
+     "MPI_Reduce_scatter_block", "sum", true, true, false, 1, small_value,
+     [](int r, int64_t i, int64_t n, int R) { return summed(r * n + i, R); },
+     [](const float* s, float* r, int n, MPI_Comm c) { return MPI_Reduce_scatter_block(s, r, n, MPI_FLOAT, MPI_SUM, c); }},
+    {"all_gather",
+     "all-gather: MPI_Allgather of float32, out of place; count = what each rank sends, size = the\n"
+     "# receive buffer (count * R * 4)",
+     "MPI_Allgather", "none", true, false, true, 1, label_value,
+     [](int, int64_t i, int64_t n, int) { return label_value(int(i / n), i % n); },
+     [](const float* s, float* r, int n, MPI_Comm c) { return MPI_Allgather(s, n, MPI_FLOAT, r, n, MPI_FLOAT, c); }},
+    {"all_to_all",
+     "all-to-all: MPI_Alltoall of float32, out of place; count = what each rank sends each peer,\n"
+     "# size = the send buffer (count * R * 4)",
+     "MPI_Alltoall", "none", true, true, true, 1, label_value,
+     [](int r, int64_t i, int64_t n, int) { return label_value(int(i / n), r * n + i % n); },
+     [](const float* s, float* r, int n, MPI_Comm c) { return MPI_Alltoall(s, n, MPI_FLOAT, r, n, MPI_FLOAT, c); }},
+};
+
+json run_collective(const Collective& c, const Options& o, MPI_Comm comm, int rank, int R, int64_t& wrong_total) {
   if (rank == 0) {
-    fmt::print("#\n# dense all-reduce: MPI_Allreduce(MPI_SUM) of float32, out of place\n");
+    fmt::print("#\n# {}\n", c.title);
     fmt::print("#\n# {:>10} {:>12} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}\n", "size", "count", "type", "op",
                "time", "med", "algbw", "busbw", "#wrong");
     fmt::print("# {:>10} {:>12} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7}\n", "(B)", "(elements)", "", "", "(us)",
@@ -262,34 +344,33 @@ json run_dense(const Options& o, MPI_Comm comm, int rank, int R, int64_t& wrong_
   json rows = json::array();
   double bus_sum = 0;
   for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
-    const int64_t count = bytes / kF32;
-    if (count < 1) continue;
-    std::vector<float> send(count), recv(count, 0.0f);
-    for (int64_t i = 0; i < count; ++i) send[i] = dense_value(rank, i);
+    const int64_t n = bytes / kF32 / (c.per_rank ? R : 1);
+    if (n < 1) continue;
+    std::vector<float> send(n * (c.send_blocks ? R : 1)), recv(n * (c.recv_blocks ? R : 1), 0.0f);
+    for (int64_t j = 0; j < int64_t(send.size()); ++j) send[j] = c.send_value(rank, j);
     auto [total, inner] = timed(o, comm, [&] {
       const double t0 = MPI_Wtime();
-      MPI_Allreduce(send.data(), recv.data(), int(count), MPI_FLOAT, MPI_SUM, comm);
-      return Lap{MPI_Wtime() - t0, 0};
+      const int rc = c.call(send.data(), recv.data(), int(n), comm);
+      const double t1 = MPI_Wtime();
+      if (rc != MPI_SUCCESS) throw std::runtime_error(fmt::format("{} failed: MPI error {}", c.mpi, rc));
+      return Lap{t1 - t0, 0};
     });
     const Timing t = reduce_times(total, comm);
     int64_t wrong = 0;  // the result of the last timed iteration
-    for (int64_t i = 0; i < count; ++i) {
-      float expect = 0;
-      for (int r = 0; r < R; ++r) expect += dense_value(r, i);
-      wrong += recv[i] != expect;
-    }
+    for (int64_t i = 0; i < int64_t(recv.size()); ++i) wrong += recv[i] != c.expect(rank, i, n, R);
     wrong = sum_over_ranks(wrong, comm);
     wrong_total += wrong;
-    const double size = double(count * kF32), algbw = gbps(size, t.time_us), busbw = algbw * 2.0 * (R - 1) / R;
+    const int64_t size = int64_t(std::max(send.size(), recv.size())) * kF32;
+    const double algbw = gbps(double(size), t.time_us), busbw = algbw * c.bus * (R - 1) / R;
     bus_sum += busbw;
     if (rank == 0)
-      fmt::print("  {:>10} {:>12} {:>6} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", count * kF32, count,
-                 "float", "sum", t.time_us, t.med_us, algbw, busbw, wrong);
-    rows.push_back({{"size_bytes", count * kF32}, {"count", count}, {"type", "float"}, {"op", "sum"},
-                    {"time_us", t.time_us}, {"med_us", t.med_us}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw},
-                    {"wrong", wrong}});
+      fmt::print("  {:>10} {:>12} {:>6} {:>6} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}\n", size, n, "float", c.op,
+                 t.time_us, t.med_us, algbw, busbw, wrong);
+    rows.push_back({{"size_bytes", size}, {"count", n}, {"type", "float"}, {"op", c.op}, {"time_us", t.time_us},
+                    {"med_us", t.med_us}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw}, {"wrong", wrong}});
   }
-  if (rank == 0 && !rows.empty()) fmt::print("# Avg bus bandwidth (dense) : {:.3f} GB/s\n", bus_sum / double(rows.size()));
+  if (rank == 0 && !rows.empty())
+    fmt::print("# Avg bus bandwidth ({}) : {:.3f} GB/s\n", c.name, bus_sum / double(rows.size()));
   return rows;
 }
 
@@ -455,7 +536,7 @@ int run(int argc, char** argv, MPI_Comm comm) {
   bool ok = true;
   // Transports are built collectively, the same list on every rank.
   std::vector<std::unique_ptr<PayloadExchange>> xs;
-  if (o.sparse) {
+  if (o.has("sparse")) {
     for (const auto& name : o.transports) {
       auto x = name == "mpi" ? make_mpi_exchange(comm) : make_ucx_exchange(comm);
       if (x->enabled()) {
@@ -470,16 +551,18 @@ int run(int argc, char** argv, MPI_Comm comm) {
     std::string names;
     for (const auto& x : xs) names += std::string(names.empty() ? "" : ",") + x->name();
     fmt::print("# xx_commbench: {} ranks, {} warmup + {} timed iterations, sparse transports: {}\n", R, o.warmup,
-               o.iters, names.empty() || !o.sparse ? "none" : names);
+               o.iters, names.empty() || !o.has("sparse") ? "none" : names);
     fmt::print("# time = max over ranks of the mean; med = median over iterations of the slowest rank;\n"
-               "# algbw = size / time; busbw = algbw * 2(R-1)/R (nccl-tests all-reduce);\n"
+               "# algbw = size / time; busbw = algbw * 2(R-1)/R (nccl-tests all-reduce; sparse), or * (R-1)/R\n"
+               "# (nccl-tests reduce-scatter, all-gather, all-to-all); size and count as nccl-tests has them;\n"
                "# payload = bytes of one rank's payload; factor = size / payload; xchg = exchange() alone;\n"
                "# wire = bytes_sent() / xchg; #wrong summed over ranks (bit-exact against a local recomputation)\n");
   }
   int64_t wrong = 0;
   json doc = {{"ranks", R}, {"warmup", o.warmup}, {"iters", o.iters}};
-  if (o.dense) doc["dense"] = run_dense(o, comm, rank, R, wrong);
-  if (o.sparse && !xs.empty()) doc["sparse"] = run_sparse(o, xs, comm, rank, R, wrong);
+  for (const Collective& c : kCollectives)
+    if (o.has(c.name)) doc[c.name] = run_collective(c, o, comm, rank, R, wrong);
+  if (o.has("sparse") && !xs.empty()) doc["sparse"] = run_sparse(o, xs, comm, rank, R, wrong);
   ok = ok && wrong == 0;
   doc["wrong"] = wrong;
   doc["ok"] = ok;
