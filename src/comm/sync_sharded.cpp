@@ -9,6 +9,13 @@
 //   gradients  each bucket is reduce-scattered into its owners as soon as the
 //              backward finishes it, and its whole-size gradients are handed
 //              back to the kernel (host memory): a rank keeps only its shard.
+//   params     also the weights: the buckets are the model's weight units
+//              (embedding, blocks, head, MTP modules); the model asks for a
+//              unit before it computes with it (the forward's and again the
+//              backward's), the unit is all-gathered (the next one already
+//              on its way), and its other ranks' pieces are released when
+//              the model lets go. No all-gather after the update: each rank's
+//              pieces are its part of the weights.
 #include <fmt/format.h>
 #include <type_traits>
 #include "comm/sync_group.h"
@@ -18,11 +25,12 @@
 namespace xx::sync_detail {
 namespace {
 
-class ShardedSync final : public SyncStrategy {
+class ShardedSync final : public SyncStrategy, public WeightGate {
  public:
   ShardedSync(const SyncBuffers& b, const SyncSettings& s)
       : buffers_(b), settings_(s), owned_(b.owned), allreduce_(b.world, b.grads, s.sync.bucket_mb) {
     MPI_Comm_size(b.world, &world_);
+    MPI_Comm_rank(b.world, &rank_);
     if (std::string(b.ops->dense().name()) != "mpi")
       throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
                                            "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
@@ -31,6 +39,12 @@ class ShardedSync final : public SyncStrategy {
     if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
     requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
     started_.assign(owned_.buckets().size(), false);
+    gathers_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
+    whole_.assign(owned_.buckets().size(), false);
+  }
+  ~ShardedSync() override {
+    for (auto& r : gathers_)
+      if (r != MPI_REQUEST_NULL) MPI_Wait(&r, MPI_STATUS_IGNORE);
   }
 
   std::string describe() const override {
@@ -38,6 +52,11 @@ class ShardedSync final : public SyncStrategy {
                                   ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
     const std::string gather = fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every "
                                            "bucket it owns) and the weights are all-gathered per bucket", world_);
+    if (weights_sharded())
+      return fmt::format("ZeRO-3: {} weight units, each all-gathered before the forward and the backward use it "
+                         "(the next one prefetched) and released after, reduce-scattered into their owners during "
+                         "the backward; each rank keeps {} of {} weights, gradients and moments{}",
+                         owned_.buckets().size(), owned_.shard_size(), owned_.total(), micro);
     if (!gradients_sharded())
       return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks{}{}",
                          owned_.buckets().size(), settings_.sync.bucket_mb, micro, gather);
@@ -50,6 +69,8 @@ class ShardedSync final : public SyncStrategy {
 
   void begin_step(int64_t) override {
     stats_ = CommStats{};
+    if (weights_sharded())  // after init, a restore or a warm restart: only this rank's pieces stay
+      for (size_t b = 0; b < whole_.size(); ++b) release_weights(b);
     std::fill(started_.begin(), started_.end(), false);
     if (!gradients_sharded()) allreduce_.begin(buffers_.world);
   }
@@ -97,7 +118,7 @@ class ShardedSync final : public SyncStrategy {
 
   // The updated pieces, bucket by bucket, to every rank.
   void after_update(int64_t, CommStats& stats) override {
-    if (world_ == 1) return;
+    if (world_ == 1 || weights_sharded()) return;
     ExecSpace().fence();
     const double t0 = MPI_Wtime();
     float* p = buffers_.params.data();
@@ -115,15 +136,57 @@ class ShardedSync final : public SyncStrategy {
 
   // Every rank holds the same whole weights after the all-gather; the
   // moments are sharded, and a checkpoint gathers them whole.
-  Agreement agreement(int64_t) const override { return {true, true}; }
+  Agreement agreement(int64_t) const override { return {true, true, weights_sharded()}; }
+
+  WeightGate* weight_gate() override { return weights_sharded() ? this : nullptr; }
+
+  // Units are buckets in buffer order; buckets count from the buffer's end.
+  void need(int unit, int next) override {
+    const size_t b = bucket_of(unit);
+    if (!whole_[b]) {
+      if (gathers_[b] == MPI_REQUEST_NULL) start_gather(b);
+      const double t0 = MPI_Wtime();
+      if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+      stats_.seconds += MPI_Wtime() - t0;
+      whole_[b] = true;
+    }
+    if (next >= 0 && !whole_[bucket_of(next)] && gathers_[bucket_of(next)] == MPI_REQUEST_NULL)
+      start_gather(bucket_of(next));
+  }
+  void done(int unit) override { release_weights(bucket_of(unit)); }
 
  private:
-  bool gradients_sharded() const { return settings_.shard == "gradients"; }
-  int owned_rank() const {
-    int r = 0;
-    MPI_Comm_rank(buffers_.world, &r);
-    return r;
+  bool gradients_sharded() const { return settings_.shard == "gradients" || settings_.shard == "params"; }
+  bool weights_sharded() const { return settings_.shard == "params"; }
+  size_t bucket_of(int unit) const { return owned_.buckets().size() - 1 - size_t(unit); }
+
+  void start_gather(size_t b) {
+    if (world_ == 1) return;
+    const auto& bucket = owned_.buckets()[b];
+    ExecSpace().fence();  // this rank's pieces are written (AdamW) before MPI reads them
+    const double t0 = MPI_Wtime();
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin, bucket.counts.data(),
+                    bucket.displs.data(), MPI_FLOAT, buffers_.world, &gathers_[b]);
+    stats_.seconds += MPI_Wtime() - t0;
+    stats_.rounds += 1;
+    stats_.bytes_sent += int64_t(bucket.counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
   }
+
+  // The other ranks' pieces of bucket b go back to the kernel (this rank's stay).
+  void release_weights(size_t b) {
+    if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+    whole_[b] = false;
+    if (world_ == 1) return;
+    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+      ExecSpace().fence();  // the kernels that read the unit are done
+      const auto& bucket = owned_.buckets()[b];
+      for (int r = 0; r < world_; ++r)
+        if (r != owned_rank())
+          release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
+                              int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
+    }
+  }
+  int owned_rank() const { return rank_; }
   static void add(CommStats& into, const CommStats& s) {
     into.rounds += s.rounds, into.bytes_sent += s.bytes_sent, into.seconds += s.seconds;
   }
@@ -169,11 +232,13 @@ class ShardedSync final : public SyncStrategy {
   SyncBuffers buffers_;
   SyncSettings settings_;
   Ownership owned_;
-  int world_ = 1;
+  int world_ = 1, rank_ = 0;
   GradientSync allreduce_;     // shard optimizer: sync dense's buckets
   Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
   std::vector<MPI_Request> requests_;
   std::vector<bool> started_;
+  std::vector<MPI_Request> gathers_;  // shard params: each unit's all-gather in flight
+  std::vector<bool> whole_;           // shard params: the unit is gathered (the model holds it)
   CommStats stats_;
 };
 

@@ -9,8 +9,9 @@
 //   local                sync local K [outer ...]          no gradient traffic; parameters averaged
 //                                                         (or an outer step) every K steps
 //   gossip               topology ring                     gradients averaged with the two neighbours
-//   sharded              shard optimizer|gradients         ZeRO 1/2: each rank updates its pieces of the
-//                                                         buffer, the weights all-gathered (sync_sharded.cpp)
+//   sharded              shard optimizer|gradients|params  ZeRO 1/2/3: each rank updates its pieces of the
+//                                                         buffer; the weights all-gathered after the update,
+//                                                         or (params) unit by unit as the model asks
 //   dense                sync dense | accumulate K         bucketed all-reduce overlapped with the backward
 //
 // A step, as the trainer drives it:
@@ -38,6 +39,7 @@
 #include "comm/ops.h"
 #include "comm/topology.h"
 #include "core/ownership.h"
+#include "core/weight_gate.h"
 #include "deck/config.h"
 #include "core/state.h"
 #include "core/views.h"
@@ -87,6 +89,9 @@ inline SyncSettings sync_settings(const Config& c, int64_t phase_start) {
 // averaging).
 struct Agreement {
   bool params = false, optimizer = false;
+  // shard params: each rank holds only its pieces of the weights (params
+  // true: they are one model once gathered; fingerprints cannot compare them)
+  bool weights_sharded = false;
   bool all() const { return params && optimizer; }
 };
 
@@ -121,6 +126,8 @@ class SyncStrategy {
   // RMS distance of the ranks' parameters from their mean at the last
   // averaging of this phase; -1 before any.
   double consensus_distance() const { return consensus_; }
+  // shard params: the gate the model asks for each unit's weights; else null.
+  virtual WeightGate* weight_gate() { return nullptr; }
   // The top-k compressor, when this strategy has one (metrics, tests).
   virtual const CompressedSync* compressor() const { return nullptr; }
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace xx {
@@ -31,6 +32,9 @@ class Ownership {
   static Ownership whole(int64_t total);
   // `bucket`: elements per bucket (the last one cut, at the start of the buffer, may be shorter).
   Ownership(int64_t total, int64_t bucket, int ranks, int rank);
+  // Given buckets [begin, end), from the end of the buffer to its start,
+  // together covering [0, total) (shard params: one per weight unit).
+  Ownership(const std::vector<std::pair<int64_t, int64_t>>& buckets, int ranks, int rank);
 
   int64_t total() const { return total_; }      // the flat buffer's length
   int64_t shard_size() const { return shard_; }  // what this rank owns

@@ -664,9 +664,10 @@ void check_shard(const Config& c, const std::string& where, const std::map<std::
     return it == set_at.end() ? std::string("the default") : it->second;
   };
   const std::string shard = fmt::format("shard {} ({})", c.shard.level, at("shard"));
-  if (c.shard.level == "params")
-    input_error("{}: shard params (ZeRO-3, the weights gathered layer by layer) is not built yet (expected "
-                "shard off, optimizer or gradients; -dry-run shows what each would need)", at("shard"));
+  if (c.shard.level == "params" && c.sample.every > 0)
+    input_error("{}: {} with sample every {} ({}) (expected no sample line: rank 0 decodes alone, and under shard "
+                "params it holds only its pieces of the weights; sample from a checkpoint with xuanxue generate)",
+                where, shard, c.sample.every, at("sample"));
   const char* why = "(expected sync dense or accumulate over topology full, without compress: a sharded optimizer "
                     "needs the same averaged gradients and weights on every rank)";
   if (c.sync.kind == "local")

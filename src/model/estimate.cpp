@@ -91,23 +91,11 @@ double activation_bytes(const MemoryEstimate& est, const std::string& precision)
          (half ? 4.0 * est.mixed_scratch_elements : 0.0);
 }
 
-// Layers as params would gather them: runs of consecutive tensors of one
-// block (TensorInfo::layer), the embedding, and the final norm with the head.
-void largest_layer(const ParamLayout& layout, const ModelConfig& m, int64_t& size, std::string& name) {
+// The largest unit shard params gathers at once (ParamLayout::weight_units).
+void largest_layer(const ParamLayout& layout, const ModelConfig&, int64_t& size, std::string& name) {
   size = 0;
-  const auto& t = layout.tensors();
-  for (size_t i = 0; i < t.size();) {
-    size_t j = i;
-    int64_t n = 0;
-    while (j < t.size() && t[j].layer == t[i].layer) n += t[j++].size;
-    if (n > size) {
-      size = n;
-      const int l = t[i].layer;
-      name = l < 0 ? (t[i].name == "embed" ? "embed" : "norm + head")
-                   : l < m.layers ? fmt::format("layers.{}", l) : fmt::format("mtp.{}", l - m.layers);
-    }
-    i = j;
-  }
+  for (const auto& u : layout.weight_units())
+    if (u.end - u.begin > size) size = u.end - u.begin, name = u.name;
 }
 
 // fp32 elements the phase's sync strategy allocates beside the model's

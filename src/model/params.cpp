@@ -26,6 +26,21 @@ ParamLayout::ParamLayout(const ModelConfig& m) {
   }
 }
 
+std::vector<WeightUnit> ParamLayout::weight_units() const {
+  std::vector<WeightUnit> units;
+  const int L = int(layer_begin_.size()) - 1;
+  for (size_t i = 0; i < tensors_.size();) {
+    size_t j = i;
+    while (j < tensors_.size() && tensors_[j].layer == tensors_[i].layer) ++j;
+    const int l = tensors_[i].layer;
+    const std::string name = l < 0 ? (tensors_[i].name == "embed" ? "embed" : "norm + head")
+                             : l < L ? "layers." + std::to_string(l) : "mtp." + std::to_string(l - L);
+    units.push_back({name, tensors_[i].offset, tensors_[j - 1].offset + tensors_[j - 1].size});
+    i = j;
+  }
+  return units;
+}
+
 void ParamLayout::add_block(const std::string& p, const ModelConfig& m, int layer, bool moe) {
   const int64_t C = m.dim, H = m.heads;
   const auto& a = m.attention;

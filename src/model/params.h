@@ -25,6 +25,13 @@ struct TensorInfo {
   double init_std = 0;         // normal(0, init_std) when not a norm
 };
 
+// What shard params gathers at once: the embedding, each block, the final
+// norm with the head, each MTP module (runs of tensors of one layer).
+struct WeightUnit {
+  std::string name;  // embed, layers.K, norm + head, mtp.D
+  int64_t begin = 0, end = 0;
+};
+
 class ParamLayout {
  public:
   explicit ParamLayout(const ModelConfig& m);
@@ -36,6 +43,9 @@ class ParamLayout {
   bool has(const std::string& name) const;
   // Offset where block l's tensors begin; layer_begin(L) is where the final norm begins.
   int64_t layer_begin(int layer) const { return layer_begin_[layer]; }
+  // The units in buffer order: 0 the embedding, 1 + l block l, L + 1 the
+  // final norm and head, L + 2 + d MTP module d.
+  std::vector<WeightUnit> weight_units() const;
   // Parameters a token uses: all but the embedding table (a lookup) and the
   // routed experts it does not pick.
   int64_t active_per_token() const { return active_; }

@@ -1,4 +1,6 @@
 #include "model/transformer.h"
+#include <type_traits>
+#include "core/host_memory.h"
 #include "core/rng.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -64,6 +66,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   grads_ = Buffer<T>("Transformer::grads", layout_.total());
   if (gemm_type != kernels::Precision::fp32) params_half_ = Buffer<uint16_t>("Transformer::params(16-bit)", layout_.total());
   const ParamStore<T> store{&layout_, params_.data(), grads_.data(), params_half_.data(), gemm_type};
+  units_ = layout_.weight_units();
   embed_ = store("embed");
   norm_ = store("norm");
   head_ = store("head");
@@ -127,8 +130,31 @@ void Transformer<T>::set_loss_scale(double scale) {
 
 template <class T>
 void Transformer<T>::refresh_half_weights() {
-  if (params_half_.extent(0) > 0)
+  if (params_half_.extent(0) > 0 && !gate_)
     k::pack_half(params_half_.data(), params_.data(), int64_t(params_.extent(0)), gemm_type_);
+}
+
+// Under a gate the 16-bit copy of a unit lives as long as its gathered
+// weights: made after the gather, its pages returned with them.
+template <class T>
+void Transformer<T>::use(int unit, int next) {
+  if (!gate_) return;
+  gate_->need(unit, next);
+  const WeightUnit& u = units_[unit];
+  if (params_half_.extent(0) > 0)
+    k::pack_half(params_half_.data() + u.begin, params_.data() + u.begin, u.end - u.begin, gemm_type_);
+}
+
+template <class T>
+void Transformer<T>::let_go(int unit) {
+  if (!gate_) return;
+  const WeightUnit& u = units_[unit];
+  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>)
+    if (params_half_.extent(0) > 0) {
+      ExecSpace().fence();
+      release_whole_pages(params_half_.data() + u.begin, (u.end - u.begin) * int64_t(sizeof(uint16_t)));
+    }
+  gate_->done(unit);
 }
 
 template <class T>
@@ -155,8 +181,16 @@ template <class T>
 LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
+  const int D = int(mtp_.size());
+  use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up too
   k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  for (int l = 0; l < L; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  if (D == 0) let_go(0);
+  for (int l = 0; l < L; ++l) {
+    use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
+    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+    let_go(block_unit(l));
+  }
+  use(final_unit(), D > 0 ? mtp_unit(0) : -1);  // the head serves every MTP depth too
   k::rmsnorm_forward<T>(xf_.target(), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
   xf_.keep();
   k::linear_forward<T>(mat(logits_, N_, V), xf_.in(), head_.in(V, C));
@@ -168,6 +202,7 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   Buffer<T> h_prev = resid_[L];
   for (size_t d = 0; d < mtp_.size(); ++d) {
     auto& m = mtp_[d];
+    use(mtp_unit(int(d)), int(d) + 1 < D ? mtp_unit(int(d) + 1) : -1);
     k::shift_tokens(m.in, targets, T_, int64_t(d), 0);
     k::shift_tokens(m.target, targets, T_, int64_t(d) + 1, -1);
     Tokens in(m.in.data(), N_), target(m.target.data(), N_);
@@ -185,7 +220,10 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
     k::cross_entropy_forward<T>(Vec<T>(m.losses.data(), N_), mat(m.logits, N_, V), target);
     if (m.labelled > 0) loss.mtp += k::sum<T>(Vec<const T>(m.losses.data(), N_)) / double(m.labelled);
     h_prev = m.h;
+    let_go(mtp_unit(int(d)));
   }
+  let_go(final_unit());
+  if (D > 0) let_go(0);
   if (!mtp_.empty()) loss.mtp /= double(mtp_.size());
   for (auto& [name, f] : moe_layers()) loss.aux += f->aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
@@ -202,6 +240,8 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   if (loss_weights_.aux != 1)
     for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
   // main head and final norm; dlogits overwrite the logits in place
+  const int D = int(mtp_.size());
+  use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
   auto dnorm = ws_.mat("dnorm", N_, C);
   auto dresid = ws_.mat("dresid", N_, C);
   k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets,
@@ -214,6 +254,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   auto dh = ws_.mat("mtp_dh", N_, C), dh_prev = ws_.mat("mtp_dh_prev", N_, C);
   for (int d = int(mtp_.size()) - 1; d >= 0; --d) {
     auto& m = mtp_[d];
+    use(mtp_unit(d), d > 0 ? mtp_unit(d - 1) : L > 0 ? block_unit(L - 1) : -1);
     const Buffer<T>& h_prev = d == 0 ? resid_[L] : mtp_[d - 1].h;
     const double seed = loss_scale_ * loss_weights_.mtp * cfg_.mtp.weight;
     const T dloss = m.labelled > 0 ? T(seed / double(mtp_.size()) / double(m.labelled)) : T(0);
@@ -234,11 +275,15 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
                            Vec<const T>(m.rstd_h.data(), N_));
     if (d == 0) k::add_inplace<T>(Vec<T>(dresid.data(), N_ * C), Vec<const T>(dh_prev.data(), N_ * C));
     else Kokkos::deep_copy(Buffer<T>(dh.data(), N_ * C), Buffer<T>(dh_prev.data(), N_ * C));
+    let_go(mtp_unit(d));
   }
+  let_go(final_unit());
   notify(layout_.layer_begin(L));
 
   for (int l = L - 1; l >= 0; --l) {
+    use(block_unit(l), l > 0 ? block_unit(l - 1) : -1);  // the embedding's backward reads no weight
     blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
+    let_go(block_unit(l));
     notify(layout_.layer_begin(l));
   }
   k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);

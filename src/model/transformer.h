@@ -11,6 +11,7 @@
 #include <vector>
 #include "deck/config.h"
 #include "core/views.h"
+#include "core/weight_gate.h"
 #include "kernels/precision.h"
 #include "model/attention.h"
 #include "model/ffn.h"
@@ -85,7 +86,10 @@ class Transformer {
   // 16-bit copies of the activations they multiply; their products
   // accumulate in fp32 into fp32 results. Everything else stays T.
   kernels::Precision gemm_type() const { return gemm_type_; }
-  void refresh_half_weights();
+  void refresh_half_weights();  // all of them; per unit as gathered under a weight gate
+  // shard params (core/weight_gate.h): the forward and backward ask `gate`
+  // for each unit's weights and let go of them after; null: all always here.
+  void set_weight_gate(WeightGate* gate) { gate_ = gate; }
   // Loss scaling: the backward starts from d(scale * loss) (main, MTP and aux
   // seeds alike); 1 leaves every bit as it was.
   void set_loss_scale(double scale);
@@ -101,6 +105,12 @@ class Transformer {
 
  private:
   Vec<T> window(Buffer<T>& b, const std::string& name);
+  // Unit u's weights (ParamLayout::weight_units) are needed, then not.
+  void use(int unit, int next);
+  void let_go(int unit);
+  int block_unit(int l) const { return 1 + l; }
+  int final_unit() const { return 1 + cfg_.layers; }
+  int mtp_unit(int d) const { return 2 + cfg_.layers + d; }
   struct MtpModule {
     Param<T> hnorm, enorm, proj, norm;
     std::unique_ptr<Block<T>> block;
@@ -125,6 +135,8 @@ class Transformer {
   Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty
   double loss_scale_ = 1.0;
   LossWeights loss_weights_;
+  WeightGate* gate_ = nullptr;
+  std::vector<WeightUnit> units_;
 };
 
 }  // namespace xx

@@ -211,6 +211,7 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
 CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
   mine.params = to_host(model_->params());
+  if (strategy_->agreement(step_).weights_sharded) gather_in_place(mine.params, owned_, comm_);
   mine.adam_m = gather_whole(optimizer_->m(), owned_, comm_);  // under shard: the ranks' pieces put together
   mine.adam_v = gather_whole(optimizer_->v(), owned_, comm_);
   mine.sampler_batches = loader_->position();

@@ -58,7 +58,8 @@ void Trainer::check_health_now() {
   mine.params_fingerprint = kernels::fingerprint(Vec<const float>(model_->params().data(), P));
   // Where the strategy says the ranks hold the same parameters, a rank that
   // does not is named (silent divergence).
-  const HealthVerdict verdict = check_health(comm_, mine, strategy_->agreement(step_).params);
+  const Agreement agree = strategy_->agreement(step_);
+  const HealthVerdict verdict = check_health(comm_, mine, agree.params && !agree.weights_sharded);
   if (!verdict.failure.empty()) throw HealthError(fmt::format("step {}: health check failed: {}", step_, verdict.failure));
   log_->rank(verdict.summary);
 }

@@ -147,6 +147,11 @@ void Trainer::build_model() {
   const int64_t total = model_->layout().total();
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
   owned_ = cfg_.shard.level == "off" ? Ownership::whole(total) : Ownership(total, bucket, world_, rank_);
+  if (cfg_.shard.level == "params") {  // the buckets are the units the model asks for
+    std::vector<std::pair<int64_t, int64_t>> units;
+    for (const auto& u : model_->layout().weight_units()) units.emplace(units.begin(), u.begin, u.end);
+    owned_ = Ownership(units, world_, rank_);
+  }
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), owned_);
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
   restarts_ = std::make_unique<WarmRestarts>(program_, *model_, *optimizer_);
@@ -198,7 +203,9 @@ void Trainer::enter_phase(size_t phase) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
                         owned_};
+    model_->set_weight_gate(nullptr);  // the old strategy's gate goes with it
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
+    model_->set_weight_gate(strategy_->weight_gate());
     strategy_state_ = StateRegistry();
     strategy_->register_state(strategy_state_);
     if (log_ && phase > 0) log_->console(fmt::format("{}: sync {}", p.where, strategy_report_));

@@ -25,6 +25,15 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
   Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
 }
 
+// Collective: every rank's pieces of `whole` (laid out like the flat buffer,
+// this rank's pieces in place) to every rank.
+inline void gather_in_place(std::vector<float>& whole, const Ownership& owned, MPI_Comm comm) {
+  if (owned.ranks() == 1) return;
+  for (const auto& b : owned.buckets())
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
+                   MPI_FLOAT, comm);
+}
+
 // Collective when sharded: the whole buffer from every rank's shard (each
 // bucket's pieces all-gathered), the same on every rank.
 inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownership& owned, MPI_Comm comm) {
@@ -32,9 +41,7 @@ inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownersh
   if (owned.ranks() == 1) return mine;
   std::vector<float> whole(owned.total());
   for (const auto& p : owned.pieces()) std::copy_n(mine.begin() + p.at, p.size(), whole.begin() + p.begin);
-  for (const auto& b : owned.buckets())
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
-                   MPI_FLOAT, comm);
+  gather_in_place(whole, owned, comm);
   return whole;
 }
 
