@@ -313,6 +313,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"data", "data bytes corpus.txt batch 3", true},
       {"precision", "precision bf16", true},
       {"gemm", "gemm blas", true},
+      {"shard", "shard optimizer", true},
       {"timeout", "timeout 1", true},
       {"preempt", "preempt requeue on", true},
       {"fault", "fault kill rank 0 step 5", true},

@@ -129,7 +129,6 @@ int64_t sync_elements(const Config& c, const ParamLayout& layout, std::string& w
 void set_precision(PlanBasis& b, const MemoryEstimate& est, const std::string& precision) {
   b.precision = precision;
   b.copy_bytes = sixteen_bit(precision) ? 2 : 0;
-  b.gather_bytes = sixteen_bit(precision) ? 2 : 4;
   b.activations = activation_bytes(est, precision);
 }
 
@@ -142,6 +141,8 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   set_precision(b, est, c.precision.kind);
   b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
   b.sync_buffers = 4.0 * sync_elements(c, layout, b.sync_what);
+  b.held_units = c.model.mtp.depth > 0 ? 4 : 2;
+  b.deck_level = c.shard.level;
   return b;
 }
 
@@ -162,16 +163,20 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 }
 
 // Bytes per rank, with P parameters, S = ceil(P/W) of them owned, L in the
-// largest layer, c the 16-bit copy's bytes per weight (0 under fp32):
+// largest unit (ParamLayout::weight_units), c the 16-bit copy's bytes per
+// weight (0 under fp32), H the units held at once under params:
 //              weights            gradients  optimizer  communication (besides the sync strategy's buffers)
 //   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
-//   optimizer  4 P | c P + 4 S    4 P        8 S        0: the all-gather fills the weights (or their copy) in place
-//   gradients  as optimizer       4 S        8 S        2 max(4 L, bucket): gradients in flight
-//   params     (4 + c) S          4 S        8 S        the same + two layers gathered: 2 L (4 | 2)
-// In flight under gradients and params: the backward writes one layer's whole
-// gradient while the previous one is reduce-scattered, bucket by bucket, into
-// its owners. Gathered under params: the layer computing and the next one,
-// prefetched, in the precision the GEMMs read.
+//   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
+//   gradients  (4 + c) P          4 S        8 S        2 max(4 L, bucket): gradients in flight
+//   params     (4 + c) S          4 S        8 S        2 (4 L) + H L (4 + c): gradients in flight, units gathered
+// The fp32 master stays whole below params: the model's norms, embedding and
+// head read it (comm/sync_sharded.cpp). In flight under gradients and params:
+// the backward writes one unit's whole gradients while the buckets before
+// are reduce-scattered into their owners; their pages go back to the kernel
+// as each finishes. Gathered under params, in fp32 with their 16-bit copy: the
+// unit computing and the next, prefetched (H = 2), and with MTP the embedding
+// and the head held through the forward (H = 4).
 MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   const double P = double(b.params), S = double(b.shard), L = double(b.largest_layer), c = b.copy_bytes;
   MemoryPlan plan;
@@ -179,11 +184,11 @@ MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   plan.activations = b.activations;
   plan.communication = b.sync_buffers;
   const bool owns_grads = level == Shard::gradients || level == Shard::params;
-  plan.weights = level == Shard::off ? (4 + c) * P : level == Shard::params ? (4 + c) * S : c > 0 ? c * P + 4 * S : 4 * P;
+  plan.weights = (4 + c) * (level == Shard::params ? S : P);
   plan.gradients = owns_grads ? 4 * S : 4 * P;
   plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
-  if (owns_grads) plan.communication += 2 * std::max(4 * L, b.bucket_bytes);
-  if (level == Shard::params) plan.communication += 2 * L * b.gather_bytes;
+  if (level == Shard::gradients) plan.communication += 2 * std::max(4 * L, b.bucket_bytes);
+  if (level == Shard::params) plan.communication += 2 * 4 * L + b.held_units * L * (4 + c);
   return plan;
 }
 
@@ -202,8 +207,10 @@ std::array<MemoryPlan, 4> all_levels(const PlanBasis& b) {
   return plans;
 }
 
-std::string level_built(Shard level) {
-  return level == Shard::off ? "" : " (not built yet: sharding levels other than off are issue 11/13)";
+Shard level_named(const std::string& name) {
+  for (Shard l : kShardLevels)
+    if (name == shard_name(l)) return l;
+  return Shard::off;
 }
 
 }  // namespace
@@ -251,23 +258,27 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
 
   const auto plans = all_levels(deck_basis);
   const bool known = limit.bytes > 0;
-  out += fmt::format("\n# memory per rank by sharding level: {}, {} rank(s); levels other than off are issue 11/13, "
-                     "not built yet\n", deck_basis.precision, ranks);
+  out += fmt::format("\n# memory per rank by sharding level (deck: shard): {}, {} rank(s)\n", deck_basis.precision,
+                     ranks);
   out += header("level", known ? "  fits" : "");
-  for (const auto& p : plans) out += row(shard_name(p.level), p, known ? (p.total() <= limit.bytes ? "  yes" : "  no") : "");
+  for (const auto& p : plans)
+    out += row(shard_name(p.level), p,
+               (known ? (p.total() <= limit.bytes ? "  yes" : "  no") : std::string()) +
+                   (shard_name(p.level) == deck_basis.deck_level ? "  <- the deck's" : ""));
   const PlanBasis& b = deck_basis;
   out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
                      "bucket {}\n", format_count(double(b.params)), ranks, format_count(double(b.shard)),
                      b.largest_name, format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
-  out += b.copy_bytes ? "  optimizer: AdamW's moments (8 S) and the fp32 master (4 S) sharded; the 16-bit copy (2 P) "
-                        "stays whole, all-gathered in place after the update\n"
-                      : "  optimizer: AdamW's moments sharded (8 S); the weights (4 P) stay whole, all-gathered in place "
-                        "after the update\n";
-  out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, two layers' gradients "
-                     "(the one written, the one reduce-scattered): 2 max(4 L, bucket)\n");
-  out += fmt::format("  params: also the weights; two layers gathered (current + prefetched) in {}: 2 L x {} B\n",
-                     b.precision, b.gather_bytes);
+  out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
+         "all-gathered in place after the update\n";
+  out += "  gradients: also the gradients (4 S); in flight during the backward, two units' gradients "
+         "(the one written, the one reduce-scattered): 2 max(4 L, bucket)\n";
+  out += fmt::format("  params: also the weights (4 S{}); gathered: {} units at once (the one computing, the next{}) "
+                     "in fp32{}: {} L x {} B\n",
+                     b.copy_bytes ? fmt::format(" + {} S", b.copy_bytes) : "", b.held_units,
+                     b.held_units > 2 ? ", the embedding and head held through the forward for MTP" : "",
+                     b.copy_bytes ? " with their 16-bit copy" : "", b.held_units, 4 + b.copy_bytes);
   if (!b.sync_what.empty())
     out += fmt::format("  communication also holds the sync strategy's {} of {} (phase at {}), whole at every level\n",
                        b.sync_what, format_bytes(b.sync_buffers), b.phase);
@@ -287,7 +298,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
     out += fmt::format("  no level fits: even params needs {}\n", format_bytes(plans.back().total()));
   } else {
     out += fmt::format("  fits: {}\n", fitting);
-    out += fmt::format("  smallest level that fits: {}{}\n", shard_name(smallest->level), level_built(smallest->level));
+    out += fmt::format("  smallest level that fits: {}\n", shard_name(smallest->level));
   }
   return out;
 }
@@ -296,19 +307,20 @@ std::string memory_refusal(const Program& program, int ranks, const MemoryLimit&
   if (limit.bytes <= 0) return "";
   const PlanBasis b = plan_basis(program, ranks);
   const auto plans = all_levels(b);
-  const MemoryPlan& off = plans.front();
+  const MemoryPlan& off = plans[size_t(level_named(b.deck_level))];  // the deck's level
   if (off.total() <= limit.bytes) return "";
   const MemoryPlan* smallest = smallest_fitting(plans, limit.bytes);
   const std::string instead =
-      smallest ? fmt::format("the smallest sharding level that would fit is {} ({}){}", shard_name(smallest->level),
-                             format_bytes(smallest->total()), level_built(smallest->level))
+      smallest ? fmt::format("the least sharded level that would fit is shard {} ({})", shard_name(smallest->level),
+                             format_bytes(smallest->total()))
                : fmt::format("no sharding level fits (params needs {}): more ranks, a smaller model or batch",
                              format_bytes(plans.back().total()));
   const std::string deck = b.phase.substr(0, b.phase.rfind(':'));
-  return fmt::format("{}: memory: the plan needs {} per rank at {} rank(s) ({} weights, {} gradients, {} optimizer, "
+  return fmt::format("{}: memory: the plan for shard {} needs {} per rank at {} rank(s) ({} weights, {} gradients, "
+                     "{} optimizer, "
                      "{} activations, {} communication), over the limit of {} ({}); {} "
                      "(expected a deck that fits: xuanxue -in DECK -dry-run prints the plan)",
-                     deck, format_bytes(off.total()), ranks, format_bytes(off.weights), format_bytes(off.gradients),
+                     deck, b.deck_level, format_bytes(off.total()), ranks, format_bytes(off.weights), format_bytes(off.gradients),
                      format_bytes(off.optimizer), format_bytes(off.activations), format_bytes(off.communication),
                      format_bytes(limit.bytes), limit.source, instead);
 }

@@ -22,13 +22,13 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_memory(const ModelConfig& m, int batch);
 
-// Sharding over the data-parallel ranks (ZeRO 1/2/3). Only off is built;
-// the others are issue 11/13, planned here so that a deck that cannot fit is
+// Sharding over the data-parallel ranks (ZeRO 1/2/3; deck: shard, built in
+// comm/sync_sharded.cpp), planned here so that a deck that cannot fit is
 // refused with the level that would.
 //   optimizer: each rank owns 1/W of AdamW's moments (and of the fp32 master
 //              under bf16/fp16), and all-gathers the updated weights;
 //   gradients: also 1/W of the gradients, reduce-scattered into their owners;
-//   params:    also 1/W of the weights, gathered layer by layer.
+//   params:    also 1/W of the weights, gathered unit by unit.
 enum class Shard { off, optimizer, gradients, params };
 inline constexpr std::array<Shard, 4> kShardLevels{Shard::off, Shard::optimizer, Shard::gradients, Shard::params};
 const char* shard_name(Shard level);
@@ -42,12 +42,13 @@ struct PlanBasis {
   int64_t largest_layer = 0;    // parameters of the largest layer (the unit params gathers at once)
   std::string largest_name;     // its name: embed, layers.K, norm + head, mtp.D
   int copy_bytes = 0;           // per weight, the GEMMs' 16-bit copy: 0 under fp32 (they read the master)
-  int gather_bytes = 4;         // per weight as the step reads it: 4 under fp32, 2 under bf16/fp16
   double bucket_bytes = 0;      // sync's bucket_mb, at most the whole gradient
   double activations = 0;       // bytes; the same at every level (the batch per rank does not change)
   double sync_buffers = 0;      // bytes the phase's sync strategy keeps beside the model, whole at every level
   std::string sync_what;        // what those are ("" when none)
   std::string phase;            // the phase planned ("DECK:LINE" of its run)
+  int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held)
+  std::string deck_level = "off";  // the deck's shard level
 };
 
 // Bytes one rank holds at one level.
@@ -71,8 +72,8 @@ struct MemoryLimit {
 // What `-dry-run` prints: counts; bytes per rank at level off in fp32, bf16
 // and fp16; every level in the deck's precision; the verdict against limit.
 std::string dry_run_report(const Program& program, int ranks, const MemoryLimit& limit);
-// "" when level off (the one a run uses until sharding is built) fits in
-// limit, else the one message a run stops with.
+// "" when the deck's shard level fits in limit, else the one message a run
+// stops with (naming the least sharded level that would fit).
 std::string memory_refusal(const Program& program, int ranks, const MemoryLimit& limit);
 
 }  // namespace xx

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace xx {
 namespace {
@@ -107,15 +108,16 @@ void StepReport::flush() {
   record_ = nlohmann::json();
 }
 
-void StepReport::performance(double final_loss) {
+void StepReport::performance(double final_loss, const std::vector<double>& peak_rss_mib) {
   const double tok_s = steps_ ? tokens_ / seconds_ : 0;
   const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
   const std::optional<double> peak = mfu_.peak_gflops();
   log_.console(fmt::format("PERFORMANCE steps={} ranks={} tokens_per_s={:.0f} ms_per_step={:.2f} mfu={} "
-                           "peak_gflops_per_core={} final_loss={:.6f}",
+                           "peak_gflops_per_core={} final_loss={:.6f} peak_rss_mib={:.1f}",
                            steps_, world_, tok_s, steps_ ? 1e3 * seconds_ / steps_ : 0.0,
                            mfu ? fmt::format("{:.4f}", *mfu) : "n/a", peak ? fmt::format("{:.1f}", *peak) : "n/a",
-                           final_loss));
+                           final_loss, *std::max_element(peak_rss_mib.begin(), peak_rss_mib.end())));
+  log_.console(fmt::format("memory: peak resident per rank (VmHWM), MiB: {:.1f}", fmt::join(peak_rss_mib, " ")));
 }
 
 }  // namespace xx

@@ -50,7 +50,8 @@ class StepReport {
   void log_step(const StepFigures& f);  // the step line; the interval starts again
   void log_validation(int64_t step, int64_t phase_end, const Validation& v);
   void flush();                         // this step's metrics record, if any
-  void performance(double final_loss);  // the closing line
+  // The closing line; peak_rss_mib: every rank's peak resident memory (its maximum is in the line).
+  void performance(double final_loss, const std::vector<double>& peak_rss_mib);
 
  private:
   RunLog& log_;

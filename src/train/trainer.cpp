@@ -12,6 +12,8 @@
 #include "core/rng.h"
 // sum_squares: the gradient norm and the missing-gradient check
 #include "kernels/elementwise.h"
+// peak_resident_bytes: the closing line's memory
+#include "core/host_memory.h"
 // HealthError: a verdict every rank reached, rethrown as it is
 #include "resilience/health.h"
 
@@ -261,7 +263,7 @@ void Trainer::run_phases() {
     }
   }
   finish_checkpoint();  // the last checkpoint is on disk before the run reports
-  report_->performance(loss);
+  report_->performance(loss, peak_resident_mib());
 }
 
 // What is due after a step: health, the step line, evaluation, a warm
@@ -294,6 +296,14 @@ void Trainer::after_step(double loss, double seconds) {
   // Every rank's own state is in the checkpoint, so it need not wait for
   // the ranks to agree (sync local, clusters, ring).
   if (due(cfg_.checkpoint.every) || (cfg_.checkpoint.at_end && end)) save_checkpoint(loss);
+}
+
+// Collective: every rank's peak resident memory so far (VmHWM), in MiB.
+std::vector<double> Trainer::peak_resident_mib() const {
+  double mine = double(peak_resident_bytes()) / (1024.0 * 1024.0);
+  std::vector<double> all(world_);
+  MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_);
+  return all;
 }
 
 StepFigures Trainer::figures(double loss) const {

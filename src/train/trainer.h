@@ -95,6 +95,7 @@ class Trainer {
   void write_sample();  // rank 0 (deck: sample every N)
   void check_missing_gradients(int64_t begin, int64_t end);
   StepFigures figures(double loss) const;
+  std::vector<double> peak_resident_mib() const;
 
   // checkpoints (trainer_checkpoint.cpp)
   std::string resolve_resume(const std::string& resume) const;
