@@ -6,9 +6,10 @@
 //   optimizer  the gradients are all-reduced as under sync dense (the same
 //              buckets, the same collectives: the same bits), and only
 //              AdamW's moments are sharded;
-//   gradients  each bucket is reduce-scattered into its owners as soon as the
-//              backward finishes it, and its whole-size gradients are handed
-//              back to the kernel (host memory): a rank keeps only its shard.
+//   gradients  each bucket is reduced as soon as the backward finishes it
+//              (sync dense's all-reduce), each rank copies its piece into its
+//              shard, and the bucket's whole-size gradients are handed back to
+//              the kernel (host memory): a rank keeps only its shard.
 //   params     also the weights: the buckets are the model's weight units
 //              (embedding, blocks, head, MTP modules); the model asks for a
 //              unit before it computes with it (the forward's and again the
@@ -54,14 +55,14 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
                                            "bucket it owns) and the weights are all-gathered per bucket", world_);
     if (weights_sharded())
       return fmt::format("ZeRO-3: {} weight units, each all-gathered before the forward and the backward use it "
-                         "(the next one prefetched) and released after, reduce-scattered into their owners during "
-                         "the backward; each rank keeps {} of {} weights, gradients and moments{}",
+                         "(the next one prefetched) and released after, its gradients reduced during the backward "
+                         "and kept as this rank's piece; each rank keeps {} of {} weights, gradients and moments{}",
                          owned_.buckets().size(), owned_.shard_size(), owned_.total(), micro);
     if (!gradients_sharded())
       return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks{}{}",
                          owned_.buckets().size(), settings_.sync.bucket_mb, micro, gather);
-    return fmt::format("ZeRO-2: {} buckets of {} MB reduce-scattered into their owners during the backward, "
-                       "each rank keeping {} of {} gradients{}{}",
+    return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
+                       "its piece of each ({} of {} gradients) and releasing the rest{}{}",
                        owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
                        gather);
   }
@@ -88,7 +89,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (!gradients_sharded()) return allreduce_.ready(offset);
     const auto& buckets = owned_.buckets();
     for (size_t b = 0; b < buckets.size(); ++b)
-      if (!started_[b] && buckets[b].begin >= offset) start_reduce_scatter(b);
+      if (!started_[b] && buckets[b].begin >= offset) start_reduce(b);
     poke();
   }
 
@@ -99,7 +100,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
       return;
     }
     for (size_t b = 0; b < started_.size(); ++b)
-      if (!started_[b]) start_reduce_scatter(b);
+      if (!started_[b]) start_reduce(b);
     const double t0 = MPI_Wtime();
     for (size_t b = 0; b < requests_.size(); ++b)
       if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b);
@@ -191,19 +192,24 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     into.rounds += s.rounds, into.bytes_sent += s.bytes_sent, into.seconds += s.seconds;
   }
 
-  void start_reduce_scatter(size_t b) {
+  void start_reduce(size_t b) {
     started_[b] = true;
     const auto& bucket = owned_.buckets()[b];
     const OwnedPiece mine = owned_.piece_of(b);
-    float* shard = shard_grads_.data() + mine.at;
     ExecSpace().fence();  // the gradients must be written before MPI reads them
     if (world_ == 1) {
-      Kokkos::deep_copy(Vec<float>(shard, mine.size()), Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
+      Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
+                        Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
       return release(b);
     }
+    // The reduce-scatter is an all-reduce of which this rank keeps its piece:
+    // Open MPI 4.1's nonblocking reduce-scatter (libnbc) reduces the whole
+    // bucket onto rank 0 and scatters it from there, and its blocking one
+    // measured 10x slower than the all-reduce at 16 MB (docs/SCALING.md). The
+    // all-reduce is sync dense's, so the sums are its bits.
     const double t0 = MPI_Wtime();
-    MPI_Ireduce_scatter(buffers_.grads.data() + bucket.begin, shard, bucket.counts.data(), MPI_FLOAT, MPI_SUM,
-                        buffers_.world, &requests_[b]);
+    MPI_Iallreduce(MPI_IN_PLACE, buffers_.grads.data() + bucket.begin, int(bucket.end - bucket.begin), MPI_FLOAT,
+                   MPI_SUM, buffers_.world, &requests_[b]);
     stats_.seconds += MPI_Wtime() - t0;
     stats_.rounds += 1;
     stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
@@ -222,7 +228,15 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     stats_.seconds += MPI_Wtime() - t0;
   }
 
+  // Bucket b is reduced: this rank's piece goes to its shard, and the
+  // bucket's whole-size gradients back to the kernel.
   void release(size_t b) {
+    if (world_ > 1) {
+      const OwnedPiece mine = owned_.piece_of(b);
+      Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
+                        Vec<float>(buffers_.grads.data() + mine.begin, mine.size()));
+      ExecSpace().fence();
+    }
     if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
       const auto& bucket = owned_.buckets()[b];
       release_whole_pages(buffers_.grads.data() + bucket.begin, (bucket.end - bucket.begin) * int64_t(sizeof(float)));

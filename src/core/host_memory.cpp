@@ -47,13 +47,19 @@ void zero_and_release(void* p, int64_t bytes) {
   std::memset(reinterpret_cast<void*>(last), 0, end - last);
 }
 
-int64_t peak_resident_bytes() {
+namespace {
+
+int64_t status_kib(const char* key) {
   std::ifstream in("/proc/self/status");
-  std::string key, unit;
-  int64_t value = 0;
+  const std::string k = key;
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
   return -1;
 }
+
+}  // namespace
+
+int64_t peak_resident_bytes() { return status_kib("VmHWM:"); }
+int64_t resident_bytes() { return status_kib("VmRSS:"); }
 
 }  // namespace xx

@@ -19,5 +19,6 @@ void zero_and_release(void* p, int64_t bytes);
 void release_whole_pages(void* p, int64_t bytes);
 
 int64_t peak_resident_bytes();  // VmHWM from /proc/self/status; -1 when unknown
+int64_t resident_bytes();       // VmRSS, now; -1 when unknown
 
 }  // namespace xx

@@ -1,4 +1,5 @@
 #include "model/transformer.h"
+#include <algorithm>
 #include <type_traits>
 #include "core/host_memory.h"
 #include "core/rng.h"
@@ -62,9 +63,13 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   const int64_t C = cfg_.dim, V = cfg_.vocab;
   if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
   gemm_type_ = gemm_type;
-  params_ = Buffer<T>("Transformer::params", layout_.total());
-  grads_ = Buffer<T>("Transformer::grads", layout_.total());
-  if (gemm_type != kernels::Precision::fp32) params_half_ = Buffer<uint16_t>("Transformer::params(16-bit)", layout_.total());
+  // Not touched here: init writes them, and under sharding a rank never
+  // touches the pages it will not keep (host memory is taken at first write).
+  params_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::params"), layout_.total());
+  grads_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::grads"), layout_.total());
+  if (gemm_type != kernels::Precision::fp32)
+    params_half_ = Buffer<uint16_t>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::params(16-bit)"),
+                                    layout_.total());
   const ParamStore<T> store{&layout_, params_.data(), grads_.data(), params_half_.data(), gemm_type};
   units_ = layout_.weight_units();
   embed_ = store("embed");
@@ -105,16 +110,33 @@ Vec<T> Transformer<T>::window(Buffer<T>& b, const std::string& name) {
 }
 
 template <class T>
-void Transformer<T>::init(uint64_t seed) {
-  auto host = Kokkos::create_mirror_view(params_);
+void Transformer<T>::write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  auto host = Kokkos::create_mirror_view(params_);  // on the host: params_ itself
   for (const auto& t : layout_.tensors()) {
     const uint64_t stream = mix_seed(seed, 0x1217, uint64_t(t.offset));
-    for (int64_t i = 0; i < t.size; ++i)
-      host(t.offset + i) = t.is_norm ? T(1) : T(t.init_std * normal(stream, uint64_t(i)));
+    for (const auto& [begin, end] : ranges)
+      for (int64_t i = std::max(begin, t.offset) - t.offset; i < std::min(end, t.offset + t.size) - t.offset; ++i)
+        host(t.offset + i) = t.is_norm ? T(1) : T(t.init_std * normal(stream, uint64_t(i)));
   }
   Kokkos::deep_copy(params_, host);
+}
+
+template <class T>
+void Transformer<T>::init(uint64_t seed) {
+  write_weights(seed, {{0, layout_.total()}});
   refresh_half_weights();
   zero_grads();
+}
+
+template <class T>
+void Transformer<T>::init_sharded(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  write_weights(seed, ranges);
+  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    ExecSpace().fence();
+    zero_and_release(grads_.data(), int64_t(grads_.extent(0) * sizeof(T)));
+  } else {
+    zero_grads();
+  }
 }
 
 template <class T>

@@ -69,6 +69,11 @@ class Transformer {
   // normal(0, std) weights and unit norms, from a counter-based stream: the
   // same seed gives the same bits on every rank and thread count.
   void init(uint64_t seed);
+  // Sharded set-up (deck: shard gradients|params): only `ranges` of the
+  // weights are written (this rank's pieces under params, all under
+  // gradients), the 16-bit copy is left to the step, and the gradients are
+  // zero without being touched: no rank takes memory it will not keep.
+  void init_sharded(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   void zero_grads();
 
   // Loss of a batch (mean over tokens); keeps what backward needs.
@@ -105,6 +110,7 @@ class Transformer {
 
  private:
   Vec<T> window(Buffer<T>& b, const std::string& name);
+  void write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // Unit u's weights (ParamLayout::weight_units) are needed, then not.
   void use(int unit, int next);
   void let_go(int unit);

@@ -116,8 +116,10 @@ void StepReport::performance(double final_loss, const std::vector<double>& peak_
                            "peak_gflops_per_core={} final_loss={:.6f} peak_rss_mib={:.1f}",
                            steps_, world_, tok_s, steps_ ? 1e3 * seconds_ / steps_ : 0.0,
                            mfu ? fmt::format("{:.4f}", *mfu) : "n/a", peak ? fmt::format("{:.1f}", *peak) : "n/a",
-                           final_loss, *std::max_element(peak_rss_mib.begin(), peak_rss_mib.end())));
-  log_.console(fmt::format("memory: peak resident per rank (VmHWM), MiB: {:.1f}", fmt::join(peak_rss_mib, " ")));
+                           final_loss, *std::max_element(peak_rss_mib.begin(), peak_rss_mib.begin() + world_)));
+  log_.console(fmt::format("memory: peak resident per rank (VmHWM), MiB: {:.1f}; before the model: {:.1f}",
+                           fmt::join(peak_rss_mib.begin(), peak_rss_mib.begin() + world_, " "),
+                           fmt::join(peak_rss_mib.begin() + world_, peak_rss_mib.end(), " ")));
 }
 
 }  // namespace xx

@@ -50,7 +50,8 @@ class StepReport {
   void log_step(const StepFigures& f);  // the step line; the interval starts again
   void log_validation(int64_t step, int64_t phase_end, const Validation& v);
   void flush();                         // this step's metrics record, if any
-  // The closing line; peak_rss_mib: every rank's peak resident memory (its maximum is in the line).
+  // The closing line; peak_rss_mib: every rank's peak resident memory (their
+  // maximum is in the line), then every rank's before the model.
   void performance(double final_loss, const std::vector<double>& peak_rss_mib);
 
  private:

@@ -298,12 +298,14 @@ void Trainer::after_step(double loss, double seconds) {
   if (due(cfg_.checkpoint.every) || (cfg_.checkpoint.at_end && end)) save_checkpoint(loss);
 }
 
-// Collective: every rank's peak resident memory so far (VmHWM), in MiB.
+// Collective: every rank's peak resident memory so far (VmHWM), then every
+// rank's resident memory before the model was built, in MiB.
 std::vector<double> Trainer::peak_resident_mib() const {
-  double mine = double(peak_resident_bytes()) / (1024.0 * 1024.0);
-  std::vector<double> all(world_);
-  MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_);
-  return all;
+  const double mine[2] = {double(peak_resident_bytes()) / (1024.0 * 1024.0), resident_before_model_};
+  std::vector<double> both(2 * world_), out(2 * world_);
+  MPI_Allgather(mine, 2, MPI_DOUBLE, both.data(), 2, MPI_DOUBLE, comm_);
+  for (int r = 0; r < world_; ++r) out[r] = both[2 * r], out[world_ + r] = both[2 * r + 1];
+  return out;
 }
 
 StepFigures Trainer::figures(double loss) const {

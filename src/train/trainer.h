@@ -95,6 +95,7 @@ class Trainer {
   void write_sample();  // rank 0 (deck: sample every N)
   void check_missing_gradients(int64_t begin, int64_t end);
   StepFigures figures(double loss) const;
+  // Collective: each rank's peak resident memory (MiB), then each one's before the model was built.
   std::vector<double> peak_resident_mib() const;
 
   // checkpoints (trainer_checkpoint.cpp)
@@ -159,6 +160,7 @@ class Trainer {
   int64_t step_ = 0, last_saved_ = -1;
   std::vector<double> losses_;
   double flops_per_token_ = 0;
+  double resident_before_model_ = 0;  // MiB: the process before the model, its optimizer and buffers
   MfuMeter mfu_;  // against the deck's or the peak file's peak (io/peak_file.h); none: MFU n/a
   double last_norm_ = 0, last_lr_ = 0, own_loss_ = 0, consensus_ = -1;
   LossParts last_loss_;

@@ -8,6 +8,7 @@
 #include "kernels/gemm.h"
 #include "kernels/precision.h"
 #include "train/trainer.h"
+#include "core/host_memory.h"
 #include "train/transfer.h"
 
 namespace xx {
@@ -23,6 +24,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   std::string resume_path;
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
   bcast_string(resume_path, comm_);
+  resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
   build_model();
   register_state();
   const double restore_start = MPI_Wtime();
@@ -141,7 +143,6 @@ void Trainer::build_model() {
   }
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
                                                 kernels::precision_from_name(cfg_.precision.kind));
-  model_->init(cfg_.seed);
   // shard optimizer|gradients: this rank's pieces of every gradient bucket
   // (the first phase's buckets; the deck keeps them one size per job).
   const int64_t total = model_->layout().total();
@@ -151,6 +152,16 @@ void Trainer::build_model() {
     std::vector<std::pair<int64_t, int64_t>> units;
     for (const auto& u : model_->layout().weight_units()) units.emplace(units.begin(), u.begin, u.end);
     owned_ = Ownership(units, world_, rank_);
+  }
+  if (cfg_.shard.level == "gradients" || cfg_.shard.level == "params") {
+    std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};  // gradients: all the weights
+    if (cfg_.shard.level == "params") {
+      mine.clear();
+      for (const auto& p : owned_.pieces()) mine.emplace_back(p.begin, p.end);
+    }
+    model_->init_sharded(cfg_.seed, mine);
+  } else {
+    model_->init(cfg_.seed);
   }
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), owned_);
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
