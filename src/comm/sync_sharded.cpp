@@ -91,6 +91,15 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     for (size_t b = 0; b < buckets.size(); ++b)
       if (!started_[b] && buckets[b].begin >= offset) start_reduce(b);
     poke();
+    // At most kShardBucketsInFlight buckets reducing: Open MPI progresses them only
+    // inside MPI calls, so without a bound every bucket of the backward stays
+    // whole (and MPI's temporaries with it) until the last one is waited for.
+    size_t in_flight = 0;
+    for (auto r : requests_) in_flight += r != MPI_REQUEST_NULL;
+    const double t0 = MPI_Wtime();
+    for (size_t b = 0; b < requests_.size() && in_flight > size_t(kShardBucketsInFlight); ++b)  // the oldest first
+      if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b), --in_flight;
+    stats_.seconds += MPI_Wtime() - t0;
   }
 
   void reduce_gradients(int64_t, CommStats& stats) override {

@@ -15,6 +15,10 @@
 
 namespace xx {
 
+// Buckets reduced at once under shard gradients|params (the strategy waits
+// for the oldest beyond this); the memory plan counts them.
+inline constexpr int kShardBucketsInFlight = 2;
+
 struct OwnedPiece {
   int64_t begin = 0, end = 0;  // in the flat buffer
   int64_t at = 0;              // where it starts in the owner's shard

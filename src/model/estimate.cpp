@@ -1,4 +1,5 @@
 #include "model/estimate.h"
+#include "core/ownership.h"
 #include <algorithm>
 #include <vector>
 #include <fmt/format.h>
@@ -164,19 +165,22 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 
 // Bytes per rank, with P parameters, S = ceil(P/W) of them owned, L in the
 // largest unit (ParamLayout::weight_units), c the 16-bit copy's bytes per
-// weight (0 under fp32), H the units held at once under params:
+// weight (0 under fp32), F = 2 buckets reduced at once (core/ownership.h), H
+// the units held at once under params:
 //              weights            gradients  optimizer  communication (besides the sync strategy's buffers)
 //   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
 //   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
-//   gradients  (4 + c) P          4 S        8 S        2 max(4 L, bucket): gradients in flight
-//   params     (4 + c) S          4 S        8 S        2 (4 L) + H L (4 + c): gradients in flight, units gathered
+//   gradients  (4 + c) P          4 S        8 S        4 L + 2 F bucket: gradients in flight
+//   params     (4 + c) S          4 S        8 S        4 L + 2 F (4 L) + H L (4 + c): in flight, units gathered
 // The fp32 master stays whole below params: the model's norms, embedding and
 // head read it (comm/sync_sharded.cpp). In flight under gradients and params:
-// the backward writes one unit's whole gradients while the buckets before
-// are reduce-scattered into their owners; their pages go back to the kernel
-// as each finishes. Gathered under params, in fp32 with their 16-bit copy: the
-// unit computing and the next, prefetched (H = 2), and with MTP the embedding
-// and the head held through the forward (H = 4).
+// the unit whose whole gradients the backward is writing, and F buckets
+// being reduced, each twice (ours, and the temporary Open MPI's nonblocking
+// all-reduce allocates for it); a bucket's pages go back to the kernel when
+// its reduction ends. Under params the buckets are the units. Gathered under
+// params, in fp32 with their 16-bit copy: the unit computing and the next,
+// prefetched (H = 2), and with MTP the embedding and the head held through
+// the forward (H = 4).
 MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   const double P = double(b.params), S = double(b.shard), L = double(b.largest_layer), c = b.copy_bytes;
   MemoryPlan plan;
@@ -187,8 +191,9 @@ MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   plan.weights = (4 + c) * (level == Shard::params ? S : P);
   plan.gradients = owns_grads ? 4 * S : 4 * P;
   plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
-  if (level == Shard::gradients) plan.communication += 2 * std::max(4 * L, b.bucket_bytes);
-  if (level == Shard::params) plan.communication += 2 * 4 * L + b.held_units * L * (4 + c);
+  const double F = kShardBucketsInFlight;
+  if (level == Shard::gradients) plan.communication += 4 * L + 2 * F * b.bucket_bytes;
+  if (level == Shard::params) plan.communication += 4 * L + 2 * F * 4 * L + b.held_units * L * (4 + c);
   return plan;
 }
 
@@ -272,11 +277,13 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
   out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
          "all-gathered in place after the update\n";
-  out += "  gradients: also the gradients (4 S); in flight during the backward, two units' gradients "
-         "(the one written, the one reduce-scattered): 2 max(4 L, bucket)\n";
-  out += fmt::format("  params: also the weights (4 S{}); gathered: {} units at once (the one computing, the next{}) "
+  out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, the unit written and {} "
+                     "buckets reduced, each also in MPI's temporary: 4 L + {} bucket\n",
+                     kShardBucketsInFlight, 2 * kShardBucketsInFlight);
+  out += fmt::format("  params: also the weights (4 S{}); the units are the buckets (in flight: 4 L + {} x 4 L); "
+                     "gathered: {} units at once (the one computing, the next{}) "
                      "in fp32{}: {} L x {} B\n",
-                     b.copy_bytes ? fmt::format(" + {} S", b.copy_bytes) : "", b.held_units,
+                     b.copy_bytes ? fmt::format(" + {} S", b.copy_bytes) : "", 2 * kShardBucketsInFlight, b.held_units,
                      b.held_units > 2 ? ", the embedding and head held through the forward for MTP" : "",
                      b.copy_bytes ? " with their 16-bit copy" : "", b.held_units, 4 + b.copy_bytes);
   if (!b.sync_what.empty())
