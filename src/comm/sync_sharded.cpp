@@ -10,8 +10,8 @@
 //              (sync dense's all-reduce), each rank copies its piece into its
 //              shard, and the bucket's whole-size gradients are handed back to
 //              the kernel (host memory): a rank keeps only its shard.
-//   params     also the weights: the buckets are the model's weight units
-//              (embedding, blocks, head, MTP modules); the model asks for a
+//   params     also the weights: the buckets are cut inside the model's weight
+//              units (embedding, blocks, head, MTP modules); the model asks for a
 //              unit before it computes with it (the forward's and again the
 //              backward's), the unit is all-gathered (the next one already
 //              on its way), and its other ranks' pieces are released when
@@ -41,7 +41,15 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
     started_.assign(owned_.buckets().size(), false);
     gathers_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
-    whole_.assign(owned_.buckets().size(), false);
+    if (weights_sharded()) {  // each unit's buckets (the trainer cut the buckets inside the units)
+      unit_buckets_.resize(b.units.size());
+      for (size_t k = 0; k < owned_.buckets().size(); ++k)
+        for (size_t u = 0; u < b.units.size(); ++u)
+          if (owned_.buckets()[k].begin >= b.units[u].first && owned_.buckets()[k].end <= b.units[u].second)
+            unit_buckets_[u].push_back(k);
+      whole_.assign(b.units.size(), false);
+      gathering_.assign(b.units.size(), false);
+    }
   }
   ~ShardedSync() override {
     for (auto& r : gathers_)
@@ -54,10 +62,12 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     const std::string gather = fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every "
                                            "bucket it owns) and the weights are all-gathered per bucket", world_);
     if (weights_sharded())
-      return fmt::format("ZeRO-3: {} weight units, each all-gathered before the forward and the backward use it "
-                         "(the next one prefetched) and released after, its gradients reduced during the backward "
-                         "and kept as this rank's piece; each rank keeps {} of {} weights, gradients and moments{}",
-                         owned_.buckets().size(), owned_.shard_size(), owned_.total(), micro);
+      return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
+                         "forward and the backward use it (the next one prefetched) and released after, its "
+                         "gradients reduced bucket by bucket during the backward and kept as this rank's piece; "
+                         "each rank keeps {} of {} weights, gradients and moments{}",
+                         unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
+                         owned_.shard_size(), owned_.total(), micro);
     if (!gradients_sharded())
       return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks{}{}",
                          owned_.buckets().size(), settings_.sync.bucket_mb, micro, gather);
@@ -71,7 +81,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   void begin_step(int64_t) override {
     stats_ = CommStats{};
     if (weights_sharded())  // after init, a restore or a warm restart: only this rank's pieces stay
-      for (size_t b = 0; b < whole_.size(); ++b) release_weights(b);
+      for (size_t u = 0; u < whole_.size(); ++u) release_weights(int(u));
     std::fill(started_.begin(), started_.end(), false);
     if (!gradients_sharded()) allreduce_.begin(buffers_.world);
   }
@@ -150,50 +160,53 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
 
   WeightGate* weight_gate() override { return weights_sharded() ? this : nullptr; }
 
-  // Units are buckets in buffer order; buckets count from the buffer's end.
   void need(int unit, int next) override {
-    const size_t b = bucket_of(unit);
-    if (!whole_[b]) {
-      if (gathers_[b] == MPI_REQUEST_NULL) start_gather(b);
+    if (!whole_[unit]) {
+      if (!gathering_[unit]) start_gather(unit);
       const double t0 = MPI_Wtime();
-      if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+      for (size_t b : unit_buckets_[unit])
+        if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
       stats_.seconds += MPI_Wtime() - t0;
-      whole_[b] = true;
+      whole_[unit] = true, gathering_[unit] = false;
     }
-    if (next >= 0 && !whole_[bucket_of(next)] && gathers_[bucket_of(next)] == MPI_REQUEST_NULL)
-      start_gather(bucket_of(next));
+    if (next >= 0 && !whole_[next] && !gathering_[next]) start_gather(next);
   }
-  void done(int unit) override { release_weights(bucket_of(unit)); }
+  void done(int unit) override { release_weights(unit); }
 
  private:
   bool gradients_sharded() const { return settings_.shard == "gradients" || settings_.shard == "params"; }
   bool weights_sharded() const { return settings_.shard == "params"; }
-  size_t bucket_of(int unit) const { return owned_.buckets().size() - 1 - size_t(unit); }
-
-  void start_gather(size_t b) {
+  // Every bucket of the unit, all-gathered in place.
+  void start_gather(int unit) {
+    gathering_[unit] = true;
     if (world_ == 1) return;
-    const auto& bucket = owned_.buckets()[b];
     ExecSpace().fence();  // this rank's pieces are written (AdamW) before MPI reads them
     const double t0 = MPI_Wtime();
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin, bucket.counts.data(),
-                    bucket.displs.data(), MPI_FLOAT, buffers_.world, &gathers_[b]);
+    for (size_t b : unit_buckets_[unit]) {
+      const auto& bucket = owned_.buckets()[b];
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin,
+                      bucket.counts.data(), bucket.displs.data(), MPI_FLOAT, buffers_.world, &gathers_[b]);
+      stats_.rounds += 1;
+      stats_.bytes_sent += int64_t(bucket.counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
+    }
     stats_.seconds += MPI_Wtime() - t0;
-    stats_.rounds += 1;
-    stats_.bytes_sent += int64_t(bucket.counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
   }
 
-  // The other ranks' pieces of bucket b go back to the kernel (this rank's stay).
-  void release_weights(size_t b) {
-    if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
-    whole_[b] = false;
+  // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
+  void release_weights(int unit) {
+    for (size_t b : unit_buckets_[unit])
+      if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+    whole_[unit] = false, gathering_[unit] = false;
     if (world_ == 1) return;
     if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
       ExecSpace().fence();  // the kernels that read the unit are done
-      const auto& bucket = owned_.buckets()[b];
-      for (int r = 0; r < world_; ++r)
-        if (r != owned_rank())
-          release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
-                              int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
+      for (size_t b : unit_buckets_[unit]) {
+        const auto& bucket = owned_.buckets()[b];
+        for (int r = 0; r < world_; ++r)
+          if (r != owned_rank())
+            release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
+                                int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
+      }
     }
   }
   int owned_rank() const { return rank_; }
@@ -260,8 +273,9 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
   std::vector<MPI_Request> requests_;
   std::vector<bool> started_;
-  std::vector<MPI_Request> gathers_;  // shard params: each unit's all-gather in flight
-  std::vector<bool> whole_;           // shard params: the unit is gathered (the model holds it)
+  std::vector<MPI_Request> gathers_;             // shard params: each bucket's all-gather in flight
+  std::vector<std::vector<size_t>> unit_buckets_;  // shard params: the buckets inside each weight unit
+  std::vector<bool> whole_, gathering_;           // per unit: gathered (the model holds it); on its way
   CommStats stats_;
 };
 

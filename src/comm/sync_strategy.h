@@ -60,6 +60,9 @@ struct SyncBuffers {
   // The pieces of the buffers this rank owns (deck: shard; the optimizer's
   // moments are the shard's): the whole buffer unless sharded.
   Ownership owned;
+  // shard params: the model's weight units [begin, end), in buffer order
+  // (the gate's unit numbers; the ownership's buckets lie inside them).
+  std::vector<std::pair<int64_t, int64_t>> units;
 };
 
 // The phase's settings a strategy reads.

@@ -171,13 +171,13 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 //   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
 //   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
 //   gradients  (4 + c) P          4 S        8 S        4 L + 2 F bucket: gradients in flight
-//   params     (4 + c) S          4 S        8 S        4 L + 2 F (4 L) + H L (4 + c): in flight, units gathered
+//   params     (4 + c) S          4 S        8 S        4 L + 2 F bucket + H L (4 + c): in flight, units gathered
 // The fp32 master stays whole below params: the model's norms, embedding and
 // head read it (comm/sync_sharded.cpp). In flight under gradients and params:
 // the unit whose whole gradients the backward is writing, and F buckets
 // being reduced, each twice (ours, and the temporary Open MPI's nonblocking
 // all-reduce allocates for it); a bucket's pages go back to the kernel when
-// its reduction ends. Under params the buckets are the units. Gathered under
+// its reduction ends. Under params the buckets are cut inside the units. Gathered under
 // params, in fp32 with their 16-bit copy: the unit computing and the next,
 // prefetched (H = 2), and with MTP the embedding and the head held through
 // the forward (H = 4).
@@ -193,7 +193,7 @@ MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
   const double F = kShardBucketsInFlight;
   if (level == Shard::gradients) plan.communication += 4 * L + 2 * F * b.bucket_bytes;
-  if (level == Shard::params) plan.communication += 4 * L + 2 * F * 4 * L + b.held_units * L * (4 + c);
+  if (level == Shard::params) plan.communication += 4 * L + 2 * F * b.bucket_bytes + b.held_units * L * (4 + c);
   return plan;
 }
 
@@ -280,7 +280,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, the unit written and {} "
                      "buckets reduced, each also in MPI's temporary: 4 L + {} bucket\n",
                      kShardBucketsInFlight, 2 * kShardBucketsInFlight);
-  out += fmt::format("  params: also the weights (4 S{}); the units are the buckets (in flight: 4 L + {} x 4 L); "
+  out += fmt::format("  params: also the weights (4 S{}); in flight as under gradients (4 L + {} bucket); "
                      "gathered: {} units at once (the one computing, the next{}) "
                      "in fp32{}: {} L x {} B\n",
                      b.copy_bytes ? fmt::format(" + {} S", b.copy_bytes) : "", 2 * kShardBucketsInFlight, b.held_units,

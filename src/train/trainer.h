@@ -145,6 +145,7 @@ class Trainer {
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   Ownership owned_;  // the pieces of the flat buffers this rank updates (deck: shard; the whole one by default)
+  std::vector<std::pair<int64_t, int64_t>> units_;  // shard params: the model's weight units
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<MixedPrecision> precision_;
   std::unique_ptr<LossAggregator> lossagg_;

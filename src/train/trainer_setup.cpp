@@ -148,10 +148,15 @@ void Trainer::build_model() {
   const int64_t total = model_->layout().total();
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
   owned_ = cfg_.shard.level == "off" ? Ownership::whole(total) : Ownership(total, bucket, world_, rank_);
-  if (cfg_.shard.level == "params") {  // the buckets are the units the model asks for
-    std::vector<std::pair<int64_t, int64_t>> units;
-    for (const auto& u : model_->layout().weight_units()) units.emplace(units.begin(), u.begin, u.end);
-    owned_ = Ownership(units, world_, rank_);
+  if (cfg_.shard.level == "params") {  // buckets cut inside the units the model asks for, from the end
+    std::vector<std::pair<int64_t, int64_t>> buckets;
+    for (const auto& u : model_->layout().weight_units()) {
+      units_.emplace_back(u.begin, u.end);
+      std::vector<std::pair<int64_t, int64_t>> in_unit;
+      for (int64_t end = u.end; end > u.begin; end -= bucket) in_unit.emplace_back(std::max(u.begin, end - bucket), end);
+      buckets.insert(buckets.begin(), in_unit.begin(), in_unit.end());
+    }
+    owned_ = Ownership(buckets, world_, rank_);
   }
   if (cfg_.shard.level == "gradients" || cfg_.shard.level == "params") {
     std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};  // gradients: all the weights
@@ -213,7 +218,7 @@ void Trainer::enter_phase(size_t phase) {
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
-                        owned_};
+                        owned_, units_};
     model_->set_weight_gate(nullptr);  // the old strategy's gate goes with it
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     model_->set_weight_gate(strategy_->weight_gate());
