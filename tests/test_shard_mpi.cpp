@@ -438,3 +438,56 @@ TEST_CASE("a base_every chain written under shard resumes from its deltas bit fo
     }
   }
 }
+
+// 3b. restart_from best keeps the cycle's best state (weights and moments)
+// beside the run's and checkpoints it: under shard the best moments are the
+// shard's too, and must still reach the file whole, the same as shard off's,
+// and come back to each rank's pieces on resume.
+TEST_CASE("restart_from best under shard: its best moments checkpointed whole, resumed bit for bit",
+          "[mpi][shard][ckpt]") {
+  const auto dir = shared_scratch("shard_best");
+  const auto corpus = make_corpus(dir);
+  // As test_restarts_mpi.cpp: an lr far too high, so the best point of a cycle is not its last step.
+  const std::string extra =
+      "optimizer adamw lr 0.2 clip 0\n"
+      "schedule sgdr period 4 min_lr 0.2 warmup 0 restart_from best\n"
+      "eval every 1 batches 2\n"
+      "checkpoint every 3\n";
+  const Arch& arch = kArchs.front();
+  const auto off = run(make_program(dir, "off", deck(arch, corpus, dir + "/off", "off", 12, extra)));
+  for (const auto& level : kLevels) {
+    INFO("shard " << level);
+    const std::string run_dir = dir + "/" + level;
+    const auto program = make_program(dir, level, deck(arch, corpus, run_dir, level, 12, extra));
+    const auto sharded = run(program);
+    require_steps_equal(sharded.losses, off.losses);
+    constexpr int kAt = 3;  // resumed from here
+    if (mpi_rank() == 0) {  // the set-up works: a restart after kAt goes back to a best state from before it
+      std::ifstream in(run_dir + "/lr_history.jsonl");
+      int from_file = 0;
+      for (std::string line; std::getline(in, line);) {
+        const auto r = nlohmann::json::parse(line);
+        from_file += r["step"].get<int>() > kAt && r.contains("restored_from") && r["restored_from"].get<int>() <= kAt;
+      }
+      REQUIRE(from_file > 0);
+    }
+    if (mpi_rank() == 0)
+      for (int at : {3, 6, 9, 12}) {
+        INFO("step " << at);
+        const Datasets a = datasets(ckpt(dir + "/off", at)), b = datasets(ckpt(run_dir, at));
+        REQUIRE(a.count("/buffers/restart_best.adam_m"));
+        REQUIRE(b.size() == a.size());
+        for (const auto& [path, bytes] : a) {
+          INFO(path);
+          REQUIRE(b.count(path));
+          REQUIRE(b.at(path) == bytes);
+        }
+      }
+    MPI_Barrier(MPI_COMM_WORLD);
+    // Step 3 is inside the first cycle (1-4): its restart goes back to a best state from the file.
+    const auto resumed = run(make_program(dir, level + "_resumed", deck(arch, corpus, run_dir + "_resumed", level, 12, extra)),
+                             ckpt(run_dir, kAt));
+    require_steps_equal(resumed.losses, off.losses, kAt);
+    REQUIRE(resumed.fingerprints == off.fingerprints);
+  }
+}
