@@ -155,12 +155,15 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
   const auto corpus = make_corpus(dir, 100000);
   // Both architectures; the dense one with 2 micro-batches per step (sync
   // accumulate: the reduce-scatter after the second backward, then 1/(W K)),
-  // and with 100 KB buckets (larger messages: MPI may pick other algorithms).
+  // with 100 KB buckets (larger messages: MPI may pick other algorithms), and
+  // under fp16 with a dynamic loss scale (the overflow flag and the unscaling
+  // over this rank's shard).
   std::vector<std::pair<Arch, std::string>> cases;
   for (const auto& arch : kArchs) cases.push_back({arch, ""});
   cases.push_back({Arch{"dense_accumulate", kArchs[0].lines},
                    "sync accumulate 2 bucket_mb " + fmt::format("{}", kBucketMb) + "\n"});
   cases.push_back({Arch{"dense_big_buckets", kArchs[0].lines}, "sync dense bucket_mb 0.1\n"});
+  cases.push_back({Arch{"dense_fp16", kArchs[0].lines}, "precision fp16\n"});
   for (const auto& [arch, extra] : cases) {
     INFO(arch.name);
     const auto t0 = std::chrono::steady_clock::now();
