@@ -317,6 +317,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"timeout", "timeout 1", true},
       {"preempt", "preempt requeue on", true},
       {"fault", "fault kill rank 0 step 5", true},
+      {"shard", "shard optimizer", true},
       {"output", "output dir elsewhere", true},
       {"output", "output dir runs/default tensorboard off", true},
       {"output", "output dir runs/default log_every 3", false},
@@ -391,4 +392,59 @@ TEST_CASE("deck: quoted words, data's valid fraction or file, the stored deck re
              Catch::Contains("bad value 'sliced' for 'partition' (expected one of: shuffled, contiguous)"));
   CHECK(fraction.phases.front().config.data.valid_fraction == 0.2);
   CHECK(fraction.phases.front().config.data.valid_path.empty());
+}
+
+// shard (per job; src/deck/commands.cpp, check_shard): what it cannot shard
+// is refused at the run line, naming the shard line and the other one.
+TEST_CASE("deck: shard with sync local, another topology, compress, another bucket size or params is refused",
+          "[deck][shard]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  auto at = [&](int line) { return file + ":" + std::to_string(line); };
+  const std::string why = "(expected sync dense or accumulate over topology full, without compress: a sharded "
+                          "optimizer needs the same averaged gradients and weights on every rank)";
+  auto check = [&](const std::string& text, const std::string& start) {
+    const std::string msg = error_of(t, text);
+    INFO(msg);
+    CHECK_THAT(msg, Catch::StartsWith(start));
+    CHECK(msg.find('\n') == std::string::npos);
+    return msg;
+  };
+  for (const std::string level : {"optimizer", "gradients"}) {
+    CAPTURE(level);
+    const std::string shard = "shard " + level + " (" + at(3) + ")";
+    // kBase is lines 1-2, shard line 3; in the first phase the other line is 4 and run 5,
+    // in a later phase run 4, the other line 5 and run 6.
+    const std::vector<std::pair<std::string, std::string>> others = {
+        {"sync local 4", "sync local"},
+        {"topology clusters 2", "topology clusters"},
+        {"topology ring", "topology ring"},
+        {"compress topk 0.1", "compress topk"},
+    };
+    for (const auto& [line, named] : others) {
+      CAPTURE(line);
+      check(kBase + "shard " + level + "\n" + line + "\nrun 2\n",
+            at(5) + ": " + shard + " with " + named + " (" + at(4) + ") " + why);
+      check(kBase + "shard " + level + "\nrun 2\n" + line + "\nrun 2\n",
+            at(6) + ": " + shard + " with " + named + " (" + at(5) + ") " + why);
+    }
+    // One bucket size per job: the pieces are cut from the first phase's buckets.
+    const auto msg = check(kBase + "shard " + level + "\nsync dense bucket_mb 1\nrun 2\nsync dense bucket_mb 2\nrun 2\n",
+                           at(7) + ": " + shard + " with sync bucket_mb 2 (" + at(6) + "), unlike the first phase's 1 "
+                           "(expected one bucket size per job");
+    CHECK_THAT(msg, Catch::Contains(at(3)) && Catch::Contains(at(6)));
+    // What it can shard: dense or accumulate, the same bucket size in every phase; any order of the lines.
+    CHECK(error_of(t, kBase + "shard " + level + "\nsync accumulate 2 bucket_mb 3\nrun 2\nsync dense bucket_mb 3\nrun 2\n")
+              .empty());
+    CHECK(error_of(t, kBase + "sync dense\ntopology full\ncompress off\nshard " + level + "\nrun 2\n").empty());
+    const Program p = build(t, kBase + "shard " + level + "\nrun 2\n");
+    CHECK(p.phases[0].config.shard.level == level);
+  }
+  // Not built yet: named at its own line, before anything else is checked.
+  check(kBase + "sync dense\nshard params\nrun 2\n",
+        at(4) + ": shard params (ZeRO-3, the weights gathered layer by layer) is not built yet "
+        "(expected shard off, optimizer or gradients");
+  CHECK(error_of(t, kBase + "shard off\nsync local 4\ntopology ring\nrun 2\n").empty());
+  check(kBase + "shard zero\nrun 2\n",
+        at(3) + ": unknown kind 'zero' for 'shard' (expected one of: off, optimizer, gradients, params)");
 }

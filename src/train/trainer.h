@@ -61,6 +61,7 @@ class Trainer {
 
   // Read-outs for tests and tools.
   Transformer<float>& model() { return *model_; }
+  AdamW<float>& optimizer() { return *optimizer_; }  // its moments are this rank's shard under `shard`
   int64_t step() const { return step_; }
   const std::vector<double>& losses() const { return losses_; }  // global mean loss of each step taken here
   std::string backends() const;

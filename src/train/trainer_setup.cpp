@@ -170,7 +170,7 @@ void Trainer::build_model() {
   }
   optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), owned_);
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
-  restarts_ = std::make_unique<WarmRestarts>(program_, *model_, *optimizer_);
+  restarts_ = std::make_unique<WarmRestarts>(comm_, program_, *model_, *optimizer_);
   inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
   targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
   for (const auto& p : program_.phases)

@@ -6,8 +6,8 @@
 namespace xx {
 using namespace transfer;
 
-WarmRestarts::WarmRestarts(const Program& program, Transformer<float>& model, AdamW<float>& optimizer)
-    : program_(program), model_(model), optimizer_(optimizer) {
+WarmRestarts::WarmRestarts(MPI_Comm comm, const Program& program, Transformer<float>& model, AdamW<float>& optimizer)
+    : comm_(comm), program_(program), model_(model), optimizer_(optimizer) {
   for (const auto& p : program.phases)
     if (Schedule(p.config.optimizer, p.config.schedule, p.config.seed).restart_from_best() &&
         best_.params.extent(0) == 0) {
@@ -90,8 +90,15 @@ void WarmRestarts::register_state(StateRegistry& registry) {
   };
   registry.add(std::move(best));
   registry.add(buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params));
-  registry.add(buffer_entry("restart_best.adam_m", StatePlace::shared_buffer, best_.adam_m));
-  registry.add(buffer_entry("restart_best.adam_v", StatePlace::shared_buffer, best_.adam_v));
+  // The best moments are laid out like AdamW's: under shard this rank's
+  // pieces. The file holds them whole, as it holds AdamW's (gathered: every
+  // rank saves, collectively), and each rank takes its pieces back.
+  for (auto [name, shard] : {std::pair{"restart_best.adam_m", best_.adam_m}, std::pair{"restart_best.adam_v", best_.adam_v}}) {
+    StateEntry e{name, StatePlace::shared_buffer, optimizer_.owned().total()};
+    e.save_floats = [this, shard] { return gather_whole(shard, optimizer_.owned(), comm_); };
+    e.load_floats = [this, shard](const std::vector<float>& v) mutable { from_host(shard, owned_part(v, optimizer_.owned())); };
+    registry.add(std::move(e));
+  }
   for (auto& [prefix, ffn] : model_.moe_layers()) {
     // Absent until the cycle's first validation.
     StateEntry bias{"restart_best." + prefix + "ffn.gate_bias", StatePlace::shared_buffer,

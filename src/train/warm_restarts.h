@@ -5,6 +5,7 @@
 // moments, AdamW's count and the MoE selection biases. The step counter, the
 // LR schedule and the data stream go on.
 #pragma once
+#include <mpi.h>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,7 +22,9 @@ namespace xx {
 class WarmRestarts {
  public:
   // Keeps a best state only when some phase restarts from the best.
-  WarmRestarts(const Program& program, Transformer<float>& model, AdamW<float>& optimizer);
+  // `comm`: the ranks that share the optimizer (under shard the best moments are
+  // this rank's pieces, gathered whole for a checkpoint).
+  WarmRestarts(MPI_Comm comm, const Program& program, Transformer<float>& model, AdamW<float>& optimizer);
 
   // The schedule of the phase that takes 1-based step `step`; none past the deck's end.
   std::optional<Schedule> schedule_of(int64_t step) const;
@@ -49,6 +52,7 @@ class WarmRestarts {
     Buffer<float> params, adam_m, adam_v;
     std::map<std::string, std::vector<float>> gate_bias;  // MoE selection biases by layer prefix
   };
+  MPI_Comm comm_;
   const Program& program_;
   Transformer<float>& model_;
   AdamW<float>& optimizer_;
