@@ -317,7 +317,6 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"timeout", "timeout 1", true},
       {"preempt", "preempt requeue on", true},
       {"fault", "fault kill rank 0 step 5", true},
-      {"shard", "shard optimizer", true},
       {"output", "output dir elsewhere", true},
       {"output", "output dir runs/default tensorboard off", true},
       {"output", "output dir runs/default log_every 3", false},
@@ -396,7 +395,7 @@ TEST_CASE("deck: quoted words, data's valid fraction or file, the stored deck re
 
 // shard (per job; src/deck/commands.cpp, check_shard): what it cannot shard
 // is refused at the run line, naming the shard line and the other one.
-TEST_CASE("deck: shard with sync local, another topology, compress, another bucket size or params is refused",
+TEST_CASE("deck: shard with sync local, another topology, compress, another bucket size, or params with sample",
           "[deck][shard]") {
   TempDir t;
   const std::string file = (t.dir / "test.deck").string();
@@ -410,7 +409,7 @@ TEST_CASE("deck: shard with sync local, another topology, compress, another buck
     CHECK(msg.find('\n') == std::string::npos);
     return msg;
   };
-  for (const std::string level : {"optimizer", "gradients"}) {
+  for (const std::string level : {"optimizer", "gradients", "params"}) {
     CAPTURE(level);
     const std::string shard = "shard " + level + " (" + at(3) + ")";
     // kBase is lines 1-2, shard line 3; in the first phase the other line is 4 and run 5,
@@ -440,10 +439,9 @@ TEST_CASE("deck: shard with sync local, another topology, compress, another buck
     const Program p = build(t, kBase + "shard " + level + "\nrun 2\n");
     CHECK(p.phases[0].config.shard.level == level);
   }
-  // Not built yet: named at its own line, before anything else is checked.
-  check(kBase + "sync dense\nshard params\nrun 2\n",
-        at(4) + ": shard params (ZeRO-3, the weights gathered layer by layer) is not built yet "
-        "(expected shard off, optimizer or gradients");
+  // shard params: rank 0 cannot decode a sample alone.
+  check(kBase + "shard params\nsample every 5\nrun 2\n",
+        at(5) + ": shard params (" + at(3) + ") with sample every 5 (" + at(4) + ") (expected no sample line");
   CHECK(error_of(t, kBase + "shard off\nsync local 4\ntopology ring\nrun 2\n").empty());
   check(kBase + "shard zero\nrun 2\n",
         at(3) + ": unknown kind 'zero' for 'shard' (expected one of: off, optimizer, gradients, params)");

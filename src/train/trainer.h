@@ -61,6 +61,9 @@ class Trainer {
 
   // Read-outs for tests and tools.
   Transformer<float>& model() { return *model_; }
+  // Collective: the whole weights on the host (under shard params gathered
+  // from every rank's pieces; else this rank's buffer).
+  std::vector<float> whole_params();
   AdamW<float>& optimizer() { return *optimizer_; }  // its moments are this rank's shard under `shard`
   int64_t step() const { return step_; }
   const std::vector<double>& losses() const { return losses_; }  // global mean loss of each step taken here

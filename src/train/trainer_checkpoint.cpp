@@ -205,13 +205,19 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
   return out;
 }
 
+std::vector<float> Trainer::whole_params() {
+  ExecSpace().fence();
+  std::vector<float> out = to_host(model_->params());
+  if (strategy_->agreement(step_).weights_sharded) gather_in_place(out, owned_, comm_);
+  return out;
+}
+
 // Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
 // bits on every rank; each rank's own state goes to /ranks/<r> as it is
 // (mode full) or as its difference from the base (mode diff, by the codec).
 CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
-  mine.params = to_host(model_->params());
-  if (strategy_->agreement(step_).weights_sharded) gather_in_place(mine.params, owned_, comm_);
+  mine.params = whole_params();
   mine.adam_m = gather_whole(optimizer_->m(), owned_, comm_);  // under shard: the ranks' pieces put together
   mine.adam_v = gather_whole(optimizer_->v(), owned_, comm_);
   mine.sampler_batches = loader_->position();

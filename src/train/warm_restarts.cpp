@@ -89,7 +89,15 @@ void WarmRestarts::register_state(StateRegistry& registry) {
     best_.step = int64_t(b.at(0)), best_.val_loss = b.at(1), best_.adam_steps = int64_t(b.at(2));
   };
   registry.add(std::move(best));
-  registry.add(buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params));
+  // Under shard params each rank's copy holds its own pieces of the weights: gathered whole on save.
+  StateEntry params = buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params);
+  if (program_.phases.front().config.shard.level == "params")
+    params.save_floats = [this, b = best_.params] {
+      std::vector<float> v = to_host(b);
+      gather_in_place(v, optimizer_.owned(), comm_);
+      return v;
+    };
+  registry.add(std::move(params));
   // The best moments are laid out like AdamW's: under shard this rank's
   // pieces. The file holds them whole, as it holds AdamW's (gathered: every
   // rank saves, collectively), and each rank takes its pieces back.
