@@ -116,21 +116,24 @@ bad_deck "model changes between runs" '$a model dense vocab 256 dim 64 layers 1 
 # anything: one message, not Kokkos' failed allocation from inside it.
 HUGE='s/ dim 32 layers 1 / dim 65536 layers 64 /'
 bad_deck "a model that cannot fit in this node's memory" "$HUGE" \
-  "$D: memory: the plan needs 16" "MemAvailable" "no sharding level fits" "(expected a deck that fits"
+  "$D: memory: the plan for shard off needs 16" "MemAvailable" "no sharding level fits" "(expected a deck that fits"
 bad_deck "a model that cannot fit in -device-gb" "$HUGE" \
-  "$D: memory: the plan needs 16" "over the limit of 80.00 GiB (-device-gb 80)" "no sharding level fits" \
+  "$D: memory: the plan for shard off needs 16" "over the limit of 80.00 GiB (-device-gb 80)" "no sharding level fits" \
   -- -device-gb 80
 bad_deck "a tiny model over a tiny -device-gb" '' \
-  "$D: memory: the plan needs" "(-device-gb 0.0001)" "no sharding level fits" -- -device-gb 0.0001
+  "$D: memory: the plan for shard off needs" "(-device-gb 0.0001)" "no sharding level fits" -- -device-gb 0.0001
 
 # About 0.5e9 parameters, 8 GiB per rank in fp32: over 7 GiB, which
-# sharding the optimizer state over 2 ranks would meet (not built yet).
-begin "a model that sharding would fit names the level and says it is not built"
+# sharding the optimizer state over 2 ranks meets.
+begin "a model that sharding would fit names the level"
 sed -e 's/ dim 32 layers 1 / dim 4096 layers 8 /' "$GOOD" >"$D"
-expect_bad 2 "$D: memory: the plan needs 8" "over the limit of 7.00 GiB (-device-gb 7)" \
-  "the smallest sharding level that would fit is optimizer" "sharding levels other than off are issue 11/13" \
-  -- -in "$D" -device-gb 7
+expect_bad 2 "$D: memory: the plan for shard off needs 8" "over the limit of 7.00 GiB (-device-gb 7)" \
+  "the least sharded level that would fit is shard optimizer" -- -in "$D" -device-gb 7
 expect_absent "$RUN" "a refused run must not create the run directory"
+# The deck's own level is what a run is held to: with shard optimizer it fits.
+sed -e 's/ dim 32 layers 1 / dim 4096 layers 8 /' -e 's/^run /shard optimizer\nrun /' "$GOOD" >"$D"
+expect_ok 2 -in "$D" -dry-run -device-gb 7
+check grep -q -E '^  optimizer +.* yes  <- the deck.s$' "$T/out" || fail "the deck's level (optimizer) is not marked as fitting"
 
 begin "the dry run plans what a run refuses, at 1 and 64 ranks"
 sed -e "$HUGE" "$GOOD" >"$D"
@@ -139,7 +142,7 @@ check grep -q -E '^  params +.* no$' "$T/out" || fail "no params row that does n
 check grep -q -F "no level fits" "$T/out" || fail "no verdict that nothing fits"
 expect_ok 2 -in "$D" -dry-run -ranks 64 -device-gb 600
 check grep -q -F "64 rank(s)" "$T/out" || fail "-ranks 64 not planned"
-check grep -q -F "smallest level that fits: params (not built yet" "$T/out" || fail "no params verdict at 64 ranks"
+check grep -q -F "smallest level that fits: params" "$T/out" || fail "no params verdict at 64 ranks"
 expect_absent "$RUN" "a dry run must not create the run directory"
 
 begin "missing deck file"
