@@ -115,6 +115,22 @@ void require_steps_equal(const std::vector<double>& got, const std::vector<doubl
   }
 }
 
+// One level's run of a deck that shard off also ran (`off`): where it
+// wrote, its program (to resume it), and its outcome, whose losses are off's.
+struct LevelRun {
+  std::string run_dir;
+  Program program;
+  Outcome outcome;
+};
+LevelRun run_level(const std::string& dir, const Arch& arch, const std::string& corpus, const std::string& level,
+                   int steps, const std::string& extra, const Outcome& off) {
+  const std::string run_dir = dir + "/" + level;
+  Program program = make_program(dir, level, deck(arch, corpus, run_dir, level, steps, extra));
+  Outcome outcome = run(program);
+  require_steps_equal(outcome.losses, off.losses);
+  return {run_dir, std::move(program), std::move(outcome)};
+}
+
 // Every dataset of a checkpoint file by path, as raw bytes of its native type.
 using Datasets = std::map<std::string, std::vector<char>>;
 
@@ -430,10 +446,7 @@ TEST_CASE("a base_every chain written under shard resumes from its deltas bit fo
   const auto off = run(make_program(dir, "off", deck(arch, corpus, dir + "/off", "off", 8, chain)));
   for (const auto& level : kLevels) {
     INFO("shard " << level);
-    const std::string run_dir = dir + "/" + level;
-    const auto program = make_program(dir, level, deck(arch, corpus, run_dir, level, 8, chain));
-    const auto first = run(program);
-    require_steps_equal(first.losses, off.losses);
+    const auto [run_dir, program, first] = run_level(dir, arch, corpus, level, 8, chain, off);
     REQUIRE(first.fingerprints == off.fingerprints);
     // Checkpoints at steps 2 (base), 4 and 6 (deltas of step 2), 8 (base).
     if (mpi_rank() == 0) {
@@ -480,10 +493,7 @@ TEST_CASE("restart_from best under shard: its best moments checkpointed whole, r
   const auto off = run(make_program(dir, "off", deck(arch, corpus, dir + "/off", "off", 12, extra)));
   for (const auto& level : kLevels) {
     INFO("shard " << level);
-    const std::string run_dir = dir + "/" + level;
-    const auto program = make_program(dir, level, deck(arch, corpus, run_dir, level, 12, extra));
-    const auto sharded = run(program);
-    require_steps_equal(sharded.losses, off.losses);
+    const auto [run_dir, program, sharded] = run_level(dir, arch, corpus, level, 12, extra, off);
     constexpr int kAt = 3;  // resumed from here
     if (mpi_rank() == 0) {  // the set-up works: a restart after kAt goes back to a best state from before it
       std::ifstream in(run_dir + "/lr_history.jsonl");

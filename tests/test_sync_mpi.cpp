@@ -38,7 +38,8 @@ struct Fixture {
     return {MPI_COMM_WORLD, params, grads, {m, v}, &ops, 7,
             [this](Buffer<float> target, const CompressConfig& c, double mb) {
               return std::make_unique<CompressedSync>(layout.spans(), target, c, mb);
-            }};
+            },
+            Ownership::whole(P), {}};
   }
 };
 

@@ -35,7 +35,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (std::string(b.ops->dense().name()) != "mpi")
       throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
                                            "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
-    if (owned_.total() != b.grads.extent(0))
+    if (owned_.total() != int64_t(b.grads.extent(0)))
       throw std::logic_error("shard: the ownership does not cover the gradient buffer");
     if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
     requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
@@ -145,6 +145,8 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     const auto& buckets = owned_.buckets();
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
+      // As the reductions: a bounded number in flight, so MPI's temporaries stay bounded too.
+      if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
       MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + buckets[b].begin, buckets[b].counts.data(),
                       buckets[b].displs.data(), MPI_FLOAT, buffers_.world, &gathers[b]);
       stats.rounds += 1;
