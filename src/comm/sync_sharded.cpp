@@ -4,8 +4,9 @@
 // the update each bucket's pieces are all-gathered, so every rank starts the
 // next forward with the same whole weights.
 //   optimizer  the gradients are all-reduced as under sync dense (the same
-//              buckets, the same collectives: the same bits), and only
-//              AdamW's moments are sharded;
+//              buckets, the same collectives: the same bits; at most 2 at
+//              once, so MPI's temporaries stay bounded), and only AdamW's
+//              moments are sharded;
 //   gradients  each bucket is reduced as soon as the backward finishes it
 //              (sync dense's all-reduce), each rank copies its piece into its
 //              shard, and the bucket's whole-size gradients are handed back to
@@ -29,7 +30,7 @@ namespace {
 class ShardedSync final : public SyncStrategy, public WeightGate {
  public:
   ShardedSync(const SyncBuffers& b, const SyncSettings& s)
-      : buffers_(b), settings_(s), owned_(b.owned), allreduce_(b.world, b.grads, s.sync.bucket_mb) {
+      : buffers_(b), settings_(s), owned_(b.owned) {
     MPI_Comm_size(b.world, &world_);
     MPI_Comm_rank(b.world, &rank_);
     if (std::string(b.ops->dense().name()) != "mpi")
@@ -69,8 +70,9 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
                          unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
                          owned_.shard_size(), owned_.total(), micro);
     if (!gradients_sharded())
-      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks{}{}",
-                         owned_.buckets().size(), settings_.sync.bucket_mb, micro, gather);
+      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
+                         "at once{}{}",
+                         owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight, micro, gather);
     return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
                        "its piece of each ({} of {} gradients) and releasing the rest{}{}",
                        owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
@@ -83,7 +85,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (weights_sharded())  // after init, a restore or a warm restart: only this rank's pieces stay
       for (size_t u = 0; u < whole_.size(); ++u) release_weights(int(u));
     std::fill(started_.begin(), started_.end(), false);
-    if (!gradients_sharded()) allreduce_.begin(buffers_.world);
   }
 
   void zero_gradients() override {
@@ -96,7 +97,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   }
 
   void gradients_ready(int64_t offset) override {
-    if (!gradients_sharded()) return allreduce_.ready(offset);
     const auto& buckets = owned_.buckets();
     for (size_t b = 0; b < buckets.size(); ++b)
       if (!started_[b] && buckets[b].begin >= offset) start_reduce(b);
@@ -113,20 +113,14 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   }
 
   void reduce_gradients(int64_t, CommStats& stats) override {
-    if (!gradients_sharded()) {
-      allreduce_.finish(micro_batches());
-      add(stats, allreduce_.stats());
-      return;
-    }
     for (size_t b = 0; b < started_.size(); ++b)
       if (!started_[b]) start_reduce(b);
     const double t0 = MPI_Wtime();
     for (size_t b = 0; b < requests_.size(); ++b)
       if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b);
     stats_.seconds += MPI_Wtime() - t0;
-    if (world_ * micro_batches() > 1)
-      kernels::scale_inplace<float>(Vec<float>(shard_grads_.data(), shard_grads_.extent(0)),
-                                    1.0f / float(world_ * micro_batches()));
+    // A sum over ranks (and micro-steps) of mean gradients becomes their mean, as sync dense's.
+    if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients().values, 1.0f / float(world_ * micro_batches()));
     add(stats, stats_);
     stats_ = CommStats{};
   }
@@ -222,6 +216,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     const OwnedPiece mine = owned_.piece_of(b);
     ExecSpace().fence();  // the gradients must be written before MPI reads them
     if (world_ == 1) {
+      if (!gradients_sharded()) return;
       Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
                         Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
       return release(b);
@@ -255,6 +250,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   // Bucket b is reduced: this rank's piece goes to its shard, and the
   // bucket's whole-size gradients back to the kernel.
   void release(size_t b) {
+    if (!gradients_sharded()) return;  // shard optimizer keeps the whole gradients
     if (world_ > 1) {
       const OwnedPiece mine = owned_.piece_of(b);
       Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
@@ -271,7 +267,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   SyncSettings settings_;
   Ownership owned_;
   int world_ = 1, rank_ = 0;
-  GradientSync allreduce_;     // shard optimizer: sync dense's buckets
   Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
   std::vector<MPI_Request> requests_;
   std::vector<bool> started_;
