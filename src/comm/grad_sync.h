@@ -23,6 +23,10 @@ struct CommStats {
   int64_t rounds = 0;      // collectives started this step
   int64_t bytes_sent = 0;  // bytes handed to MPI this step (payload)
   double seconds = 0;      // wall time inside MPI calls this step
+  CommStats& operator+=(const CommStats& s) {
+    rounds += s.rounds, bytes_sent += s.bytes_sent, seconds += s.seconds;
+    return *this;
+  }
 };
 
 class GradientSync {

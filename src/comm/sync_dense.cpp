@@ -41,8 +41,7 @@ class DenseSync final : public GroupSync {
   void gradients_ready(int64_t offset) override { sync_.ready(offset); }
   void reduce_gradients(int64_t, CommStats& stats) override {
     sync_.finish(micro_batches());
-    const CommStats& s = sync_.stats();
-    stats.rounds += s.rounds, stats.bytes_sent += s.bytes_sent, stats.seconds += s.seconds;
+    stats += sync_.stats();
   }
   // One collective per bucket gives every member the same bits.
   Agreement agreement(int64_t) const override { return full() ? Agreement{true, true} : Agreement{}; }

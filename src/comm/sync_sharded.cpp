@@ -1,8 +1,8 @@
-// Sharded data parallelism over all ranks (deck: shard optimizer|gradients;
-// ZeRO 1 and 2). The ownership (core/ownership.h) gives each rank 1/W of
-// every gradient bucket; the optimizer updates only those pieces, and after
-// the update each bucket's pieces are all-gathered, so every rank starts the
-// next forward with the same whole weights.
+// Sharded data parallelism over all ranks (deck: shard optimizer|gradients|
+// params; ZeRO 1, 2 and 3). The ownership (core/ownership.h) gives each rank
+// 1/W of every gradient bucket, and the optimizer updates only those pieces.
+// Below params each bucket's pieces are all-gathered after the update, so
+// every rank starts the next forward with the same whole weights.
 //   optimizer  the gradients are all-reduced as under sync dense (the same
 //              buckets, the same collectives: the same bits; at most 2 at
 //              once, so MPI's temporaries stay bounded), and only AdamW's
@@ -90,7 +90,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   void zero_gradients() override {
     auto& g = buffers_.grads;
     if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
-      // Pages released after the last step's reduce-scatters stay released until the backward writes them.
+      // Pages released after the last step's reductions stay released until the backward writes them.
       if (gradients_sharded()) return ExecSpace().fence(), zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
     }
     Kokkos::deep_copy(g, 0.0f);
@@ -121,7 +121,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     stats_.seconds += MPI_Wtime() - t0;
     // A sum over ranks (and micro-steps) of mean gradients becomes their mean, as sync dense's.
     if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients().values, 1.0f / float(world_ * micro_batches()));
-    add(stats, stats_);
+    stats += stats_;
     stats_ = CommStats{};
   }
 
@@ -135,16 +135,12 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (world_ == 1 || weights_sharded()) return;
     ExecSpace().fence();
     const double t0 = MPI_Wtime();
-    float* p = buffers_.params.data();
     const auto& buckets = owned_.buckets();
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
       // As the reductions: a bounded number in flight, so MPI's temporaries stay bounded too.
       if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
-      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + buckets[b].begin, buckets[b].counts.data(),
-                      buckets[b].displs.data(), MPI_FLOAT, buffers_.world, &gathers[b]);
-      stats.rounds += 1;
-      stats.bytes_sent += int64_t(buckets[b].counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
+      start_gather_bucket(b, gathers[b], stats);
     }
     MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
     stats.seconds += MPI_Wtime() - t0;
@@ -178,14 +174,17 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (world_ == 1) return;
     ExecSpace().fence();  // this rank's pieces are written (AdamW) before MPI reads them
     const double t0 = MPI_Wtime();
-    for (size_t b : unit_buckets_[unit]) {
-      const auto& bucket = owned_.buckets()[b];
-      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin,
-                      bucket.counts.data(), bucket.displs.data(), MPI_FLOAT, buffers_.world, &gathers_[b]);
-      stats_.rounds += 1;
-      stats_.bytes_sent += int64_t(bucket.counts[owned_rank()]) * int64_t(sizeof(float)) * (world_ - 1);
-    }
+    for (size_t b : unit_buckets_[unit]) start_gather_bucket(b, gathers_[b], stats_);
     stats_.seconds += MPI_Wtime() - t0;
+  }
+
+  // Every rank's piece of bucket b of the weights, to every rank, in place.
+  void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats) {
+    const auto& bucket = owned_.buckets()[b];
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin, bucket.counts.data(),
+                    bucket.displs.data(), MPI_FLOAT, buffers_.world, &request);
+    stats.rounds += 1;
+    stats.bytes_sent += int64_t(bucket.counts[rank_]) * int64_t(sizeof(float)) * (world_ - 1);
   }
 
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
@@ -199,15 +198,11 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
       for (size_t b : unit_buckets_[unit]) {
         const auto& bucket = owned_.buckets()[b];
         for (int r = 0; r < world_; ++r)
-          if (r != owned_rank())
+          if (r != rank_)
             release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
                                 int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
       }
     }
-  }
-  int owned_rank() const { return rank_; }
-  static void add(CommStats& into, const CommStats& s) {
-    into.rounds += s.rounds, into.bytes_sent += s.bytes_sent, into.seconds += s.seconds;
   }
 
   void start_reduce(size_t b) {

@@ -12,7 +12,7 @@ int64_t mem_available_bytes();  // -1 when /proc/meminfo cannot be read (not Lin
 // kernel (madvise MADV_DONTNEED: they read as zero and take no memory until
 // written again); the partial pages at either end are zeroed in place.
 // Sharded gradients use it so a bucket's full-size gradients do not stay
-// resident after they are reduce-scattered.
+// resident after it is reduced.
 void zero_and_release(void* p, int64_t bytes);
 // Only the whole pages inside [p, p + bytes): they read as zero afterwards;
 // the partial pages at either end, shared with neighbours, are left alone.

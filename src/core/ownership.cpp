@@ -5,31 +5,20 @@ namespace xx {
 
 Ownership Ownership::whole(int64_t total) { return Ownership(total, std::max<int64_t>(1, total), 1, 0); }
 
-namespace {
-
-std::vector<std::pair<int64_t, int64_t>> cut(int64_t total, int64_t bucket) {
-  std::vector<std::pair<int64_t, int64_t>> out;
+Ownership::Ownership(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t bucket, int ranks, int rank)
+    : ranks_(ranks) {
   bucket = std::max<int64_t>(1, bucket);
-  for (int64_t end = total; end > 0; end -= bucket) out.emplace_back(std::max<int64_t>(0, end - bucket), end);
-  return out;
-}
-
-}  // namespace
-
-Ownership::Ownership(int64_t total, int64_t bucket, int ranks, int rank) : Ownership(cut(total, bucket), ranks, rank) {}
-
-Ownership::Ownership(const std::vector<std::pair<int64_t, int64_t>>& buckets, int ranks, int rank)
-    : ranks_(ranks), rank_(rank) {
-  for (const auto& [begin, end] : buckets) {
-    Bucket b{begin, end, std::vector<int>(ranks), std::vector<int>(ranks)};
-    const int64_t n = b.end - b.begin;
-    for (int r = 0; r < ranks; ++r) {
-      b.displs[r] = int(n * r / ranks);
-      b.counts[r] = int(n * (r + 1) / ranks - n * r / ranks);
+  for (auto span = spans.rbegin(); span != spans.rend(); ++span)  // buckets_ count from the buffer's end
+    for (int64_t end = span->second; end > span->first; end -= bucket) {
+      Bucket b{std::max(span->first, end - bucket), end, std::vector<int>(ranks), std::vector<int>(ranks)};
+      const int64_t n = b.end - b.begin;
+      for (int r = 0; r < ranks; ++r) {
+        b.displs[r] = int(n * r / ranks);
+        b.counts[r] = int(n * (r + 1) / ranks - n * r / ranks);
+      }
+      total_ = std::max(total_, end);
+      buckets_.push_back(std::move(b));
     }
-    total_ = std::max(total_, end);
-    buckets_.push_back(std::move(b));
-  }
   pieces_ = pieces_of(rank);
   for (const auto& p : pieces_) shard_ += p.size();
 }

@@ -1,5 +1,5 @@
 // Who owns which part of a flat buffer when the training state is sharded
-// over the data-parallel ranks (deck: shard optimizer|gradients; ZeRO 1/2).
+// over the data-parallel ranks (deck: shard optimizer|gradients|params; ZeRO 1/2/3).
 //
 // The buffer is cut into buckets from its end, as the gradient buckets are
 // (the backward finishes the end of the buffer first), and each bucket into
@@ -15,7 +15,7 @@
 
 namespace xx {
 
-// Buckets reduced at once under shard gradients|params (the strategy waits
+// Buckets reduced (or all-gathered) at once under shard (the strategy waits
 // for the oldest beyond this); the memory plan counts them.
 inline constexpr int kShardBucketsInFlight = 2;
 
@@ -35,10 +35,11 @@ class Ownership {
   // One rank owns all of it (shard off): one bucket, one piece.
   static Ownership whole(int64_t total);
   // `bucket`: elements per bucket (the last one cut, at the start of the buffer, may be shorter).
-  Ownership(int64_t total, int64_t bucket, int ranks, int rank);
-  // Given buckets [begin, end), from the end of the buffer to its start,
-  // together covering [0, total) (shard params: one per weight unit).
-  Ownership(const std::vector<std::pair<int64_t, int64_t>>& buckets, int ranks, int rank);
+  Ownership(int64_t total, int64_t bucket, int ranks, int rank) : Ownership({{0, total}}, bucket, ranks, rank) {}
+  // Buckets cut from the end of each span [begin, end) (spans in buffer
+  // order, together [0, total)), so no bucket crosses a span: shard params
+  // passes the weight units, which it gathers one at a time.
+  Ownership(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t bucket, int ranks, int rank);
 
   int64_t total() const { return total_; }      // the flat buffer's length
   int64_t shard_size() const { return shard_; }  // what this rank owns
@@ -52,7 +53,7 @@ class Ownership {
 
  private:
   int64_t total_ = 0, shard_ = 0;
-  int ranks_ = 1, rank_ = 0;
+  int ranks_ = 1;
   std::vector<Bucket> buckets_;
   std::vector<OwnedPiece> pieces_;
 };

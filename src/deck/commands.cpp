@@ -653,7 +653,7 @@ void check_phase(const Config& c, const std::string& where, std::optional<Compre
     input_error("{}: lossagg {} with compress target update (expected target gradient: each rank's own AdamW "
                 "would undo its weight)", where, agg);
 }
-// Sharding (ZeRO 1/2) needs every rank to hold the same weights after each
+// Sharding (ZeRO 1/2/3) needs every rank to hold the same weights after each
 // step and a plain all-reduce of the gradients over all ranks: `set_at`
 // holds where each command was last given, so the error names both lines.
 void check_shard(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at,

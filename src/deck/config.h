@@ -266,8 +266,8 @@ struct LossAggConfig {
 // shard off | optimizer | gradients | params (one per job): the training
 // state sharded over the data-parallel ranks, ZeRO 1/2/3 (comm/sync_sharded.cpp).
 // optimizer: each rank updates 1/W of the flat buffer and keeps that much of
-// AdamW's moments; gradients: also reduce-scatters the gradients into their
-// owners; params (not built yet): also the weights, gathered layer by layer.
+// AdamW's moments; gradients: also keeps only its 1/W of the averaged
+// gradients; params: also of the weights, gathered unit by unit as used.
 struct ShardConfig {
   std::string level = "off";
 };

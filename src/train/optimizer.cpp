@@ -16,8 +16,8 @@ AdamW<T>::AdamW(const ParamLayout& layout, Ownership owned)
     : layout_(layout), owned_(std::move(owned)), m_("AdamW::m", owned_.shard_size()), v_("AdamW::v", owned_.shard_size()) {}
 
 template <class T>
-void AdamW<T>::step(Buffer<T>& params, const std::vector<const T*>& piece_grads, const OptimizerConfig& cfg,
-                    double lr, double grad_scale) {
+void AdamW<T>::step(Buffer<T>& params, const T* grads, bool in_shard, const OptimizerConfig& cfg, double lr,
+                    double grad_scale) {
   ++t_;
   kernels::AdamWStep s;
   s.lr = float(lr);
@@ -38,19 +38,11 @@ void AdamW<T>::step(Buffer<T>& params, const std::vector<const T*>& piece_grads,
       const OwnedPiece& p = pieces[j];
       const int64_t a = std::max(p.begin, t.offset), n = std::min(p.end, t_end) - a;
       if (n <= 0) continue;
-      const int64_t in_shard = p.at + (a - p.begin);
-      kernels::adamw_update<T>(Vec<T>(params.data() + a, n), Vec<float>(m_.data() + in_shard, n),
-                               Vec<float>(v_.data() + in_shard, n), Vec<const T>(piece_grads[j] + (a - p.begin), n), s);
+      const int64_t at = p.at + (a - p.begin);  // in the shard
+      kernels::adamw_update<T>(Vec<T>(params.data() + a, n), Vec<float>(m_.data() + at, n),
+                               Vec<float>(v_.data() + at, n), Vec<const T>(grads + (in_shard ? at : a), n), s);
     }
   }
-}
-
-template <class T>
-void AdamW<T>::step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr,
-                    double grad_scale) {
-  std::vector<const T*> at;
-  for (const auto& p : owned_.pieces()) at.push_back(grads.data() + p.begin);
-  step(params, at, cfg, lr, grad_scale);
 }
 
 template class AdamW<float>;

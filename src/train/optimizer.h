@@ -1,10 +1,9 @@
 // AdamW over the flat parameter buffer, or over the pieces of it this rank
-// owns under `shard optimizer|gradients` (core/ownership.h: the moments are
+// owns under `shard optimizer|gradients|params` (core/ownership.h: the moments are
 // then only the shard's), and global-norm clipping. The learning-rate
 // schedule (cosine, sgdr, step) is Schedule in train/schedule.h.
 #pragma once
 #include <cstdint>
-#include <vector>
 #include "deck/config.h"
 #include "core/ownership.h"
 #include "core/views.h"
@@ -22,12 +21,14 @@ class AdamW {
   explicit AdamW(const ParamLayout& layout) : AdamW(layout, Ownership::whole(layout.total())) {}
   AdamW(const ParamLayout& layout, Ownership owned);
 
-  // One update of every owned piece with its gradients scaled by grad_scale;
-  // piece_grads[i]: the first gradient of owned().pieces()[i].
-  void step(Buffer<T>& params, const std::vector<const T*>& piece_grads, const OptimizerConfig& cfg, double lr,
+  // One update of every owned piece with its gradients scaled by grad_scale.
+  // `grads` is laid out like the whole buffer, or (in_shard) like this
+  // rank's shard: its pieces one after another (shard gradients|params).
+  void step(Buffer<T>& params, const T* grads, bool in_shard, const OptimizerConfig& cfg, double lr,
             double grad_scale);
-  // Every piece's gradients at its place in a whole-buffer `grads`.
-  void step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr, double grad_scale);
+  void step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr, double grad_scale) {
+    step(params, grads.data(), false, cfg, lr, grad_scale);
+  }
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }

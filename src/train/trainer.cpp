@@ -66,7 +66,7 @@ double Trainer::train_step() {
   // clipping the still-scaled gradient would have applied.
   const double clip_norm = cfg_.precision.clip_order == "scaled" ? norm * precision_->step_scale() : norm;
   if (!skip)  // a skipped step leaves the weights, AdamW's moments and count, and the MoE biases alone
-    optimizer_->step(model_->params(), piece_gradients(grads), cfg_.optimizer, lr,
+    optimizer_->step(model_->params(), grads.values.data(), grads.sharded, cfg_.optimizer, lr,
                      clip_factor(clip_norm, cfg_.optimizer.clip));
   if (lossagg_) lossagg_->end_step(skip ? 0.0 : lr);  // uncertainty: SGD on the log-variances
   sync.after_update(step_, step_comm_);
@@ -96,13 +96,6 @@ double Trainer::sum_squares(const ReducedGradients& grads) const {
   double sum = kernels::sum_squares<float>(Vec<const float>(grads.values.data(), grads.values.extent(0)));
   if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
   return sum;
-}
-
-// Where the optimizer finds each owned piece's gradient.
-std::vector<const float*> Trainer::piece_gradients(const ReducedGradients& grads) const {
-  std::vector<const float*> at;
-  for (const auto& p : owned_.pieces()) at.push_back(grads.values.data() + (grads.sharded ? p.at : p.begin));
-  return at;
 }
 
 void Trainer::load_batch(int64_t index) {

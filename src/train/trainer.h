@@ -92,7 +92,6 @@ class Trainer {
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void balance_experts();
   double sum_squares(const ReducedGradients& grads) const;
-  std::vector<const float*> piece_gradients(const ReducedGradients& grads) const;
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
@@ -149,7 +148,7 @@ class Trainer {
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   Ownership owned_;  // the pieces of the flat buffers this rank updates (deck: shard; the whole one by default)
-  std::vector<std::pair<int64_t, int64_t>> units_;  // shard params: the model's weight units
+  std::vector<std::pair<int64_t, int64_t>> units_;  // the model's weight units (shard params gathers them)
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<MixedPrecision> precision_;
   std::unique_ptr<LossAggregator> lossagg_;

@@ -143,21 +143,15 @@ void Trainer::build_model() {
   }
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
                                                 kernels::precision_from_name(cfg_.precision.kind));
-  // shard optimizer|gradients: this rank's pieces of every gradient bucket
-  // (the first phase's buckets; the deck keeps them one size per job).
+  // shard: this rank's pieces of every gradient bucket (the first phase's
+  // buckets; the deck keeps them one size per job), under params cut inside
+  // the weight units the model asks for.
   const int64_t total = model_->layout().total();
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
-  owned_ = cfg_.shard.level == "off" ? Ownership::whole(total) : Ownership(total, bucket, world_, rank_);
-  if (cfg_.shard.level == "params") {  // buckets cut inside the units the model asks for, from the end
-    std::vector<std::pair<int64_t, int64_t>> buckets;
-    for (const auto& u : model_->layout().weight_units()) {
-      units_.emplace_back(u.begin, u.end);
-      std::vector<std::pair<int64_t, int64_t>> in_unit;
-      for (int64_t end = u.end; end > u.begin; end -= bucket) in_unit.emplace_back(std::max(u.begin, end - bucket), end);
-      buckets.insert(buckets.begin(), in_unit.begin(), in_unit.end());
-    }
-    owned_ = Ownership(buckets, world_, rank_);
-  }
+  for (const auto& u : model_->layout().weight_units()) units_.emplace_back(u.begin, u.end);
+  owned_ = cfg_.shard.level == "off"      ? Ownership::whole(total)
+           : cfg_.shard.level == "params" ? Ownership(units_, bucket, world_, rank_)
+                                          : Ownership(total, bucket, world_, rank_);
   if (cfg_.shard.level == "gradients" || cfg_.shard.level == "params") {
     std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};  // gradients: all the weights
     if (cfg_.shard.level == "params") {
