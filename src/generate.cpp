@@ -114,7 +114,8 @@ int run_generate(MPI_Comm comm, int argc, char** argv) {
   if (world != 1) input_error("generate runs on one rank, not {} (expected no launcher, or -n 1)", world);
   const Program program = checkpoint_program(a.ckpt);
   const Config& cfg = program.phases.front().config;
-  const ModelConfig& m = cfg.model;
+  ModelConfig m = cfg.model;
+  m.moe.ep = 1;  // one rank holds every expert (the file holds them all, whatever ep wrote it)
   const std::string tok_path = a.has_tokenizer ? a.tokenizer : cfg.data.tokenizer;
   const auto tokenizer = load_tokenizer(tok_path);
   if (tokenizer->vocab() != m.vocab && !(tok_path.empty() && m.vocab >= 256))

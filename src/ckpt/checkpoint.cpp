@@ -866,6 +866,7 @@ void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
     w.attr(train, "epoch", H5T_NATIVE_INT64, s.epoch);
     w.attr(train, "seed", H5T_NATIVE_UINT64, s.seed);
     w.attr(train, "world_size", H5T_NATIVE_INT, s.world_size);
+    w.attr(train, "ep", H5T_NATIVE_INT, s.ep);
     w.attr(train, "loss", H5T_NATIVE_DOUBLE, s.last_loss);
     w.attr(train, "chaos_seed", H5T_NATIVE_UINT64, s.chaos_seed);
     w.sync();
@@ -1130,6 +1131,13 @@ H5 open_complete(const std::string& path) {
 
 }  // namespace
 
+std::pair<int, int> read_checkpoint_layout(const std::string& path) {
+  H5 file = open_complete(path);
+  H5 train(H5Gopen2(file, "train", H5P_DEFAULT), H5Gclose);
+  const int world = read_attr<int>(train, "world_size", H5T_NATIVE_INT, path);
+  return {world, H5Aexists(train, "ep") > 0 ? read_attr<int>(train, "ep", H5T_NATIVE_INT, path) : 1};
+}
+
 std::string read_checkpoint_deck(const std::string& path) {
   H5 file = open_complete(path);
   return read_string_attr(file, "deck", path);
@@ -1201,6 +1209,7 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     s.epoch = read_attr<int64_t>(train, "epoch", H5T_NATIVE_INT64, path);
     s.seed = read_attr<uint64_t>(train, "seed", H5T_NATIVE_UINT64, path);
     s.world_size = read_attr<int>(train, "world_size", H5T_NATIVE_INT, path);
+    if (H5Aexists(train, "ep") > 0) s.ep = read_attr<int>(train, "ep", H5T_NATIVE_INT, path);  // (absent before ep: 1)
     s.last_loss = read_attr<double>(train, "loss", H5T_NATIVE_DOUBLE, path);
     // (absent in checkpoints from before shuffle chaos: 0, no chaos seed)
     if (H5Aexists(train, "chaos_seed") > 0) s.chaos_seed = read_attr<uint64_t>(train, "chaos_seed", H5T_NATIVE_UINT64, path);

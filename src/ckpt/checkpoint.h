@@ -39,6 +39,7 @@ struct TrainState {
   int64_t epoch = 0;            // data epoch of the next sample (informational)
   uint64_t seed = 0;            // run seed; every random stream derives from it
   int world_size = 1;
+  int ep = 1;                   // moe ... ep N of the run that wrote it (the file holds every expert whatever it is)
   double last_loss = 0;
   uint64_t chaos_seed = 0;      // data shuffle chaos|independent: the drawn seed (0: none), for replay
 };
@@ -142,6 +143,9 @@ bool has_rank_state(const std::string& path);
 // InputError naming the file and the tensor.
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
                                const std::map<std::string, int64_t>& buffers = {});
+
+// The world size and expert parallelism of the run that wrote a complete checkpoint. Throws InputError.
+std::pair<int, int> read_checkpoint_layout(const std::string& path);
 
 // The resolved deck a complete checkpoint was written with (what a tool
 // needs to rebuild its model before reading the tensors). Throws InputError.

@@ -1,14 +1,32 @@
 #include "comm/grad_sync.h"
 #include <algorithm>
+#include <functional>
 #include "kernels/elementwise.h"
 
 namespace xx {
 
-GradientSync::GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb) : comm_(comm), grads_(grads) {
+GradientSync::GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb, const ExpertRuns& experts)
+    : comm_(comm), holders_(experts.holders), grads_(grads) {
   MPI_Comm_size(comm, &world_);
+  if (holders_ != MPI_COMM_NULL) MPI_Comm_size(holders_, &holders_size_);
   const int64_t total = grads.extent(0);
   const int64_t size = std::max<int64_t>(1, int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
-  for (int64_t end = total; end > 0; end -= size) buckets_.push_back({std::max<int64_t>(0, end - size), end});
+  std::vector<Bucket> cut;
+  for (int64_t end = total; end > 0; end -= size) cut.push_back({std::max<int64_t>(0, end - size), end});
+  // ep: a bucket crossing an expert run's edge is cut there, so that each
+  // piece is reduced over one group
+  for (const auto& b : cut) {
+    std::vector<int64_t> edges{b.begin, b.end};
+    for (const auto& [rb, re] : experts.runs)
+      for (int64_t e : {rb, re})
+        if (e > b.begin && e < b.end) edges.push_back(e);
+    std::sort(edges.begin(), edges.end(), std::greater<>());
+    for (size_t i = 0; i + 1 < edges.size(); ++i) {
+      Bucket piece{edges[i + 1], edges[i]};
+      for (const auto& [rb, re] : experts.runs) piece.expert |= piece.begin >= rb && piece.end <= re;
+      buckets_.push_back(piece);
+    }
+  }
 }
 
 void GradientSync::begin(MPI_Comm comm) {
@@ -22,9 +40,11 @@ void GradientSync::start(Bucket& b) {
   b.started = true;
   if (world_ == 1) return;
   ExecSpace().fence();  // the gradients must be written before MPI reads them
-  if (device_op_) return device_op_(grads_.data() + b.begin, b.end - b.begin, comm_, stats_);
+  if (b.expert && holders_size_ == 1) return;  // the only holder: its sum is the sum
+  const MPI_Comm group = b.expert ? holders_ : comm_;
+  if (device_op_) return device_op_(grads_.data() + b.begin, b.end - b.begin, group, stats_);
   const double t0 = MPI_Wtime();
-  MPI_Iallreduce(MPI_IN_PLACE, grads_.data() + b.begin, int(b.end - b.begin), MPI_FLOAT, MPI_SUM, comm_, &b.request);
+  MPI_Iallreduce(MPI_IN_PLACE, grads_.data() + b.begin, int(b.end - b.begin), MPI_FLOAT, MPI_SUM, group, &b.request);
   stats_.seconds += MPI_Wtime() - t0;
   stats_.rounds += 1;
   stats_.bytes_sent += (b.end - b.begin) * int64_t(sizeof(float));

@@ -29,9 +29,18 @@ struct CommStats {
   }
 };
 
+// moe ... ep N: the runs [begin, end) of the flat buffer that hold this
+// rank's routed experts, and the ranks holding the same experts. Those runs
+// are summed over these ranks alone, then divided by the world size like
+// the rest: each owner's gradient already sums its expert-parallel group's tokens.
+struct ExpertRuns {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  MPI_Comm holders = MPI_COMM_NULL;
+};
+
 class GradientSync {
  public:
-  GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb);
+  GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb, const ExpertRuns& experts = {});
   // A blocking all-reduce for buffers MPI cannot read (NCCL on device
   // memory); each bucket then goes through it as soon as it is final.
   void use_device_allreduce(std::function<void(float*, int64_t, MPI_Comm, CommStats&)> op) { device_op_ = std::move(op); }
@@ -47,10 +56,11 @@ class GradientSync {
     int64_t begin, end;
     MPI_Request request = MPI_REQUEST_NULL;
     bool started = false;
+    bool expert = false;  // inside an expert run: reduced over its holders
   };
   void start(Bucket& b);
-  MPI_Comm comm_;
-  int world_ = 1;
+  MPI_Comm comm_, holders_ = MPI_COMM_NULL;
+  int world_ = 1, holders_size_ = 1;
   Buffer<float> grads_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at the end of the buffer
   CommStats stats_;

@@ -23,7 +23,7 @@ std::string micro_text(const SyncConfig& s) {
 
 class DenseSync final : public GroupSync {
  public:
-  DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb) {
+  DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb, b.experts) {
     if (std::string(b.ops->dense().name()) != "mpi")
       sync_.use_device_allreduce([ops = b.ops](float* p, int64_t n, MPI_Comm g, CommStats& st) {
         ops->dense().execute(p, n, g, st);

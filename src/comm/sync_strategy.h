@@ -63,6 +63,9 @@ struct SyncBuffers {
   // shard params: the model's weight units [begin, end), in buffer order
   // (the gate's unit numbers; the ownership's buckets lie inside them).
   std::vector<std::pair<int64_t, int64_t>> units;
+  // moe ... ep N: this rank's routed-expert runs and the ranks holding the
+  // same experts (sync dense averages them over those alone).
+  ExpertRuns experts;
 };
 
 // The phase's settings a strategy reads.

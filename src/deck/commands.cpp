@@ -291,21 +291,32 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
       {"moe",
        &moe.mode,
        "mode",
-       {{"off", {}, {}, {}, {}},
+       {{"off",
+         {},
+         {integer("ep", &moe.ep, at_least(1))},
+         {},
+         [&moe](const std::string& where) {
+           if (moe.ep != 1)
+             input_error("{}: 'ep' {} with moe off (expected moe on: expert parallelism spreads routed experts)",
+                         where, moe.ep);
+         }},
         {"on",
          {},
          {integer("dense_layers", &moe.dense_layers, at_least(0)), integer("shared", &moe.shared, at_least(0)),
           integer("routed", &moe.routed, at_least(1)), integer("topk", &moe.topk, at_least(1)),
           integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate, {"softmax", "sigmoid"}),
           choice("balance", &moe.balance, {"aux", "bias"}), real("balance_coef", &moe.balance_coef, at_least(0)),
-          real("route_scale", &moe.route_scale, above(0))},
+          real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1))},
          {"routed", "topk", "ffn"},
          [&moe](const std::string& where) {
            if (moe.topk > moe.routed)
              input_error("{}: 'topk' {} exceeds 'routed' {} (expected topk <= routed)", where, moe.topk, moe.routed);
+           if (moe.routed % moe.ep != 0)
+             input_error("{}: 'routed' {} is not divisible by 'ep' {} (expected routed % ep == 0: each rank of an "
+                         "expert-parallel group holds routed / ep experts)", where, moe.routed, moe.ep);
          }}},
        "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
-       "[balance_coef X] [route_scale X]", Scope::job},
+       "[balance_coef X] [route_scale X] [ep N]", Scope::job},
       {"mtp",
        nullptr,
        "",
@@ -682,6 +693,33 @@ void check_shard(const Config& c, const std::string& where, const std::map<std::
                 where, shard, c.sync.bucket_mb, at("sync"), first_bucket_mb);
 }
 
+// moe ... ep N: what expert parallelism serves. The experts a rank holds
+// are its own, so everything that averages, shards, compresses or decodes
+// the whole weight buffer as if every rank held the same tensors is refused.
+void check_expert_parallel(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at) {
+  if (c.model.moe.ep == 1) return;
+  auto at = [&](const std::string& name) {
+    auto it = set_at.find(name);
+    return it == set_at.end() ? std::string("the default") : it->second;
+  };
+  const std::string ep = fmt::format("moe ep {} ({})", c.model.moe.ep, at("moe"));
+  const char* why = "(expected sync dense or accumulate over topology full, without compress: each expert's "
+                    "gradient is averaged over the ranks that hold it)";
+  if (c.sync.kind == "local") input_error("{}: {} with sync local ({}) {}", where, ep, at("sync"), why);
+  if (c.topology.kind != "full")
+    input_error("{}: {} with topology {} ({}) {}", where, ep, c.topology.kind, at("topology"), why);
+  if (c.compress.kind != "off") input_error("{}: {} with compress {} ({}) {}", where, ep, c.compress.kind, at("compress"), why);
+  if (c.shard.level != "off")
+    input_error("{}: {} with shard {} ({}) (expected shard off: the sharded strategies cut every bucket over all "
+                "ranks, and expert buckets differ from rank to rank)", where, ep, c.shard.level, at("shard"));
+  if (c.sample.every > 0)
+    input_error("{}: {} with sample every {} ({}) (expected no sample line: rank 0 decodes alone and holds only its "
+                "own experts; sample from a checkpoint with xuanxue generate)", where, ep, c.sample.every, at("sample"));
+  if (c.schedule.restart_from == "best")
+    input_error("{}: {} with schedule restart_from best ({}) (expected restart_from last: the best weights are kept "
+                "per rank)", where, ep, at("schedule"));
+}
+
 }  // namespace
 
 std::vector<std::string> command_names() {
@@ -742,6 +780,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       check_phase(config, where, topk);
       check_shard(config, where, last_set,
                   program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);
+      check_expert_parallel(config, where, last_set);
       program.phases.push_back(Phase{config, steps, where});
       total_steps += steps;
     }

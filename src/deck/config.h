@@ -31,6 +31,7 @@ struct MoeConfig {
   std::string balance = "aux";     // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
   double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
   double route_scale = 1.0;        // scales the combine weights
+  int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
   bool enabled() const { return mode == "on"; }
   bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
 };

@@ -20,9 +20,14 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     E_ = e.routed, K_ = e.topk, F_ = int64_t(e.shared) * e.ffn;
     gate_ = store(p + "ffn.gate");
     if (e.shared > 0) w1_ = store(p + "ffn.shared.w1"), w2_ = store(p + "ffn.shared.w2");
+    // the routed experts this rank holds (all, or its share under ep)
+    first_ = -1;
     for (int x = 0; x < e.routed; ++x) {
-      ew1_.push_back(store(p + "ffn.experts." + std::to_string(x) + ".w1"));
-      ew2_.push_back(store(p + "ffn.experts." + std::to_string(x) + ".w2"));
+      const std::string q = p + "ffn.experts." + std::to_string(x) + ".";
+      if (!store.layout->has(q + "w1")) continue;
+      if (first_ < 0) first_ = x;
+      ew1_.push_back(store(q + "w1"));
+      ew2_.push_back(store(q + "w2"));
     }
     gate_kind_ = {e.gate == "sigmoid", e.gate == "sigmoid", e.route_scale};
     logits_ = activation<T>("router_logits", N_, E_);
@@ -41,6 +46,15 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     bias_ = Buffer<float>("Moe::bias", E_);
     counts_host_.assign(E_, 0);
     offsets_host_.assign(E_ + 1, 0);
+    if (held() < E_) {  // ep: the owner side, sized for an even load; it grows when a step brings more
+      const int64_t rows = N_ * K_;
+      moved_ = Buffer<T>("Moe::moved", rows * C_);
+      ox_ = KeptActivation<T>("held_in", rows, C_, store.type, ws);
+      oh_ = KeptActivation<T>("held_h", rows, 2 * e.ffn, store.type, ws, 1);
+      oa_ = KeptActivation<T>("held_a", rows, e.ffn, store.type, ws);
+      oy_ = Buffer<T>("Moe::held_out", rows * C_);
+      held_counts_.assign(held(), 0), held_labelled_.assign(held(), 0);
+    }
   }
   if (F_ > 0)
     h_ = KeptActivation<T>("ffn_h", N_, 2 * F_, store.type, ws, 1), a_ = KeptActivation<T>("ffn_a", N_, F_, store.type, ws);
@@ -79,7 +93,8 @@ std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const
 
 template <class T>
 void FeedForward<T>::forward(Mat<T> out, In xn) {
-  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
+  // (under ep the shared experts run while the tokens travel: parallel_forward)
+  if (F_ > 0 && !exchange_) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
   if (!moe_) return;
   const auto& e = m_.moe;
   const int64_t Fm = e.ffn;
@@ -98,19 +113,23 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   // (16-bit inputs are gathered as they are: a copy, no rounding twice)
   if (xn.is_half()) k::dispatch_forward<uint16_t>(Mat<uint16_t>(xe_.half(), N_ * K_, C_), Mat<const uint16_t>(xn.half, N_, C_), token_of_);
   else k::dispatch_forward<T>(xe_.target(), Mat<const T>(xn.values, N_, C_), token_of_);
-  for (int64_t x = 0; x < E_; ++x) {
-    const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-    if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
-                         ew1_[x].in(2 * Fm, C_));
-  }
-  k::swiglu_forward<T>(ae_.target(), he_.target());
-  he_.keep(), ae_.keep();
-  for (int64_t x = 0; x < E_; ++x) {
-    const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-    if (n == 0) continue;
-    k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                         ew2_[x].in(C_, Fm));
+  if (exchange_) {
+    parallel_forward(out, xn);
+  } else {
+    for (int64_t x = 0; x < E_; ++x) {
+      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
+      if (n == 0) continue;
+      k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm),
+                           xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+    }
+    k::swiglu_forward<T>(ae_.target(), he_.target());
+    he_.keep(), ae_.keep();
+    for (int64_t x = 0; x < E_; ++x) {
+      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
+      if (n == 0) continue;
+      k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                           ew2_[x].in(C_, Fm));
+    }
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
@@ -143,26 +162,30 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
     return;
   }
   const int64_t Fm = m_.moe.ffn;
-  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
+  if (F_ > 0 && !exchange_) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
   k::combine_backward<T>(dye, dw, dout, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
-  auto dae = ws_.mat("moe_dae", N_ * K_, Fm), dhe = ws_.mat("moe_dhe", N_ * K_, 2 * Fm);
   auto dxe = ws_.mat("moe_dxe", N_ * K_, C_);
-  for (int64_t x = 0; x < E_; ++x) {
-    const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-    if (n == 0) continue;
-    k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
-                          Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                          ew2_[x].in(C_, Fm));
-  }
-  k::swiglu_backward<T>(dhe, dae, he_.values());
-  for (int64_t x = 0; x < E_; ++x) {
-    const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-    if (n == 0) continue;
-    k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
-                          Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm), xe_.in().rows_from(r0, n).varying_rows(),
-                          ew1_[x].in(2 * Fm, C_));
+  if (exchange_) {
+    parallel_backward(dxn, dout, xn, dye, dxe);
+  } else {
+    auto dae = ws_.mat("moe_dae", N_ * K_, Fm), dhe = ws_.mat("moe_dhe", N_ * K_, 2 * Fm);
+    for (int64_t x = 0; x < E_; ++x) {
+      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
+      if (n == 0) continue;
+      k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
+                            Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                            ew2_[x].in(C_, Fm));
+    }
+    k::swiglu_backward<T>(dhe, dae, he_.values());
+    for (int64_t x = 0; x < E_; ++x) {
+      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
+      if (n == 0) continue;
+      k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
+                            Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm),
+                            xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+    }
   }
   auto dx_routed = ws_.mat("moe_dx", N_, C_);
   k::dispatch_backward<T>(dx_routed, dxe, pos_);
@@ -172,6 +195,95 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   auto dlogits = ws_.mat("moe_dlogits", N_, E_);
   k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
   k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.mat(E_, C_), T(1));
+}
+
+// ---------------------------------------------------------------------------
+// Expert parallelism: the rows sorted by expert go to the ranks holding their
+// experts (rank q holds experts [q * E/N, (q + 1) * E/N), so each rank's share
+// of the sorted rows is one contiguous run); they arrive in source-rank order,
+// each source's rows still sorted by expert. The owner runs each expert over
+// each source's rows as that source would have run them itself (the same
+// GEMMs, so the same bits; a weight gradient adds the sources in rank order)
+// and sends the outputs back in the order they came. The backward sends the
+// output gradients the same way and brings the input gradients home.
+
+// Each rank tells every other how many of its rows go to each of that rank's
+// experts (and, in MTP blocks, how many of those carry a label).
+template <class T>
+void FeedForward<T>::exchange_counts() {
+  auto& X = *exchange_;
+  const int P = X.ranks();
+  const int64_t H = held();
+  std::vector<int32_t> labelled(E_, 0), send(2 * E_), recv(2 * E_);
+  if (labels_.extent(0) > 0) labelled = labelled_expert_counts(labels_);
+  for (int q = 0; q < P; ++q)
+    for (int64_t x = 0; x < H; ++x)
+      send[(q * 2) * H + x] = counts_host_[q * H + x], send[(q * 2 + 1) * H + x] = labelled[q * H + x];
+  X.counts(send.data(), recv.data(), int(2 * H));
+  send_rows_.assign(P, 0), recv_rows_.assign(P, 0);
+  held_counts_.assign(H, 0), held_labelled_.assign(H, 0);
+  blocks_.clear();
+  int64_t row = 0;
+  for (int q = 0; q < P; ++q) {
+    send_rows_[q] = offsets_host_[(q + 1) * H] - offsets_host_[q * H];
+    for (int64_t x = 0; x < H; ++x) {
+      const int32_t n = recv[(q * 2) * H + x];
+      blocks_.push_back({row, n, x});
+      recv_rows_[q] += n, row += n;
+      held_counts_[x] += n, held_labelled_[x] += recv[(q * 2 + 1) * H + x];
+    }
+  }
+  if (int64_t(moved_.extent(0)) < row * C_) moved_ = Buffer<T>("Moe::moved", row * C_), oy_ = Buffer<T>("Moe::held_out", row * C_);
+  ox_.use_rows(row), oh_.use_rows(row), oa_.use_rows(row);
+}
+
+template <class T>
+void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
+  auto& X = *exchange_;
+  const int64_t Fm = m_.moe.ffn;
+  exchange_counts();
+  // 16-bit inputs travel as they are kept: half the bytes, the same bits
+  const bool half = xe_.is_half();
+  const void* rows = half ? static_cast<const void*>(xe_.half()) : static_cast<const void*>(xe_.target().data());
+  void* in = half ? static_cast<void*>(ox_.half()) : static_cast<void*>(ox_.target().data());
+  X.start(rows, send_rows_, in, recv_rows_, C_ * int64_t(half ? sizeof(uint16_t) : sizeof(T)));
+  if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);  // DeepSeek's overlap: the shared experts meanwhile
+  X.wait();
+  for (const auto& b : blocks_)
+    if (b.rows > 0)
+      k::linear_forward<T>(Mat<T>(oh_.target().data() + b.row0 * 2 * Fm, b.rows, 2 * Fm),
+                           ox_.in().rows_from(b.row0, b.rows).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+  k::swiglu_forward<T>(oa_.target(), oh_.target());
+  oh_.keep(), oa_.keep();
+  for (const auto& b : blocks_)
+    if (b.rows > 0)
+      k::linear_forward<T>(Mat<T>(oy_.data() + b.row0 * C_, b.rows, C_),
+                           oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
+  X.start(oy_.data(), recv_rows_, ye_.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
+  X.wait();
+}
+
+template <class T>
+void FeedForward<T>::parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat<T> dye, Mat<T> dxe) {
+  auto& X = *exchange_;
+  const int64_t Fm = m_.moe.ffn, R = held_counts_total();
+  X.start(dye.data(), send_rows_, moved_.data(), recv_rows_, C_ * int64_t(sizeof(T)));
+  if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));  // the shared experts meanwhile
+  X.wait();
+  auto da = ws_.mat("moe_dae", R, Fm), dh = ws_.mat("moe_dhe", R, 2 * Fm), dx = ws_.mat("moe_held_dx", R, C_);
+  for (const auto& b : blocks_)
+    if (b.rows > 0)
+      k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.rows, Fm), ew2_[b.expert].dmat(C_, Fm),
+                            Mat<const T>(moved_.data() + b.row0 * C_, b.rows, C_),
+                            oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
+  k::swiglu_backward<T>(dh, da, oh_.values());
+  for (const auto& b : blocks_)
+    if (b.rows > 0)
+      k::linear_backward<T>(Mat<T>(dx.data() + b.row0 * C_, b.rows, C_), ew1_[b.expert].dmat(2 * Fm, C_),
+                            Mat<const T>(dh.data() + b.row0 * 2 * Fm, b.rows, 2 * Fm),
+                            ox_.in().rows_from(b.row0, b.rows).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+  X.start(dx.data(), recv_rows_, dxe.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
+  X.wait();
 }
 
 template <class T>

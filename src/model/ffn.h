@@ -5,6 +5,7 @@
 #pragma once
 #include <string>
 #include <vector>
+#include "core/expert_exchange.h"
 #include "deck/config.h"
 #include "kernels/moe.h"
 #include "model/store.h"
@@ -32,6 +33,19 @@ class FeedForward {
   // bias_e += gamma * sign(mean load - load_e), from the load summed over all ranks
   void update_bias(const std::vector<double>& global_load, double gamma);
 
+  // Expert parallelism (moe ... ep N): this rank holds routed experts
+  // [first_held(), first_held() + held()) and runs them over the tokens of
+  // its whole group, which `exchange` brings and takes back.
+  void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  int64_t first_held() const { return first_; }
+  int64_t held() const { return int64_t(ew1_.size()); }
+  // Rows the held expert x (0-based among the held) ran over in the last
+  // forward, from every rank of the group; and of those, rows with a label.
+  int32_t held_rows(int64_t x) const { return exchange_ ? held_counts_[x] : counts_host_[first_ + x]; }
+  int32_t held_labelled_rows(int64_t x) const { return held_labelled_[x]; }
+  // MTP blocks: the labels of the rows (-1: none), counted per expert when sent.
+  void set_row_labels(Tokens labels) { labels_ = labels; }
+
  private:
   void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
                       KeptActivation<T>& a);
@@ -53,6 +67,24 @@ class FeedForward {
   kernels::Index1 counts_, offsets_, token_of_;
   Buffer<float> bias_;
   std::vector<int32_t> counts_host_, offsets_host_;
+  // expert parallelism: rows per rank each way; the received rows as
+  // (source rank, held expert) blocks, in the order they arrive
+  void exchange_counts();
+  void parallel_forward(Mat<T> out, In xn);
+  void parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat<T> dye, Mat<T> dxe);
+  int64_t held_counts_total() const { return blocks_.empty() ? 0 : blocks_.back().row0 + blocks_.back().rows; }
+  struct Block {
+    int64_t row0, rows, expert;
+  };
+  ExpertExchange* exchange_ = nullptr;
+  int64_t first_ = 0;
+  Tokens labels_;
+  std::vector<int64_t> send_rows_, recv_rows_;
+  std::vector<int32_t> held_counts_, held_labelled_;
+  std::vector<Block> blocks_;
+  Buffer<T> moved_;                 // output gradients as they arrive
+  KeptActivation<T> ox_, oh_, oa_;  // the held experts' rows: inputs (as they arrive), gate/up, SwiGLU outputs
+  Buffer<T> oy_;
   double aux_loss_ = 0;
   double loss_scale_ = 1;  // mixed precision: loss scaling (Transformer::set_loss_scale)
 };

@@ -1,10 +1,12 @@
 #include "model/params.h"
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 namespace xx {
 
-ParamLayout::ParamLayout(const ModelConfig& m) {
+ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank) : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank) {
+  if (ep_ > 1) experts_per_rank_ = m.moe.routed / ep_;
   const int64_t C = m.dim, V = m.vocab;
   add("embed", {V, C}, -1, false, m.init_std, false);
   for (int l = 0; l < m.layers; ++l) {
@@ -106,16 +108,39 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   t.size = 1;
   for (auto d : t.shape) t.size *= d;
   t.offset = total_;
+  t.full_offset = full_total_;
   t.layer = layer;
   t.expert = expert;
   t.is_norm = is_norm;
   t.decay = !is_norm;
   t.matmul = matmul;
   t.init_std = init_std;
-  total_ += t.size;
+  full_total_ += t.size;
   if (name != "embed") active_ += t.size;
   if (matmul) matmul_active_ += t.size;
+  // Another rank's expert: counted in the model, not held here.
+  if (expert >= 0 && ep_ > 1 && expert / experts_per_rank_ != ep_rank_) return;
+  total_ += t.size;
   tensors_.push_back(std::move(t));
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamLayout::expert_runs() const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  if (ep_ == 1) return runs;
+  for (const auto& t : tensors_) {
+    if (t.expert < 0) continue;
+    if (!runs.empty() && runs.back().second == t.offset) runs.back().second += t.size;
+    else runs.emplace_back(t.offset, t.offset + t.size);
+  }
+  return runs;
+}
+
+void ParamLayout::to_full(const float* mine, float* full) const {
+  for (const auto& t : tensors_) std::copy_n(mine + t.offset, t.size, full + t.full_offset);
+}
+
+void ParamLayout::from_full(const float* full, float* mine) const {
+  for (const auto& t : tensors_) std::copy_n(full + t.full_offset, t.size, mine + t.offset);
 }
 
 std::vector<TensorSpan> ParamLayout::spans() const {

@@ -22,6 +22,7 @@ struct TensorInfo {
   bool matmul = false;         // takes part in a matrix product (FLOP count)
   int layer = -1;              // block index (MTP blocks count on after the last layer), -1 outside
   int expert = -1;             // routed expert index; such a tensor gets no gradient when no token picks it
+  int64_t full_offset = 0;     // where it lies in the whole model's buffer (the file's frame; = offset without ep)
   double init_std = 0;         // normal(0, init_std) when not a norm
 };
 
@@ -34,11 +35,22 @@ struct WeightUnit {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& m);
+  // The tensors rank `ep_rank` of an expert-parallel group holds (moe ... ep
+  // N): every tensor but the routed experts of the other ranks, which hold
+  // experts [ep_rank * E/N, (ep_rank + 1) * E/N) of each MoE layer. With ep 1
+  // it is the whole model.
+  explicit ParamLayout(const ModelConfig& m, int ep_rank = 0);
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   std::vector<TensorSpan> spans() const;  // (name, offset, size) of every tensor, in layout order
   int64_t total() const { return total_; }
+  int64_t full_total() const { return full_total_; }  // the whole model's size (= total without ep)
+  bool holds_all() const { return total_ == full_total_; }
+  // Runs [begin, end) of this rank's routed-expert tensors (one per MoE layer): empty without ep.
+  std::vector<std::pair<int64_t, int64_t>> expert_runs() const;
+  // Between this rank's buffer and the whole model's (full_offset): every tensor copied.
+  void to_full(const float* mine, float* full) const;
+  void from_full(const float* full, float* mine) const;
   const TensorInfo& at(const std::string& name) const;  // throws std::out_of_range
   bool has(const std::string& name) const;
   // Offset where block l's tensors begin; layer_begin(L) is where the final norm begins.
@@ -59,7 +71,8 @@ class ParamLayout {
   void add_block(const std::string& prefix, const ModelConfig& m, int layer, bool moe);
   std::vector<TensorInfo> tensors_;
   std::vector<int64_t> layer_begin_;
-  int64_t total_ = 0, active_ = 0, matmul_active_ = 0;
+  int64_t total_ = 0, full_total_ = 0, active_ = 0, matmul_active_ = 0;
+  int ep_ = 1, ep_rank_ = 0, experts_per_rank_ = 1;
 };
 
 // Training FLOPs per token (../shared/MEASURING.md): 6 * N_matmul + 12 * L * T

@@ -73,9 +73,14 @@ class KeptActivation {
   KeptActivation() = default;
   KeptActivation(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws,
             int slot = 0)
-      : what_("kept:slot" + std::to_string(slot)), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
-    if (type == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + what, rows * cols);
-    else half_ = Buffer<uint16_t>("Activation::" + what + "(16-bit)", rows * cols);
+      : what_("kept:slot" + std::to_string(slot)), name_(what), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
+    allocate(rows);
+  }
+  // Rows in use from now on; more than it holds grows it (the rows an expert
+  // owner receives vary from step to step).
+  void use_rows(int64_t rows) {
+    if (rows > capacity_) allocate(rows);
+    rows_ = rows;
   }
   bool is_half() const { return type_ != kernels::Precision::fp32; }
   // Where the producer writes T values (valid, under 16 bits, until the next
@@ -97,8 +102,13 @@ class KeptActivation {
   }
 
  private:
-  std::string what_;
-  int64_t rows_ = 0, cols_ = 0;
+  void allocate(int64_t rows) {
+    capacity_ = rows;
+    if (type_ == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + name_, rows * cols_);
+    else half_ = Buffer<uint16_t>("Activation::" + name_ + "(16-bit)", rows * cols_);
+  }
+  std::string what_, name_;
+  int64_t rows_ = 0, cols_ = 0, capacity_ = 0;
   kernels::Precision type_ = kernels::Precision::fp32;
   Workspace<T>* ws_ = nullptr;
   Buffer<T> values_;

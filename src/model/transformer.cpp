@@ -58,8 +58,8 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 // Transformer
 
 template <class T>
-Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type)
-    : cfg_(config), layout_(config), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
+Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank)
+    : cfg_(config), layout_(config, ep_rank), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
   const int64_t C = cfg_.dim, V = cfg_.vocab;
   if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
   gemm_type_ = gemm_type;
@@ -113,7 +113,7 @@ template <class T>
 void Transformer<T>::write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   auto host = Kokkos::create_mirror_view(params_);  // on the host: params_ itself
   for (const auto& t : layout_.tensors()) {
-    const uint64_t stream = mix_seed(seed, 0x1217, uint64_t(t.offset));
+    const uint64_t stream = mix_seed(seed, 0x1217, uint64_t(t.full_offset));  // the same weights at any ep
     for (const auto& [begin, end] : ranges)
       for (int64_t i = std::max(begin, t.offset) - t.offset; i < std::min(end, t.offset + t.size) - t.offset; ++i)
         host(t.offset + i) = t.is_norm ? T(1) : T(t.init_std * normal(stream, uint64_t(i)));
@@ -192,11 +192,24 @@ std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers(
 template <class T>
 bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (t.expert < 0) return false;
-  if (t.layer < cfg_.layers) return const_cast<Block<T>&>(*blocks_[t.layer]).ffn().expert_counts()[t.expert] == 0;
+  const bool main = t.layer < cfg_.layers;
+  auto& ffn = main ? const_cast<Block<T>&>(*blocks_[t.layer]).ffn() : mtp_[t.layer - cfg_.layers].block->ffn();
+  if (ffn.held() < cfg_.moe.routed) {  // ep: the rows of the whole group
+    const int64_t x = t.expert - ffn.first_held();
+    return main ? ffn.held_rows(x) == 0 : ffn.held_labelled_rows(x) == 0;
+  }
+  if (main) return ffn.expert_counts()[t.expert] == 0;
   // An MTP expert whose tokens all sit past the window's end (no label) gets
   // no gradient either: those positions reach no loss.
   const auto& m = mtp_[t.layer - cfg_.layers];
-  return m.block->ffn().labelled_expert_counts(Tokens(m.target.data(), N_))[t.expert] == 0;
+  return ffn.labelled_expert_counts(Tokens(m.target.data(), N_))[t.expert] == 0;
+}
+
+template <class T>
+void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
+  for (auto& [prefix, ffn] : moe_layers()) ffn->set_exchange(exchange);
+  for (auto& m : mtp_)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
+    if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
 }
 
 template <class T>

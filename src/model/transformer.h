@@ -57,7 +57,10 @@ class Transformer {
   // Allocates parameters, gradients and the activations of a batch of B
   // sequences. gemm_type: what GEMM inputs are stored and multiplied as
   // (mixed precision; float only, a Transformer<double> runs double).
-  Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32);
+  // ep_rank: this rank's place in its expert-parallel group (moe ... ep N):
+  // which routed experts it holds (ParamLayout).
+  Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32,
+              int ep_rank = 0);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -101,6 +104,9 @@ class Transformer {
   // Multi-view loss aggregation: set after the forward, read by the next backward.
   void set_loss_weights(const LossWeights& w) { loss_weights_ = w; }
 
+  // Expert parallelism (moe ... ep N): every MoE layer moves its tokens
+  // through `exchange` (null: this rank holds every expert).
+  void set_expert_exchange(ExpertExchange* exchange);
   // MoE: the feed-forward layers with routed experts and their name prefixes
   // ("layers.3.", "mtp.0."), main blocks first.
   std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers();

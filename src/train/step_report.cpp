@@ -44,6 +44,8 @@ std::string add_expert_load(nlohmann::json& record, const StepFigures& f) {
   record["expert_load_min"] = lo / mean;
   record["expert_load_max"] = hi / mean;
   record["expert_load_cv"] = std::sqrt(var) / mean;
+  // tokens each routed expert got this step, summed over the MoE layers and ranks
+  record["expert_tokens"] = std::vector<int64_t>(load.begin(), load.end());
   return fmt::format(" | load cv {:.2f}", std::sqrt(var) / mean);
 }
 

@@ -39,6 +39,7 @@ std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t stream) {
 double Trainer::train_step() {
   SyncStrategy& sync = *strategy_;
   const int micro = sync.micro_batches();
+  if (exchange_) exchange_->stats() = {};  // (an evaluation's all-to-alls are not the step's)
   sync.begin_step(step_);
   sync.zero_gradients();
   precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
@@ -54,6 +55,7 @@ double Trainer::train_step() {
   }
   step_comm_ = CommStats{};
   sync.reduce_gradients(step_, step_comm_);
+  if (exchange_) step_comm_ += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
   if (lossagg_on_ && world_ > 1)  // one loss gather per micro-batch
     step_comm_.rounds += micro, step_comm_.bytes_sent += micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
   const ReducedGradients grads = sync.reduced_gradients();  // whole, or this rank's shard
@@ -91,11 +93,35 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 // TRAINING STEP END
 // ---------------------------------------------------------------------------
 
-// The squared norm of the averaged gradients: a shard's is summed over the ranks.
+// The squared norm of the averaged gradients: a shard's is summed over the
+// ranks; under ep the routed experts' over the expert-parallel group (each
+// of its ranks holds other experts), the rest once.
 double Trainer::sum_squares(const ReducedGradients& grads) const {
-  double sum = kernels::sum_squares<float>(Vec<const float>(grads.values.data(), grads.values.extent(0)));
-  if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
-  return sum;
+  const float* g = grads.values.data();
+  auto squares = [g](int64_t begin, int64_t end) {
+    return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
+  };
+  if (ep_ == 1) {
+    double sum = squares(0, grads.values.extent(0));
+    if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
+    return sum;
+  }
+  double rest = 0, experts = 0;
+  int64_t at = 0;
+  for (const auto& [begin, end] : model_->layout().expert_runs())
+    rest += squares(at, begin), experts += squares(begin, end), at = end;
+  rest += squares(at, grads.values.extent(0));
+  MPI_Allreduce(MPI_IN_PLACE, &experts, 1, MPI_DOUBLE, MPI_SUM, ep_group_);
+  return rest + experts;
+}
+
+CommStats Trainer::expert_traffic() {
+  ExchangeStats& s = exchange_->stats();
+  exchange_total_.rounds += s.rounds, exchange_total_.bytes_sent += s.bytes_sent;
+  exchange_total_.seconds += s.seconds, exchange_total_.waited += s.waited;
+  const CommStats out{s.rounds, s.bytes_sent, s.waited};  // the time the step spent waiting for them
+  s = {};
+  return out;
 }
 
 void Trainer::load_batch(int64_t index) {

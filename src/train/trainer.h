@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 #include "ckpt/checkpoint.h"
+#include "comm/expert_exchange_mpi.h"
 #include "comm/ops.h"
 #include "comm/sync_strategy.h"
 #include "core/state.h"
@@ -82,6 +83,7 @@ class Trainer {
   // set-up (trainer_setup.cpp) and the loop (trainer.cpp)
   void load_data();
   void build_model();
+  void split_expert_groups(const std::string& resume_path);  // moe ... ep N: the groups, and the checks
   void build_data_stream(const std::string& resume_path);
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy
@@ -92,6 +94,11 @@ class Trainer {
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void balance_experts();
   double sum_squares(const ReducedGradients& grads) const;
+  CommStats expert_traffic();  // this step's all-to-alls (ep), read and reset
+  // ep: between this rank's buffer and the whole model's (the checkpoint's
+  // frame); to the whole is collective over the expert-parallel group.
+  std::vector<float> to_file_frame(const std::vector<float>& mine) const;
+  std::vector<float> from_file_frame(const std::vector<float>& whole) const;
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
@@ -146,6 +153,13 @@ class Trainer {
   std::unique_ptr<RunLog> log_;
   std::unique_ptr<Watchdog> watchdog_;  // deck: timeout; names a hung rank (docs/RESILIENCE.md)
   std::unique_ptr<Transformer<float>> model_;
+  // expert parallelism (moe ... ep N): a group is N consecutive ranks; rank
+  // r holds the experts of share r % N, as do the ranks r + kN (holders)
+  int ep_ = 1, ep_rank_ = 0;
+  MPI_Comm ep_group_ = MPI_COMM_NULL, expert_holders_ = MPI_COMM_NULL;
+  std::unique_ptr<ExpertExchange> exchange_;
+  std::unique_ptr<ParamLayout> file_layout_;  // the whole model: what checkpoints hold
+  ExchangeStats exchange_total_;              // the run's all-to-alls (how much the shared experts hid)
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   Ownership owned_;  // the pieces of the flat buffers this rank updates (deck: shard; the whole one by default)
   std::vector<std::pair<int64_t, int64_t>> units_;  // the model's weight units (shard params gathers them)

@@ -108,7 +108,7 @@ void Trainer::restore(const std::string& path) {
   CheckpointData data;
   int per_rank = 0, old_world = world_;
   on_rank0_or_throw(comm_, rank_, [&] {
-    data = read_checkpoint(path, model_->layout(), required_buffers(StatePlace::shared_buffer));
+    data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer));
     old_world = data.state.world_size;
     if (old_world != world_ && cfg_.data.shuffle == "independent")
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
@@ -135,10 +135,10 @@ void Trainer::restore(const std::string& path) {
   on_rank0_or_throw(comm_, rank_, [&] {
     if (per_rank)
       for (int r = 0; r < old_world; ++r)
-        read_rank_state(path, model_->layout(), data, r, required_buffers(StatePlace::rank_buffer));
+        read_rank_state(path, *file_layout_, data, r, required_buffers(StatePlace::rank_buffer));
   });
   // Rank 0 read and checked the file; every rank gets all of it.
-  const int64_t total = model_->layout().total();
+  const int64_t total = file_layout_->total();
   if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
   MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
   MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
@@ -153,9 +153,9 @@ void Trainer::restore(const std::string& path) {
     data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
   }
-  from_host(model_->params(), data.params);
-  from_host(optimizer_->m(), owned_part(data.adam_m, owned_));  // under shard: this rank's pieces
-  from_host(optimizer_->v(), owned_part(data.adam_v, owned_));
+  from_host(model_->params(), from_file_frame(data.params));  // ep: this rank's experts
+  from_host(optimizer_->m(), owned_part(from_file_frame(data.adam_m), owned_));  // under shard: this rank's pieces
+  from_host(optimizer_->v(), owned_part(from_file_frame(data.adam_v), owned_));
   optimizer_->set_steps_taken(step_);
   sampler_start_ = {};
   apply_state(state_, data, per_rank ? &mine : nullptr, path);
@@ -186,12 +186,12 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
     if (int64_t(r) * world_ / old_world == rank_) sources.push_back(r);
   if (sources.empty())
     for (int r = 0; r < old_world; ++r) sources.push_back(r);
-  RankState out = read_rank_state(path, model_->layout(), base, sources[0], own);
+  RankState out = read_rank_state(path, *file_layout_, base, sources[0], own);
   if (sources.size() == 1) return out;
   auto average = [&](std::vector<float>& into, auto get) {
     std::vector<double> sum(into.begin(), into.end());
     for (size_t i = 1; i < sources.size(); ++i) {
-      RankState other = read_rank_state(path, model_->layout(), base, sources[i], own);
+      RankState other = read_rank_state(path, *file_layout_, base, sources[i], own);
       const std::vector<float>& v = get(other);
       for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
     }
@@ -209,7 +209,32 @@ std::vector<float> Trainer::whole_params() {
   ExecSpace().fence();
   std::vector<float> out = to_host(model_->params());
   if (strategy_->agreement(step_).weights_sharded) gather_in_place(out, owned_, comm_);
-  return out;
+  return to_file_frame(out);
+}
+
+// ep: the whole model from the group's ranks, every rank's experts in their
+// place (MPI_Allgather: the bits as they are), the same on every rank.
+std::vector<float> Trainer::to_file_frame(const std::vector<float>& mine) const {
+  if (ep_ == 1) return mine;
+  std::vector<float> whole(file_layout_->total());
+  model_->layout().to_full(mine.data(), whole.data());
+  std::vector<float> held;
+  for (const auto& [begin, end] : model_->layout().expert_runs()) held.insert(held.end(), &mine[begin], &mine[end]);
+  std::vector<float> all(held.size() * ep_);
+  MPI_Allgather(held.data(), int(held.size()), MPI_FLOAT, all.data(), int(held.size()), MPI_FLOAT, ep_group_);
+  for (int q = 0; q < ep_; ++q) {
+    const float* from = all.data() + q * held.size();
+    for (const auto& t : ParamLayout(cfg_.model, q).tensors())
+      if (t.expert >= 0) std::copy_n(from, t.size, whole.begin() + t.full_offset), from += t.size;
+  }
+  return whole;
+}
+
+std::vector<float> Trainer::from_file_frame(const std::vector<float>& whole) const {
+  if (ep_ == 1) return whole;
+  std::vector<float> mine(model_->layout().total());
+  model_->layout().from_full(whole.data(), mine.data());
+  return mine;
 }
 
 // Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
@@ -218,8 +243,9 @@ std::vector<float> Trainer::whole_params() {
 CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
   mine.params = whole_params();
-  mine.adam_m = gather_whole(optimizer_->m(), owned_, comm_);  // under shard: the ranks' pieces put together
-  mine.adam_v = gather_whole(optimizer_->v(), owned_, comm_);
+  // under shard: the ranks' pieces put together; under ep: the group's experts
+  mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_));
+  mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_));
   mine.sampler_batches = loader_->position();
   CheckpointData data;
   for (const auto* registry : {&state_, &strategy_state_})
@@ -255,6 +281,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   data.state.epoch = cfg_.data.batch * loader_->position() / std::max<int64_t>(1, split_.train_windows);
   data.state.seed = cfg_.seed;
   data.state.world_size = world_;
+  data.state.ep = ep_;
   data.state.last_loss = loss;
   data.deck = program_.deck_text;
   return data;
@@ -278,7 +305,7 @@ void Trainer::save_checkpoint(double loss) {
   // The codec kernels run here: Kokkos' host backend shares its reduction
   // scratch between threads, so only the HDF5 write (deflate, checksums, I/O)
   // goes to the background.
-  const auto encoded = encode_checkpoint(comm_, model_->layout(), data, &mine, format, &chain_);
+  const auto encoded = encode_checkpoint(comm_, *file_layout_, data, &mine, format, &chain_);
   pending_ = {};
   pending_.waited = waited;
   pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";

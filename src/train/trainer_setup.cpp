@@ -25,6 +25,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
   bcast_string(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
+  split_expert_groups(resume_path);
   build_model();
   register_state();
   const double restore_start = MPI_Wtime();
@@ -74,7 +75,10 @@ Trainer::~Trainer() {
   watchdog_.reset();  // after the join: a writer stuck in a collective is still caught
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (writer_comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&writer_comm_);
+  if (finalized) return;
+  exchange_.reset();
+  for (MPI_Comm* c : {&writer_comm_, &ep_group_, &expert_holders_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
 // Rank 0 validates the data first (every token of every shard), so a bad
@@ -133,6 +137,35 @@ void Trainer::load_data() {
                             tokenizer_->describe());
 }
 
+// moe ... ep N: groups of N consecutive ranks share the routed experts out
+// (one node's ranks, where the all-to-all is cheapest); a world size N does
+// not divide is refused, naming the deck's line and a checkpoint's layout.
+void Trainer::split_expert_groups(const std::string& resume_path) {
+  ep_ = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
+  ModelConfig whole = cfg_.model;
+  whole.moe.ep = 1;
+  file_layout_ = std::make_unique<ParamLayout>(whole);
+  if (ep_ == 1) return;
+  if (world_ % ep_ != 0) {
+    std::string where = "deck";
+    for (const auto& l : program_.lines)
+      if (!l.words.empty() && l.words[0] == "moe") where = fmt::format("{}:{}", l.file, l.line);
+    std::string written;
+    on_rank0_or_throw(comm_, rank_, [&] {
+      if (resume_path.empty()) return;
+      const auto [w, e] = read_checkpoint_layout(resume_path);
+      written = fmt::format("; {} was written by {} ranks at ep {} and holds every expert", resume_path, w, e);
+    });
+    bcast_string(written, comm_);
+    input_error("{}: moe ep {} does not divide the {} ranks of this run{} (expected a world size that is a multiple "
+                "of ep, or an ep that divides {} and routed {})", where, ep_, world_, written, world_,
+                cfg_.model.moe.routed);
+  }
+  ep_rank_ = rank_ % ep_;
+  MPI_Comm_split(comm_, rank_ / ep_, ep_rank_, &ep_group_);
+  MPI_Comm_split(comm_, ep_rank_, rank_ / ep_, &expert_holders_);
+}
+
 void Trainer::build_model() {
   comm_ops_ = std::make_unique<Communicator>(comm_, sparse_transport(program_.phases));
   kernels::set_widened_products(cfg_.precision.products == "widened");
@@ -142,7 +175,11 @@ void Trainer::build_model() {
     input_error("deck: {} (expected gemm auto, or a backend this binary has)", e.what());
   }
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
-                                                kernels::precision_from_name(cfg_.precision.kind));
+                                                kernels::precision_from_name(cfg_.precision.kind), ep_rank_);
+  if (ep_ > 1) {
+    exchange_ = std::make_unique<MpiExpertExchange>(ep_group_);
+    model_->set_expert_exchange(exchange_.get());
+  }
   // shard: this rank's pieces of every gradient bucket (the first phase's
   // buckets; the deck keeps them one size per job), under params cut inside
   // the weight units the model asks for.
@@ -212,7 +249,7 @@ void Trainer::enter_phase(size_t phase) {
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
-                        owned_, units_};
+                        owned_, units_, ExpertRuns{model_->layout().expert_runs(), expert_holders_}};
     model_->set_weight_gate(nullptr);  // the old strategy's gate goes with it
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     model_->set_weight_gate(strategy_->weight_gate());

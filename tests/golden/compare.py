@@ -24,12 +24,13 @@ EXACT = {"step", "comm_bytes", "comm_rounds", "lr", "skipped_steps", "overflows"
 # on one, 0.43 on the other): only the exact mode compares the loads.
 TOLERANCE = {"grad_norm": 5e-2, "consensus_distance": 5e-2, "loss_aux": 5e-2}
 DEFAULT = 1e-3
-ROUTING = {"expert_load_cv", "expert_load_max", "expert_load_min"}
+ROUTING = {"expert_load_cv", "expert_load_max", "expert_load_min", "expert_tokens"}
 # Fields a run may report that curves recorded before them lack (new
 # measurements of the same model; they move nothing else). Where both have
 # one, it is compared like any other field.
 ADDED = {"val_bpb": "9/13: bits per byte, val_loss / ln 2 for byte corpora",
-         "val_acc": "10/13: next-token accuracy of the validation windows"}
+         "val_acc": "10/13: next-token accuracy of the validation windows",
+         "expert_tokens": "12/13: tokens per routed expert, summed over the MoE layers and ranks"}
 
 
 def load(path):

@@ -1,0 +1,59 @@
+#include "comm/expert_exchange_mpi.h"
+#include <stdexcept>
+#include "core/views.h"
+
+namespace xx {
+
+MpiExpertExchange::MpiExpertExchange(MPI_Comm group) : group_(group) {
+  MPI_Comm_size(group, &ranks_);
+  MPI_Comm_rank(group, &rank_);
+}
+
+MpiExpertExchange::~MpiExpertExchange() {
+  for (auto& [bytes, type] : row_types_) MPI_Type_free(&type);
+}
+
+void MpiExpertExchange::counts(const int32_t* send, int32_t* recv, int n) {
+  const double t0 = MPI_Wtime();
+  MPI_Alltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, group_);
+  stats_.seconds += MPI_Wtime() - t0, stats_.waited += MPI_Wtime() - t0;
+}
+
+// One contiguous datatype per row size: counts and displacements in rows stay
+// far below INT_MAX where bytes would not.
+MPI_Datatype MpiExpertExchange::row_type(int64_t row_bytes) {
+  auto it = row_types_.find(row_bytes);
+  if (it != row_types_.end()) return it->second;
+  MPI_Datatype t;
+  MPI_Type_contiguous(int(row_bytes), MPI_BYTE, &t);
+  MPI_Type_commit(&t);
+  return row_types_[row_bytes] = t;
+}
+
+void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                              const std::vector<int64_t>& recv_rows, int64_t row_bytes) {
+  if (request_ != MPI_REQUEST_NULL) throw std::logic_error("expert exchange: a start before the last one's wait");
+  ExecSpace().fence();  // the rows are written before MPI reads them
+  started_ = MPI_Wtime();
+  send_counts_.assign(ranks_, 0), send_displs_.assign(ranks_, 0);
+  recv_counts_.assign(ranks_, 0), recv_displs_.assign(ranks_, 0);
+  int64_t s = 0, r = 0;
+  for (int q = 0; q < ranks_; ++q) {
+    send_counts_[q] = int(send_rows[q]), send_displs_[q] = int(s), s += send_rows[q];
+    recv_counts_[q] = int(recv_rows[q]), recv_displs_[q] = int(r), r += recv_rows[q];
+  }
+  const MPI_Datatype t = row_type(row_bytes);
+  MPI_Ialltoallv(send, send_counts_.data(), send_displs_.data(), t, recv, recv_counts_.data(), recv_displs_.data(), t,
+                 group_, &request_);
+  stats_.rounds += 1;
+  stats_.bytes_sent += (s - send_rows[rank_]) * row_bytes;  // what leaves this rank
+}
+
+void MpiExpertExchange::wait() {
+  const double t0 = MPI_Wtime();
+  MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  const double t1 = MPI_Wtime();
+  stats_.waited += t1 - t0, stats_.seconds += t1 - started_;
+}
+
+}  // namespace xx
