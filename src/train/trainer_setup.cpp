@@ -311,6 +311,13 @@ std::string Trainer::backends() const {
                                  ck.mode == "diff" ? " " + ck.codec : ""));
   row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
   row("peak (MFU)", mfu_.describe());
+  if (ep_ > 1) {
+    const auto& e = cfg_.model.moe;
+    row("experts", fmt::format("moe ep {}: routed experts [{}, {}) of each MoE layer here, tokens moved by "
+                               "MPI_Ialltoallv in groups of {} consecutive ranks, each expert's gradient averaged "
+                               "over its {} holder(s)", ep_, ep_rank_ * e.routed / ep_, (ep_rank_ + 1) * e.routed / ep_,
+                               ep_, world_ / ep_));
+  }
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
                      model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);
   return out;
