@@ -246,3 +246,37 @@ TEST_CASE("an ep checkpoint holds the whole model and resumes at another ep and 
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }
+
+// 4. With the training state sharded (11/13): replicated buckets over all
+// ranks, expert buckets over the ranks holding those experts. Every level
+// follows shard off at the same ep, and its checkpoint holds the same model.
+TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
+  if (eps_here().empty()) return;
+  constexpr int kSteps = 20;
+  const auto dir = shared_scratch("ep_shard");
+  const auto corpus = make_corpus(dir);
+  // (at 4 ranks ep 2 has two holders per expert, whose buckets are cut in two; ep 4 one)
+  for (int ep : eps_here()) {
+  INFO("ep " << ep);
+  const std::string tag = "ep" + std::to_string(ep) + "_";
+  const auto off = run(make_program(dir, tag + "off", deck(corpus, dir + "/" + tag + "off", ep, "softmax", kSteps)));
+  for (const std::string level : {"optimizer", "gradients", "params"}) {
+    INFO("shard " << level);
+    const auto sharded = run(make_program(
+        dir, tag + level, deck(corpus, dir + "/" + tag + level, ep, "softmax", kSteps, "shard " + level + "\n")));
+    REQUIRE_THAT(sharded.backends, Catch::Contains("ZeRO"));
+    REQUIRE(sharded.losses.size() == off.losses.size());
+    double worst = 0;
+    for (size_t i = 0; i < off.losses.size(); ++i) {
+      INFO("step " << i + 1);
+      worst = std::max(worst, relative(sharded.losses[i], off.losses[i]));
+      REQUIRE(relative(sharded.losses[i], off.losses[i]) < 1e-6);
+    }
+    REQUIRE(sharded.tokens == off.tokens);
+    REQUIRE(relative(sharded.whole, off.whole) < 1e-6);
+    if (mpi_rank() == 0)
+      fmt::print(stderr, "[ep] {} ranks, ep {}, shard {}: losses within {:.2g} of shard off, weights within {:.2g}\n",
+                 mpi_size(), ep, level, worst, relative(sharded.whole, off.whole));
+  }
+  }
+}

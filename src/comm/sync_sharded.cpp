@@ -18,6 +18,9 @@
 //              on its way), and its other ranks' pieces are released when
 //              the model lets go. No all-gather after the update: each rank's
 //              pieces are its part of the weights.
+// Under ep (moe ... ep N) an expert bucket is cut over the ranks holding the
+// same experts, and reduced and gathered over them alone (each owner's
+// gradient already sums its group's tokens; all are divided by the world).
 #include <fmt/format.h>
 #include <type_traits>
 #include "comm/sync_group.h"
@@ -178,13 +181,20 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     stats_.seconds += MPI_Wtime() - t0;
   }
 
+  // The ranks bucket b is cut over: all, or under ep an expert bucket's holders.
+  MPI_Comm group_of(const Ownership::Bucket& bucket) const {
+    return bucket.expert ? buffers_.experts.holders : buffers_.world;
+  }
+
   // Every rank's piece of bucket b of the weights, to every rank, in place.
   void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats) {
     const auto& bucket = owned_.buckets()[b];
+    const int ranks = int(bucket.counts.size());
+    if (ranks == 1) return;  // (an expert's only holder)
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin, bucket.counts.data(),
-                    bucket.displs.data(), MPI_FLOAT, buffers_.world, &request);
+                    bucket.displs.data(), MPI_FLOAT, group_of(bucket), &request);
     stats.rounds += 1;
-    stats.bytes_sent += int64_t(bucket.counts[rank_]) * int64_t(sizeof(float)) * (world_ - 1);
+    stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(float)) * (ranks - 1);
   }
 
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
@@ -197,8 +207,8 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
       ExecSpace().fence();  // the kernels that read the unit are done
       for (size_t b : unit_buckets_[unit]) {
         const auto& bucket = owned_.buckets()[b];
-        for (int r = 0; r < world_; ++r)
-          if (r != rank_)
+        for (int r = 0; r < int(bucket.counts.size()); ++r)
+          if (r != owned_.index_in(bucket))
             release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
                                 int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
       }
@@ -210,7 +220,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     const auto& bucket = owned_.buckets()[b];
     const OwnedPiece mine = owned_.piece_of(b);
     ExecSpace().fence();  // the gradients must be written before MPI reads them
-    if (world_ == 1) {
+    if (bucket.counts.size() == 1) {  // one rank, or an expert's only holder: its sum is the sum
       if (!gradients_sharded()) return;
       Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
                         Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
@@ -223,7 +233,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     // all-reduce is sync dense's, so the sums are its bits.
     const double t0 = MPI_Wtime();
     MPI_Iallreduce(MPI_IN_PLACE, buffers_.grads.data() + bucket.begin, int(bucket.end - bucket.begin), MPI_FLOAT,
-                   MPI_SUM, buffers_.world, &requests_[b]);
+                   MPI_SUM, group_of(bucket), &requests_[b]);
     stats_.seconds += MPI_Wtime() - t0;
     stats_.rounds += 1;
     stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
@@ -246,7 +256,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   // bucket's whole-size gradients back to the kernel.
   void release(size_t b) {
     if (!gradients_sharded()) return;  // shard optimizer keeps the whole gradients
-    if (world_ > 1) {
+    if (owned_.buckets()[b].counts.size() > 1) {
       const OwnedPiece mine = owned_.piece_of(b);
       Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
                         Vec<float>(buffers_.grads.data() + mine.begin, mine.size()));

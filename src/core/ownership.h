@@ -19,6 +19,14 @@ namespace xx {
 // for the oldest beyond this); the memory plan counts them.
 inline constexpr int kShardBucketsInFlight = 2;
 
+// moe ... ep N: the runs [begin, end) of the flat buffer that hold this
+// rank's routed experts, and its place among the ranks that hold the same
+// experts (rank / ep of world / ep). Expert buckets are cut among those holders only.
+struct ExpertHolders {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int ranks = 1, rank = 0;
+};
+
 struct OwnedPiece {
   int64_t begin = 0, end = 0;  // in the flat buffer
   int64_t at = 0;              // where it starts in the owner's shard
@@ -30,6 +38,7 @@ class Ownership {
   struct Bucket {
     int64_t begin = 0, end = 0;
     std::vector<int> counts, displs;  // rank r's piece: [begin + displs[r], + counts[r])
+    bool expert = false;              // inside an expert run: r counts the holders, not the world
   };
   Ownership() = default;
   // One rank owns all of it (shard off): one bucket, one piece.
@@ -39,7 +48,9 @@ class Ownership {
   // Buckets cut from the end of each span [begin, end) (spans in buffer
   // order, together [0, total)), so no bucket crosses a span: shard params
   // passes the weight units, which it gathers one at a time.
-  Ownership(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t bucket, int ranks, int rank);
+  // Under ep the spans are cut at the expert runs' edges too.
+  Ownership(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t bucket, int ranks, int rank,
+            const ExpertHolders& experts = {});
 
   int64_t total() const { return total_; }      // the flat buffer's length
   int64_t shard_size() const { return shard_; }  // what this rank owns
@@ -48,12 +59,15 @@ class Ownership {
   const std::vector<Bucket>& buckets() const { return buckets_; }    // buckets()[0] ends at the buffer's end
   // This rank's piece of bucket b.
   OwnedPiece piece_of(size_t b) const;
-  // Rank r's pieces (every rank can answer for every other).
-  std::vector<OwnedPiece> pieces_of(int r) const;
+  // This rank's index among the ranks bucket b is cut over (its holders under ep).
+  int index_in(const Bucket& b) const { return b.expert ? holder_ : rank_; }
+  // Rank r's pieces (every rank can answer for every other; without ep).
+  std::vector<OwnedPiece> pieces_of(int r) const { return pieces_for(r, r); }
 
  private:
+  std::vector<OwnedPiece> pieces_for(int rank, int holder) const;
   int64_t total_ = 0, shard_ = 0;
-  int ranks_ = 1;
+  int ranks_ = 1, rank_ = 0, holder_ = 0;
   std::vector<Bucket> buckets_;
   std::vector<OwnedPiece> pieces_;
 };

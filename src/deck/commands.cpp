@@ -709,9 +709,6 @@ void check_expert_parallel(const Config& c, const std::string& where, const std:
   if (c.topology.kind != "full")
     input_error("{}: {} with topology {} ({}) {}", where, ep, c.topology.kind, at("topology"), why);
   if (c.compress.kind != "off") input_error("{}: {} with compress {} ({}) {}", where, ep, c.compress.kind, at("compress"), why);
-  if (c.shard.level != "off")
-    input_error("{}: {} with shard {} ({}) (expected shard off: the sharded strategies cut every bucket over all "
-                "ranks, and expert buckets differ from rank to rank)", where, ep, c.shard.level, at("shard"));
   if (c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}) (expected no sample line: rank 0 decodes alone and holds only its "
                 "own experts; sample from a checkpoint with xuanxue generate)", where, ep, c.sample.every, at("sample"));

@@ -94,14 +94,14 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 // ---------------------------------------------------------------------------
 
 // The squared norm of the averaged gradients: a shard's is summed over the
-// ranks; under ep the routed experts' over the expert-parallel group (each
-// of its ranks holds other experts), the rest once.
+// ranks; whole ones under ep sum the routed experts' over the expert-parallel
+// group (each of its ranks holds other experts), the rest once.
 double Trainer::sum_squares(const ReducedGradients& grads) const {
   const float* g = grads.values.data();
   auto squares = [g](int64_t begin, int64_t end) {
     return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
   };
-  if (ep_ == 1) {
+  if (ep_ == 1 || grads.sharded) {  // (each piece of a shard, expert or not, has one owner in the world)
     double sum = squares(0, grads.values.extent(0));
     if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
     return sum;

@@ -208,7 +208,7 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
 std::vector<float> Trainer::whole_params() {
   ExecSpace().fence();
   std::vector<float> out = to_host(model_->params());
-  if (strategy_->agreement(step_).weights_sharded) gather_in_place(out, owned_, comm_);
+  if (strategy_->agreement(step_).weights_sharded) gather_in_place(out, owned_, comm_, expert_holders_);
   return to_file_frame(out);
 }
 
@@ -244,8 +244,8 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
   mine.params = whole_params();
   // under shard: the ranks' pieces put together; under ep: the group's experts
-  mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_));
-  mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_));
+  mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_, expert_holders_));
+  mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_, expert_holders_));
   mine.sampler_batches = loader_->position();
   CheckpointData data;
   for (const auto* registry : {&state_, &strategy_state_})

@@ -186,9 +186,11 @@ void Trainer::build_model() {
   const int64_t total = model_->layout().total();
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
   for (const auto& u : model_->layout().weight_units()) units_.emplace_back(u.begin, u.end);
+  // (under ep an expert bucket is cut over the ranks holding its experts)
+  const ExpertHolders holders{model_->layout().expert_runs(), world_ / ep_, rank_ / ep_};
   owned_ = cfg_.shard.level == "off"      ? Ownership::whole(total)
-           : cfg_.shard.level == "params" ? Ownership(units_, bucket, world_, rank_)
-                                          : Ownership(total, bucket, world_, rank_);
+           : cfg_.shard.level == "params" ? Ownership(units_, bucket, world_, rank_, holders)
+                                          : Ownership({{0, total}}, bucket, world_, rank_, holders);
   if (cfg_.shard.level == "gradients" || cfg_.shard.level == "params") {
     std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};  // gradients: all the weights
     if (cfg_.shard.level == "params") {

@@ -26,22 +26,26 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
 }
 
 // Collective: every rank's pieces of `whole` (laid out like the flat buffer,
-// this rank's pieces in place) to every rank.
-inline void gather_in_place(std::vector<float>& whole, const Ownership& owned, MPI_Comm comm) {
+// this rank's pieces in place) to every rank; under ep an expert bucket's
+// over its `holders`.
+inline void gather_in_place(std::vector<float>& whole, const Ownership& owned, MPI_Comm comm,
+                            MPI_Comm holders = MPI_COMM_NULL) {
   if (owned.ranks() == 1) return;
   for (const auto& b : owned.buckets())
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
-                   MPI_FLOAT, comm);
+    if (b.counts.size() > 1)
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
+                     MPI_FLOAT, b.expert ? holders : comm);
 }
 
 // Collective when sharded: the whole buffer from every rank's shard (each
 // bucket's pieces all-gathered), the same on every rank.
-inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownership& owned, MPI_Comm comm) {
+inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownership& owned, MPI_Comm comm,
+                                       MPI_Comm holders = MPI_COMM_NULL) {
   std::vector<float> mine = to_host(shard);
   if (owned.ranks() == 1) return mine;
   std::vector<float> whole(owned.total());
   for (const auto& p : owned.pieces()) std::copy_n(mine.begin() + p.at, p.size(), whole.begin() + p.begin);
-  gather_in_place(whole, owned, comm);
+  gather_in_place(whole, owned, comm, holders);
   return whole;
 }
 
