@@ -149,7 +149,9 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     }
     const MemoryLimit limit = memory_limit(comm, args.device_gb);
     if (args.dry_run) {
-      if (rank == 0) fmt::print("{}", dry_run_report(program, args.ranks > 0 ? args.ranks : world, limit));
+      // every rank plans, so a plan's InputError (ep not dividing -ranks) ends all alike
+      const std::string report = dry_run_report(program, args.ranks > 0 ? args.ranks : world, limit);
+      if (rank == 0) fmt::print("{}", report);
       return 0;
     }
     // Every rank holds the same plan against the same limit: all stop here,

@@ -446,3 +446,62 @@ TEST_CASE("deck: shard with sync local, another topology, compress, another buck
   check(kBase + "shard zero\nrun 2\n",
         at(3) + ": unknown kind 'zero' for 'shard' (expected one of: off, optimizer, gradients, params)");
 }
+
+// moe ... ep N (src/deck/commands.cpp, check_expert_parallel): a rank holds
+// only its own experts, so what averages, shards, compresses or decodes the
+// whole weight buffer as if every rank held the same tensors is refused at
+// the run line, naming the moe line and the other one; the moe line itself
+// refuses an ep that does not divide routed, and ep without moe.
+TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, sample, restart_from best", "[deck][ep]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  auto at = [&](int line) { return file + ":" + std::to_string(line); };
+  auto check = [&](const std::string& text, const std::string& start) {
+    const std::string msg = error_of(t, text);
+    INFO(msg);
+    CHECK_THAT(msg, Catch::StartsWith(start));
+    CHECK(msg.find('\n') == std::string::npos);
+  };
+  const std::string moe = "moe on routed 4 topk 2 ffn 8 ep 2\n";  // line 3, after kBase's two
+  const std::string ep = "moe ep 2 (" + at(3) + ")";
+  const std::string why = "(expected sync dense or accumulate over topology full, without compress: each expert's "
+                          "gradient is averaged over the ranks that hold it)";
+  const std::vector<std::pair<std::string, std::string>> others = {
+      {"sync local 4", "sync local (LINE) " + why},
+      {"topology clusters 2", "topology clusters (LINE) " + why},
+      {"topology ring", "topology ring (LINE) " + why},
+      {"compress topk 0.1", "compress topk (LINE) " + why},
+      {"shard params", "shard params (LINE) (expected shard off"},
+      {"sample every 5", "sample every 5 (LINE) (expected no sample line: rank 0 decodes alone and holds only its own "
+                         "experts; sample from a checkpoint with xuanxue generate)"},
+      {"schedule sgdr period 5 restart_from best",
+       "schedule restart_from best (LINE) (expected restart_from last: the best weights are kept per rank)"},
+  };
+  for (const auto& [line, named] : others) {
+    CAPTURE(line);
+    auto naming = [&](int other) {
+      std::string n = named;
+      return n.replace(n.find("LINE"), 4, at(other));
+    };
+    // in the first phase: the other line 4, run 5; in a later phase (shard is one
+    // setting per job): run 4, the other line 5, run 6
+    check(kBase + moe + line + "\nrun 2\n", at(5) + ": " + ep + " with " + naming(4));
+    if (line.rfind("shard", 0) != 0)
+      check(kBase + moe + "run 2\n" + line + "\nrun 2\n", at(6) + ": " + ep + " with " + naming(5));
+    // without ep the same line is no concern of ep's
+    const std::string msg = error_of(t, kBase + "moe on routed 4 topk 2 ffn 8\n" + line + "\nrun 2\n");
+    CHECK(msg.find("moe ep") == std::string::npos);
+  }
+  check(kBase + "moe on routed 4 topk 2 ffn 8 ep 3\nrun 2\n",
+        at(3) + ": 'routed' 4 is not divisible by 'ep' 3 (expected routed % ep == 0: each rank of an expert-parallel "
+                "group holds routed / ep experts)");
+  check(kBase + "moe off ep 2\nrun 2\n",
+        at(3) + ": 'ep' 2 with moe off (expected moe on: expert parallelism spreads routed experts)");
+  // What ep works with: sync dense or accumulate over topology full, without compress.
+  CHECK(error_of(t, kBase + moe + "sync accumulate 2\ntopology full\ncompress off\nshard off\nrun 2\nsync dense\nrun 2\n")
+            .empty());
+  const Program p = build(t, kBase + moe + "run 2\n");
+  CHECK(p.phases[0].config.model.moe.ep == 2);
+  CHECK(where_given(p, "moe") == at(3));
+  CHECK(where_given(p, "mtp") == "deck");
+}

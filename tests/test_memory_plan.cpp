@@ -3,6 +3,9 @@
 // print in the unit that fits (core/units.h).
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include "core/error.h"
 #include "core/units.h"
 #include "deck/deck.h"
 #include "model/estimate.h"
@@ -32,11 +35,11 @@ namespace {
 
 // A small MoE model with MTP: four blocks and one MTP module, so no layer is
 // a large share of the model; bucket_mb small, so buckets are below a layer.
-Program small_program(const TempDir& t, const std::string& precision, const std::string& extra = "") {
+Program small_program(const TempDir& t, const std::string& precision, const std::string& extra = "", int ep = 1) {
   const std::string deck =
       "model deepseek vocab 256 dim 64 layers 4 heads 4 ffn 128 seq 16\n"
       "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16\n"
-      "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 32\n"
+      "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 32 ep " + std::to_string(ep) + "\n"
       "mtp depth 1\n"
       "data bytes /dev/null batch 2\n"
       "precision " + precision + "\n"
@@ -152,4 +155,106 @@ TEST_CASE("a deck that cannot fit is refused with the smallest level that would"
   CHECK(memory_refusal(sharded, 8, {grad, "-device-gb 1"}).empty());
   CHECK_THAT(memory_refusal(sharded, 8, {0.99 * std::min(grad, par), "-device-gb 1"}),
              Catch::Contains("the plan for shard gradients needs " + format_bytes(grad)));
+}
+
+// moe ... ep N: a rank holds the replicated tensors and E/N of each MoE
+// layer's experts; the sharded parts of the experts are shared by their D =
+// W/N holders, of the replicated tensors by all W ranks.
+TEST_CASE("under ep the experts divide by ep, and sharding divides them by their holders", "[model][plan]") {
+  TempDir t;
+  const std::string precision = GENERATE("fp32", "bf16");
+  const int ep = GENERATE(2, 4);
+  const int W = GENERATE(4, 8);
+  CAPTURE(precision, ep, W);
+  const Program whole = small_program(t, precision), program = small_program(t, precision, "", ep);
+  const ParamLayout all(whole.phases.front().config.model);
+  int64_t experts = 0;  // every routed expert of the model
+  for (const auto& ti : all.tensors()) experts += ti.expert >= 0 ? ti.size : 0;
+  REQUIRE(experts > 0);
+  const int64_t R = all.total() - experts, X = experts / ep, D = W / ep;
+  const PlanBasis b = plan_basis(program, W), b1 = plan_basis(whole, W);
+  CHECK(b.ep == ep);
+  CHECK(b.model_params == all.total());
+  CHECK(b.experts == X);
+  CHECK(b.params == R + X);
+  CHECK(b.shard == (R + W - 1) / W + (X + D - 1) / D);
+  CHECK(b1.experts == 0);  // without ep every tensor is replicated
+  CHECK(b1.shard == (all.total() + W - 1) / W);
+
+  const double c = precision != "fp32" ? 2 : 0, P = double(R + X), S = double(b.shard);
+  const int64_t NK = 2 * 16 * 2, C = 64;  // batch x seq x topk rows, width
+  const int64_t rows = int64_t(std::ceil(kExpertLoadPlanned * NK));
+  CHECK(b.expert_rows == rows);
+  CHECK(b.exchange == 4.0 * 2 * rows * C);  // outputs going home, output gradients arriving
+  for (Shard level : kShardLevels) {
+    CAPTURE(shard_name(level));
+    const MemoryPlan p = plan_level(b, level), p1 = plan_level(b1, level);
+    // The formulas of every level, with P and S as above.
+    CHECK(p.weights == (4 + c) * (level == Shard::params ? S : P));
+    CHECK(p.gradients == 4 * (level == Shard::gradients || level == Shard::params ? S : P));
+    CHECK(p.optimizer == 8 * (level == Shard::off ? P : S));
+    CHECK(p.activations == b.activations);
+    // Against ep 1: what the other ranks' experts cost is gone.
+    if (level == Shard::off) {
+      CHECK(p1.weights - p.weights == (4 + c) * double(experts - X));
+      CHECK(p1.optimizer - p.optimizer == 8.0 * double(experts - X));
+      CHECK(p.communication == b.exchange);
+    }
+    PlanBasis without_exchange = b;
+    without_exchange.exchange = 0;
+    CHECK(p.communication - plan_level(without_exchange, level).communication == b.exchange);  // at every level
+  }
+  // The largest unit gathered under params is a MoE block with its own experts only.
+  CHECK(b.largest_layer < b1.largest_layer);
+  const std::string report = dry_run_report(program, W, {0, "none"});
+  CHECK_THAT(report, Catch::Contains(fmt::format("{} rank(s), ep {}: experts sharded over their D = {} holder(s)",
+                                                 W, ep, D)));
+  CHECK_THAT(report, Catch::Contains(fmt::format("each rank holds {} of every", 4 / ep)));
+  CHECK_THAT(report, Catch::Contains(fmt::format("MoE layer's 4 routed experts, each expert held by D = {} rank(s)", D)));
+  CHECK_THAT(report, Catch::Contains(fmt::format("S = ceil(R/{}) + ceil(X/{})", W, D)));
+  CHECK_THAT(report,
+             Catch::Contains(fmt::format("planned at {}x an even load: {} per MoE layer", kExpertLoadPlanned, rows)));
+  CHECK((D == 1) == (report.find("D = 1: each expert has one holder") != std::string::npos));
+}
+
+TEST_CASE("under ep the rows an expert owner runs grow with its load", "[model][plan]") {
+  TempDir t;
+  const Program program = small_program(t, "bf16", "", 2);
+  const auto& m = program.phases.front().config.model;
+  const auto even = estimate_memory(m, 2), busy = estimate_memory(m, 2, 2.0);
+  const int64_t NK = 2 * 16 * 2, C = 64, Fm = 32;
+  const int64_t moe_blocks = (m.layers - m.moe.dense_layers) + m.mtp.depth;
+  CHECK(even.expert_rows == NK);
+  CHECK(busy.expert_rows == 2 * NK);
+  // Per MoE block the rows run keep their input, gate/up and SwiGLU output.
+  CHECK(busy.halvable_elements - even.halvable_elements == moe_blocks * NK * (C + 3 * Fm));
+  CHECK(busy.other_elements == even.other_elements);
+  CHECK(busy.exchange_elements == 2 * even.exchange_elements);
+  // ep 1 runs the N K rows it routes: nothing travels.
+  const auto local = estimate_memory(small_program(t, "bf16").phases.front().config.model, 2, 2.0);
+  CHECK(local.expert_rows == NK);
+  CHECK(local.exchange_elements == 0);
+  // ep keeps the rows' input twice, sent and run: N K C more per MoE block at an even load.
+  CHECK(even.halvable_elements - local.halvable_elements == moe_blocks * NK * C);
+}
+
+TEST_CASE("a plan under ep needs whole expert-parallel groups", "[model][plan]") {
+  TempDir t;
+  const Program program = small_program(t, "fp32", "", 4);
+  const std::string moe_line = (t.dir / "plan.deck").string() + ":3";
+  try {
+    plan_basis(program, 6);
+    FAIL("no error for ep 4 over 6 ranks");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith(moe_line + ": moe ep 4 does not divide the 6 ranks planned (expected "
+                                           "a world size that is a multiple of ep, or an ep that divides 6 and "
+                                           "routed 4)"));
+  }
+  CHECK_THROWS_AS(dry_run_report(program, 2, {0, "none"}), InputError);
+  // A run leaves that refusal to the trainer, which names a checkpoint's layout too.
+  CHECK(memory_refusal(program, 6, {1, "-device-gb 1e-9"}).empty());
+  CHECK_NOTHROW(plan_basis(program, 8));
+  const PlanBasis b = plan_basis(program, 4);
+  CHECK_THAT(memory_refusal(program, 4, {plan_level(b, Shard::off).total() / 2, "-device-gb 1"}),
+             Catch::Contains("per rank at 4 rank(s), ep 4 ("));
 }

@@ -237,6 +237,18 @@ void count_kept(Kokkos::Profiling::SpaceHandle, const char* label, const void*, 
                     l == "mtp_in" || l == "mtp_target";
   if (kept) kept_bytes += int64_t(size);
 }
+
+
+// What building the model allocates that it keeps for the backward.
+int64_t kept_by(const ModelConfig& cfg, int B, kernels::Precision type, int ep_rank = 0) {
+  kept_bytes = 0;
+  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kept);
+  {
+    Transformer<float> model(cfg, B, type, ep_rank);
+  }
+  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  return kept_bytes;
+}
 }  // namespace
 
 TEST_CASE("the dry run's activation estimate is what the model allocates, in fp32 and in 16 bits", "[model]") {
@@ -246,13 +258,26 @@ TEST_CASE("the dry run's activation estimate is what the model allocates, in fp3
   const auto cfg = architecture(name);
   const int B = 2;
   const auto est = estimate_memory(cfg, B);
-  kept_bytes = 0;
-  Kokkos::Tools::Experimental::set_allocate_data_callback(count_kept);
-  {
-    Transformer<float> model(cfg, B, type);
-  }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
   const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
-  CHECK(kept_bytes == gemm_bytes + 4 * est.other_elements);
+  CHECK(kept_by(cfg, B, type) == gemm_bytes + 4 * est.other_elements);
   CHECK(est.halvable_elements > est.other_elements);  // most of them move to 16 bits
+}
+
+// Under ep a rank keeps the rows it sends and, for its experts, the rows it
+// runs: sized at first for an even load (expert_load 1), the same at every
+// rank of the group.
+TEST_CASE("under ep the activation estimate is what a rank allocates at first", "[model][plan]") {
+  const std::string name = GENERATE("moe-softmax-aux", "deepseek-mtp");
+  const auto type = GENERATE(kernels::Precision::fp32, kernels::Precision::bf16);
+  const int ep = GENERATE(2, 4);
+  CAPTURE(name, int(type), ep);
+  auto cfg = architecture(name);
+  cfg.moe.ep = ep;
+  const int B = 2;
+  const auto est = estimate_memory(cfg, B);
+  const int64_t NK = int64_t(B) * cfg.seq * cfg.moe.topk;
+  CHECK(est.expert_rows == NK);
+  CHECK(est.exchange_elements == 2 * NK * cfg.dim);
+  const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
+  for (int ep_rank : {0, ep - 1}) CHECK(kept_by(cfg, B, type, ep_rank) == gemm_bytes + 4 * est.other_elements);
 }

@@ -39,7 +39,7 @@ struct Fixture {
             [this](Buffer<float> target, const CompressConfig& c, double mb) {
               return std::make_unique<CompressedSync>(layout.spans(), target, c, mb);
             },
-            Ownership::whole(P), {}};
+            Ownership::whole(P), {}, {}};
   }
 };
 

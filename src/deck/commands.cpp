@@ -792,6 +792,12 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
   return program;
 }
 
+std::string where_given(const Program& program, const std::string& command) {
+  for (const auto& l : program.lines)
+    if (!l.words.empty() && l.words[0] == command) return fmt::format("{}:{}", l.file, l.line);
+  return "deck";
+}
+
 std::string describe(const Config& config) {
   Config c = config;  // the registry binds to a mutable Config; it is only read here
   int64_t steps = 0;

@@ -47,6 +47,10 @@ std::vector<DeckLine> deserialize(const std::string& blob);
 // Table of resolved parameters, one "name value" row each, for the echo.
 std::string describe(const Config& config);
 
+// "FILE:LINE" of the first line that gives `command`, or "deck" when none
+// does (for errors about a per-job setting found after the deck was built).
+std::string where_given(const Program& program, const std::string& command);
+
 // Names of all deck commands (for help and did-you-mean).
 std::vector<std::string> command_names();
 

@@ -1,8 +1,10 @@
 #include "model/estimate.h"
 #include "core/ownership.h"
 #include <algorithm>
+#include <cmath>
 #include <vector>
 #include <fmt/format.h>
+#include "core/error.h"
 #include "core/units.h"
 #include "kernels/attention.h"
 #include "model/params.h"
@@ -15,9 +17,17 @@ struct Kept {
   Kept& operator+=(const Kept& k) { return half += k.half, other += k.other, *this; }
 };
 
+// The rows this rank's experts run per MoE layer: all its tokens' N K rows
+// without ep; under ep its group's rows for its experts, at `expert_load`
+// times the even load (estimate.h).
+static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) {
+  const int64_t NK = B * m.seq * m.moe.topk;
+  return m.moe.ep > 1 ? int64_t(std::ceil(expert_load * double(NK))) : NK;
+}
+
 // Mirrors the buffers Block, Attention, FeedForward and Transformer allocate
 // (the constructors in src/model/), counted in elements.
-static Kept block_activations(const ModelConfig& m, bool moe, int64_t B) {
+static Kept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t rows) {
   const int64_t T = m.seq, N = B * T, C = m.dim, H = m.heads, qk = m.qk_dim(), vd = m.v_dim();
   const auto& a = m.attention;
   kernels::CausalBlocks blocks(T, 64);
@@ -34,39 +44,51 @@ static Kept block_activations(const ModelConfig& m, bool moe, int64_t B) {
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
   k.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
   k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
-  k.half += N * K * (C + 3 * Fm);                                                // expert in, h, a
+  k.half += N * K * C;                                                           // expert in (the rows sent)
   k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
+  k.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a
   return k;
 }
 
-MemoryEstimate estimate_memory(const ModelConfig& m, int batch) {
+MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load) {
   const ParamLayout layout(m);
   MemoryEstimate est;
-  est.params = layout.total();
+  est.params = layout.full_total();
   est.active = layout.active_per_token();
   const int64_t B = batch, T = m.seq, N = B * T, C = m.dim, V = m.vocab;
+  const bool moe = m.moe.enabled(), ep = moe && m.moe.ep > 1;
+  const int64_t rows = moe ? expert_rows(m, B, expert_load) : 0, NK = moe ? N * m.moe.topk : 0;
   Kept kept{N * C, (m.layers + 1) * N * C + N + N * V + N};  // xf; residual streams, final rstd, logits, losses
-  for (int l = 0; l < m.layers; ++l) kept += block_activations(m, m.moe.is_moe_layer(l), B);
+  for (int l = 0; l < m.layers; ++l) kept += block_activations(m, m.moe.is_moe_layer(l), B, rows);
   for (int d = 0; d < m.mtp.depth; ++d) {
     kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
-    kept += block_activations(m, m.moe.enabled(), B);
+    kept += block_activations(m, moe, B, rows);
   }
   est.halvable_elements = kept.half;
   est.other_elements = kept.other;
-  // Scratch shared by the blocks: one block's largest gradients at once.
-  const int64_t F = std::max<int64_t>(m.ffn, m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0);
-  est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * F) + 64 * T;
+  // Scratch shared by the blocks: one block's largest gradients at once. Of
+  // a MoE block: the dense or shared SwiGLU's (N rows), the routed experts'
+  // over the rows run here (`run`), the rows' output and input gradients at
+  // the tokens (N K C each), and under ep those rows' input gradients before
+  // they travel home.
+  const int64_t Fm = moe ? m.moe.ffn : 0, run = std::max(NK, rows);
+  const int64_t swiglu = std::max<int64_t>(m.ffn, int64_t(m.moe.shared) * Fm);
+  est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * swiglu) + 64 * T +
+                         run * 3 * Fm + 2 * NK * C + (ep ? rows * C : 0);
+  est.expert_rows = rows;
+  est.exchange_elements = ep ? 2 * rows * C : 0;  // outputs going home, output gradients arriving
   // Mixed precision: the 32-bit targets KeptActivations are written through
   // (slot 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and
   // with slot 2 for k and v), the 16-bit copies of output gradients (half an
   // element each) and a softmax block.
-  const int64_t BHT = B * m.heads * T, Fm = m.moe.enabled() ? int64_t(m.moe.topk) * m.moe.ffn : 0;
+  const int64_t BHT = B * m.heads * T;
   const int64_t slot0 = std::max({N * 2 * C * (m.mtp.depth > 0), BHT * m.qk_dim(), N * m.heads * m.v_dim(), N * m.ffn,
-                                  N * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
-                                  N * C, N * int64_t(m.moe.shared) * m.moe.ffn});
-  const int64_t widest = std::max({3 * C, 2 * F, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())});
-  const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * N * Fm, 2 * N * int64_t(m.moe.shared) * m.moe.ffn});
-  est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (N * widest + BHT * m.v_dim()) / 2 + 64 * T;
+                                  run * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
+                                  N * C, N * int64_t(m.moe.shared) * Fm});
+  const int64_t widest = std::max(N * std::max({3 * C, 2 * swiglu, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())}),
+                                  run * 2 * Fm);  // rows x width of the widest output gradient
+  const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * run * Fm, 2 * N * int64_t(m.moe.shared) * Fm});
+  est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + 64 * T;
   return est;
 }
 
@@ -133,15 +155,38 @@ void set_precision(PlanBasis& b, const MemoryEstimate& est, const std::string& p
   b.activations = activation_bytes(est, precision);
 }
 
+// This rank's routed experts under ep (the tensors of rank 0's layout: every
+// rank holds as many); 0 without ep, where every tensor is replicated.
+int64_t held_experts(const ParamLayout& layout) {
+  int64_t n = 0;
+  for (const auto& [begin, end] : layout.expert_runs()) n += end - begin;
+  return n;
+}
+
+// A plan needs whole expert-parallel groups; a run is refused the same way
+// (Trainer::split_expert_groups), this one for a dry run's -ranks.
+void check_expert_groups(const Program& program, int ranks) {
+  const MoeConfig& moe = program.phases.front().config.model.moe;
+  if (!moe.enabled() || ranks % moe.ep == 0) return;
+  input_error("{}: moe ep {} does not divide the {} ranks planned (expected a world size that is a multiple of ep, "
+              "or an ep that divides {} and routed {})", where_given(program, "moe"), moe.ep, ranks, ranks, moe.routed);
+}
+
 PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks) {
   PlanBasis b;
   b.ranks = ranks;
+  b.ep = c.model.moe.enabled() ? c.model.moe.ep : 1;
+  b.model_params = layout.full_total();
   b.params = layout.total();
-  b.shard = (b.params + ranks - 1) / ranks;
+  b.experts = held_experts(layout);
+  const int64_t holders = ranks / b.ep;
+  b.shard = (b.params - b.experts + ranks - 1) / ranks + (b.experts + holders - 1) / holders;
   largest_layer(layout, c.model, b.largest_layer, b.largest_name);
   set_precision(b, est, c.precision.kind);
   b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
   b.sync_buffers = 4.0 * sync_elements(c, layout, b.sync_what);
+  b.exchange = 4.0 * est.exchange_elements;
+  b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
   b.held_units = c.model.mtp.depth > 0 ? 4 : 2;
   b.deck_level = c.shard.level;
   return b;
@@ -151,8 +196,9 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
 
 PlanBasis plan_basis(const Program& program, int ranks) {
   const Config& first = program.phases.front().config;
-  const ParamLayout layout(first.model);
-  const auto est = estimate_memory(first.model, first.data.batch);
+  check_expert_groups(program, ranks);
+  const ParamLayout layout(first.model);  // rank 0's experts under ep: every rank holds as many
+  const auto est = estimate_memory(first.model, first.data.batch, kExpertLoadPlanned);
   PlanBasis best;
   for (const Phase& phase : program.phases) {
     PlanBasis b = basis_of(phase.config, layout, est, ranks);
@@ -163,15 +209,19 @@ PlanBasis plan_basis(const Program& program, int ranks) {
   return best;
 }
 
-// Bytes per rank, with P parameters, S = ceil(P/W) of them owned, L in the
-// largest unit (ParamLayout::weight_units), c the 16-bit copy's bytes per
-// weight (0 under fp32), F = 2 buckets reduced at once (core/ownership.h), H
-// the units held at once under params:
+// Bytes per rank, with P parameters held, S of them owned, L in the largest
+// unit (ParamLayout::weight_units), c the 16-bit copy's bytes per weight (0
+// under fp32), F = 2 buckets reduced at once (core/ownership.h), H the units
+// held at once under params:
 //              weights            gradients  optimizer  communication (besides the sync strategy's buffers)
 //   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
 //   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
 //   gradients  (4 + c) P          4 S        8 S        4 L + 2 F bucket: gradients in flight
 //   params     (4 + c) S          4 S        8 S        4 L + 2 F bucket + H L (4 + c): in flight, units gathered
+// Without ep P is the whole model and S = ceil(P/W). Under ep N, P is the
+// replicated tensors R and this rank's experts X (E/N of each MoE layer's),
+// and S = ceil(R/W) + ceil(X/D): the D = W/N holders of an expert share its
+// pieces. The all-to-all's scratch adds to communication at every level.
 // The fp32 master stays whole below params: the model's norms, embedding and
 // head read it (comm/sync_sharded.cpp). In flight under gradients and params:
 // the unit whose whole gradients the backward is writing, and F buckets
@@ -186,7 +236,7 @@ MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   MemoryPlan plan;
   plan.level = level;
   plan.activations = b.activations;
-  plan.communication = b.sync_buffers;
+  plan.communication = b.sync_buffers + b.exchange;
   const bool owns_grads = level == Shard::gradients || level == Shard::params;
   plan.weights = (4 + c) * (level == Shard::params ? S : P);
   plan.gradients = owns_grads ? 4 * S : 4 * P;
@@ -222,8 +272,11 @@ Shard level_named(const std::string& name) {
 
 std::string dry_run_report(const Program& program, int ranks, const MemoryLimit& limit) {
   const Config& c = program.phases.front().config;
-  const auto est = estimate_memory(c.model, c.data.batch);
+  const PlanBasis deck_basis = plan_basis(program, ranks);
+  const auto est = estimate_memory(c.model, c.data.batch, kExpertLoadPlanned);
   const ParamLayout layout(c.model);
+  const auto& moe = c.model.moe;
+  const int ep = deck_basis.ep, holders = ranks / ep;
   std::string out;
   out += fmt::format("# dry run: nothing allocated\n");
   out += fmt::format("  parameters total        {:>16} ({})\n", est.params, format_count(double(est.params)));
@@ -231,9 +284,21 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      "                                            routed experts a token does not pick)\n",
                      est.active, format_count(double(est.active)));
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(c.model, layout));
-  out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", c.data.batch,
-                     c.model.seq, ranks);
-  const PlanBasis deck_basis = plan_basis(program, ranks);
+  if (ep == 1) {
+    out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", c.data.batch,
+                       c.model.seq, ranks);
+  } else {
+    // Every rank still trains on its own batch; only the routed experts are split.
+    const auto& b = deck_basis;
+    out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel but for the "
+                       "routed experts\n", c.data.batch, c.model.seq, ranks);
+    out += fmt::format("  expert parallel         {:>16} ranks per group, {} group(s): each rank holds {} of every\n"
+                       "                                            MoE layer's {} routed experts, each expert held by "
+                       "D = {} rank(s)\n", ep, holders, moe.routed / ep, moe.routed, holders);
+    out += fmt::format("  parameters per rank     {:>16} ({}: {} replicated, {} of its routed experts)\n", b.params,
+                       format_count(double(b.params)), format_count(double(b.params - b.experts)),
+                       format_count(double(b.experts)));
+  }
   auto row = [](const std::string& name, const MemoryPlan& p, const std::string& tail) {
     return fmt::format("  {:<10} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", name, format_bytes(p.weights),
                        format_bytes(p.gradients), format_bytes(p.optimizer), format_bytes(p.activations),
@@ -246,7 +311,9 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   // Master weights, gradients and AdamW moments stay fp32. 16-bit runs add a
   // 16-bit copy of the weights for the GEMMs, keep the halvable activations in
   // 16 bits, and write those through 32-bit scratch.
-  out += "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n";
+  out += ep == 1 ? "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n"
+                 : fmt::format("\n# memory per rank, sharding off: every rank holds the replicated tensors and {} of "
+                               "the {} routed experts per MoE layer (ep {})\n", moe.routed / ep, moe.routed, ep);
   out += header("precision", "  vs fp32");
   double fp32_total = 0;
   for (const char* name : {"fp32", "bf16", "fp16"}) {
@@ -263,17 +330,27 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
 
   const auto plans = all_levels(deck_basis);
   const bool known = limit.bytes > 0;
-  out += fmt::format("\n# memory per rank by sharding level (deck: shard): {}, {} rank(s)\n", deck_basis.precision,
-                     ranks);
+  const std::string expert_holders =
+      ep > 1 ? fmt::format(", ep {}: experts sharded over their D = {} holder(s)", ep, holders) : "";
+  out += fmt::format("\n# memory per rank by sharding level (deck: shard): {}, {} rank(s){}\n", deck_basis.precision,
+                     ranks, expert_holders);
   out += header("level", known ? "  fits" : "");
   for (const auto& p : plans)
     out += row(shard_name(p.level), p,
                (known ? (p.total() <= limit.bytes ? "  yes" : "  no") : std::string()) +
                    (shard_name(p.level) == deck_basis.deck_level ? "  <- the deck's" : ""));
   const PlanBasis& b = deck_basis;
-  out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
-                     "bucket {}\n", format_count(double(b.params)), ranks, format_count(double(b.shard)),
-                     b.largest_name, format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
+  if (ep == 1)
+    out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
+                       "bucket {}\n", format_count(double(b.params)), ranks, format_count(double(b.shard)),
+                       b.largest_name, format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
+  else
+    out += fmt::format("  assumed: P = {} parameters held, R = {} replicated and X = {} of experts, each rank owning "
+                       "S = ceil(R/{}) + ceil(X/{}) = {}; largest layer {} ({}; a MoE layer counts its held experts); "
+                       "bucket {}\n",
+                       format_count(double(b.params)), format_count(double(b.params - b.experts)),
+                       format_count(double(b.experts)), ranks, holders, format_count(double(b.shard)), b.largest_name,
+                       format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
   out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
          "all-gathered in place after the update\n";
@@ -289,6 +366,25 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   if (!b.sync_what.empty())
     out += fmt::format("  communication also holds the sync strategy's {} of {} (phase at {}), whole at every level\n",
                        b.sync_what, format_bytes(b.sync_buffers), b.phase);
+  if (ep > 1) {
+    // What a busier step would add: the rows every token of the group could send here.
+    const double worst = double(ep) * std::min(moe.topk, moe.routed / ep) / moe.topk;
+    const auto busiest = estimate_memory(c.model, c.data.batch, worst);
+    const double more = activation_bytes(busiest, b.precision) + 4.0 * busiest.exchange_elements -
+                        (b.activations + b.exchange);
+    const int64_t even = int64_t(c.data.batch) * c.model.seq * moe.topk;
+    out += fmt::format("  ep: the rows this rank's experts run, planned at {}x an even load: {} per MoE layer (even: "
+                       "{} tokens x top-{} = {}), each kept (input, gate/up, SwiGLU output) beside the rows sent; a "
+                       "busier step grows them for the rest of the run, and the worst load ({:.3g}x even: every token "
+                       "of the group on this rank's experts) adds {}\n",
+                       kExpertLoadPlanned, b.expert_rows, int64_t(c.data.batch) * c.model.seq, moe.topk, even, worst,
+                       format_bytes(more));
+    out += fmt::format("  ep: communication holds the all-to-all's fp32 scratch, shared by the layers (outputs going "
+                       "home, output gradients arriving: 2 x {} rows x {}): {} at every level\n",
+                       b.expert_rows, c.model.dim, format_bytes(b.exchange));
+    if (holders == 1)
+      out += "  D = 1: each expert has one holder, so no level shards its state; only the replicated tensors' is\n";
+  }
   out += "  not counted: memory of MPI, Kokkos and the GEMM library, the data loader's queue, checkpoint copies\n";
   if (ranks == 1) out += "  one rank: nothing to shard; levels that shard gradients or weights only add their buffers\n";
 
@@ -312,6 +408,8 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
 
 std::string memory_refusal(const Program& program, int ranks, const MemoryLimit& limit) {
   if (limit.bytes <= 0) return "";
+  const MoeConfig& moe = program.phases.front().config.model.moe;
+  if (moe.enabled() && ranks % moe.ep != 0) return "";  // the trainer refuses it, naming any checkpoint's layout
   const PlanBasis b = plan_basis(program, ranks);
   const auto plans = all_levels(b);
   const MemoryPlan& off = plans[size_t(level_named(b.deck_level))];  // the deck's level
@@ -320,14 +418,16 @@ std::string memory_refusal(const Program& program, int ranks, const MemoryLimit&
   const std::string instead =
       smallest ? fmt::format("the least sharded level that would fit is shard {} ({})", shard_name(smallest->level),
                              format_bytes(smallest->total()))
-               : fmt::format("no sharding level fits (params needs {}): more ranks, a smaller model or batch",
-                             format_bytes(plans.back().total()));
+               : fmt::format("no sharding level fits (params needs {}): more ranks, {}a smaller model or batch",
+                             format_bytes(plans.back().total()), moe.enabled() ? "a larger moe ep, " : "");
   const std::string deck = b.phase.substr(0, b.phase.rfind(':'));
-  return fmt::format("{}: memory: the plan for shard {} needs {} per rank at {} rank(s) ({} weights, {} gradients, "
+  return fmt::format("{}: memory: the plan for shard {} needs {} per rank at {} rank(s){} ({} weights, {} gradients, "
                      "{} optimizer, "
                      "{} activations, {} communication), over the limit of {} ({}); {} "
                      "(expected a deck that fits: xuanxue -in DECK -dry-run prints the plan)",
-                     deck, b.deck_level, format_bytes(off.total()), ranks, format_bytes(off.weights), format_bytes(off.gradients),
+                     deck, b.deck_level, format_bytes(off.total()),
+                     ranks, b.ep > 1 ? fmt::format(", ep {}", b.ep) : "",
+                     format_bytes(off.weights), format_bytes(off.gradients),
                      format_bytes(off.optimizer), format_bytes(off.activations), format_bytes(off.communication),
                      format_bytes(limit.bytes), limit.source, instead);
 }

@@ -11,39 +11,60 @@
 namespace xx {
 
 struct MemoryEstimate {
-  int64_t params = 0, active = 0;  // total; used per token (no embedding table, only topk routed experts)
+  int64_t params = 0, active = 0;  // the whole model; used per token (no embedding table, only topk routed experts)
   // For one rank's batch, in elements: activations kept for the backward in
   // 16 bits under mixed precision (model/store.h KeptActivation), the other
   // kept ones (always 32 bits), the scratch shared by all blocks, and the
   // extra 32-bit scratch mixed precision writes KeptActivations through.
   int64_t halvable_elements = 0, other_elements = 0, scratch_elements = 0, mixed_scratch_elements = 0;
+  // ep: the rows this rank's experts run per MoE layer, and the fp32 scratch
+  // the all-to-all moves them through (outputs going home, output gradients
+  // arriving; shared by the layers).
+  int64_t expert_rows = 0, exchange_elements = 0;
   int64_t activation_elements() const { return halvable_elements + other_elements + scratch_elements; }
 };
 
-MemoryEstimate estimate_memory(const ModelConfig& m, int batch);
+// Under expert parallelism (moe ... ep N) the rank that holds an expert runs
+// the rows every rank of its group sends it: N_tok K rows per MoE layer on
+// average over its E/N experts (N_tok tokens per rank, top-K), more on a step
+// whose tokens favour its experts, and its buffers keep the largest size they
+// reached. `expert_load` is those rows over the even load: 1 is what the
+// model allocates at first; the plan takes kExpertLoadPlanned, headroom for a
+// balanced router's spread (the aux loss or the bias keeps loads near even;
+// metrics.jsonl's expert_tokens shows them). The worst case, every token of
+// the group picking this rank's experts, is N min(K, E/N) / K.
+inline constexpr double kExpertLoadPlanned = 1.25;
+MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load = 1.0);
 
 // Sharding over the data-parallel ranks (ZeRO 1/2/3; deck: shard, built in
 // comm/sync_sharded.cpp), planned here so that a deck that cannot fit is
 // refused with the level that would.
-//   optimizer: each rank owns 1/W of AdamW's moments (and of the fp32 master
-//              under bf16/fp16), and all-gathers the updated weights;
-//   gradients: also 1/W of the gradients, reduce-scattered into their owners;
+//   optimizer: each rank owns 1/W of AdamW's moments, and all-gathers the
+//              updated weights;
+//   gradients: also 1/W of the gradients, reduced into their owners;
 //   params:    also 1/W of the weights, gathered unit by unit.
+// Under ep the routed experts are held by D = W/N ranks each, so what is
+// sharded of them is shared by those D: 1/D where replicated tensors have 1/W.
 enum class Shard { off, optimizer, gradients, params };
 inline constexpr std::array<Shard, 4> kShardLevels{Shard::off, Shard::optimizer, Shard::gradients, Shard::params};
 const char* shard_name(Shard level);
 
 // What every level is built from, for one rank of `ranks`.
 struct PlanBasis {
-  int ranks = 1;
+  int ranks = 1;                // W
+  int ep = 1;                   // N: ranks of an expert-parallel group; D = W / N hold each expert
   std::string precision;        // fp32 | bf16 | fp16
-  int64_t params = 0;           // P
-  int64_t shard = 0;            // ceil(P / ranks): what an owner keeps of a sharded buffer
+  int64_t model_params = 0;     // the whole model
+  int64_t params = 0;           // P: what this rank holds (under ep: the replicated tensors and its experts)
+  int64_t experts = 0;          // X: of P, this rank's routed experts (E/N of each MoE layer's; 0 without ep)
+  int64_t shard = 0;            // ceil((P - X) / W) + ceil(X / D): what an owner keeps of a sharded buffer
   int64_t largest_layer = 0;    // parameters of the largest layer (the unit params gathers at once)
   std::string largest_name;     // its name: embed, layers.K, norm + head, mtp.D
   int copy_bytes = 0;           // per weight, the GEMMs' 16-bit copy: 0 under fp32 (they read the master)
   double bucket_bytes = 0;      // sync's bucket_mb, at most the whole gradient
   double activations = 0;       // bytes; the same at every level (the batch per rank does not change)
+  double exchange = 0;          // bytes: ep's all-to-all scratch, whole at every level
+  int64_t expert_rows = 0;      // ep: the rows planned per MoE layer for this rank's experts (kExpertLoadPlanned)
   double sync_buffers = 0;      // bytes the phase's sync strategy keeps beside the model, whole at every level
   std::string sync_what;        // what those are ("" when none)
   std::string phase;            // the phase planned ("DECK:LINE" of its run)
@@ -60,6 +81,7 @@ struct MemoryPlan {
 
 // The basis for a program: model, data and precision are per job; of the
 // phases, the one whose sync strategy keeps the most beside the model.
+// Throws InputError, naming the moe line, when ep does not divide `ranks`.
 PlanBasis plan_basis(const Program& program, int ranks);
 MemoryPlan plan_level(const PlanBasis& basis, Shard level);
 

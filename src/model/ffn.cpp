@@ -40,19 +40,18 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     offsets_ = k::Index1("Moe::offsets", E_ + 1);
     token_of_ = k::Index1("Moe::token_of", N_ * K_);
     xe_ = KeptActivation<T>("expert_in", N_ * K_, C_, store.type, ws);
-    he_ = KeptActivation<T>("expert_h", N_ * K_, 2 * e.ffn, store.type, ws, 1);  // read with ae_ written: slot 1
-    ae_ = KeptActivation<T>("expert_a", N_ * K_, e.ffn, store.type, ws);
     ye_ = activation<T>("expert_out", N_ * K_, C_);
     bias_ = Buffer<float>("Moe::bias", E_);
     counts_host_.assign(E_, 0);
     offsets_host_.assign(E_ + 1, 0);
-    if (held() < E_) {  // ep: the owner side, sized for an even load; it grows when a step brings more
+    if (held() == E_) {
+      he_ = KeptActivation<T>("expert_h", N_ * K_, 2 * e.ffn, store.type, ws, 1);  // read with ae_ written: slot 1
+      ae_ = KeptActivation<T>("expert_a", N_ * K_, e.ffn, store.type, ws);
+    } else {  // ep: the owner side, sized for an even load; it grows when a step brings more
       const int64_t rows = N_ * K_;
-      moved_ = Buffer<T>("Moe::moved", rows * C_);
       ox_ = KeptActivation<T>("held_in", rows, C_, store.type, ws);
       oh_ = KeptActivation<T>("held_h", rows, 2 * e.ffn, store.type, ws, 1);
       oa_ = KeptActivation<T>("held_a", rows, e.ffn, store.type, ws);
-      oy_ = Buffer<T>("Moe::held_out", rows * C_);
       held_counts_.assign(held(), 0), held_labelled_.assign(held(), 0);
     }
   }
@@ -233,7 +232,6 @@ void FeedForward<T>::exchange_counts() {
       held_counts_[x] += n, held_labelled_[x] += recv[(q * 2 + 1) * H + x];
     }
   }
-  if (int64_t(moved_.extent(0)) < row * C_) moved_ = Buffer<T>("Moe::moved", row * C_), oy_ = Buffer<T>("Moe::held_out", row * C_);
   ox_.use_rows(row), oh_.use_rows(row), oa_.use_rows(row);
 }
 
@@ -249,6 +247,8 @@ void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
   X.start(rows, send_rows_, in, recv_rows_, C_ * int64_t(half ? sizeof(uint16_t) : sizeof(T)));
   if (F_ > 0) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);  // DeepSeek's overlap: the shared experts meanwhile
   X.wait();
+  // the outputs wait for their trip home in scratch that every layer shares
+  auto out_rows = ws_.mat("moe_held_out", held_counts_total(), C_);
   for (const auto& b : blocks_)
     if (b.rows > 0)
       k::linear_forward<T>(Mat<T>(oh_.target().data() + b.row0 * 2 * Fm, b.rows, 2 * Fm),
@@ -257,9 +257,9 @@ void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
   oh_.keep(), oa_.keep();
   for (const auto& b : blocks_)
     if (b.rows > 0)
-      k::linear_forward<T>(Mat<T>(oy_.data() + b.row0 * C_, b.rows, C_),
+      k::linear_forward<T>(Mat<T>(out_rows.data() + b.row0 * C_, b.rows, C_),
                            oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
-  X.start(oy_.data(), recv_rows_, ye_.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
+  X.start(out_rows.data(), recv_rows_, ye_.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();
 }
 
@@ -267,14 +267,15 @@ template <class T>
 void FeedForward<T>::parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat<T> dye, Mat<T> dxe) {
   auto& X = *exchange_;
   const int64_t Fm = m_.moe.ffn, R = held_counts_total();
-  X.start(dye.data(), send_rows_, moved_.data(), recv_rows_, C_ * int64_t(sizeof(T)));
+  auto dy = ws_.mat("moe_held_dy", R, C_);  // the output gradients as they arrive
+  X.start(dye.data(), send_rows_, dy.data(), recv_rows_, C_ * int64_t(sizeof(T)));
   if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));  // the shared experts meanwhile
   X.wait();
   auto da = ws_.mat("moe_dae", R, Fm), dh = ws_.mat("moe_dhe", R, 2 * Fm), dx = ws_.mat("moe_held_dx", R, C_);
   for (const auto& b : blocks_)
     if (b.rows > 0)
       k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.rows, Fm), ew2_[b.expert].dmat(C_, Fm),
-                            Mat<const T>(moved_.data() + b.row0 * C_, b.rows, C_),
+                            Mat<const T>(dy.data() + b.row0 * C_, b.rows, C_),
                             oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
   k::swiglu_backward<T>(dh, da, oh_.values());
   for (const auto& b : blocks_)

@@ -62,7 +62,7 @@ class FeedForward {
   kernels::GateKind gate_kind_;
   KeptActivation<T> h_, a_;                    // dense or shared SwiGLU: gate/up (N, 2F), output (N, F)
   Buffer<T> logits_, scores_, weights_, ye_, score_grad_;
-  KeptActivation<T> xe_, he_, ae_;             // routed experts' inputs, gate/up and SwiGLU outputs
+  KeptActivation<T> xe_, he_, ae_;             // routed experts' inputs, gate/up and SwiGLU outputs (ep: xe_ only)
   kernels::Index2 idx_, pos_;
   kernels::Index1 counts_, offsets_, token_of_;
   Buffer<float> bias_;
@@ -82,9 +82,10 @@ class FeedForward {
   std::vector<int64_t> send_rows_, recv_rows_;
   std::vector<int32_t> held_counts_, held_labelled_;
   std::vector<Block> blocks_;
-  Buffer<T> moved_;                 // output gradients as they arrive
-  KeptActivation<T> ox_, oh_, oa_;  // the held experts' rows: inputs (as they arrive), gate/up, SwiGLU outputs
-  Buffer<T> oy_;
+  // the held experts' rows, kept for the backward: inputs (as they arrive),
+  // gate/up, SwiGLU outputs (their outputs and output gradients only pass
+  // through the workspace: moe_held_out, moe_held_dy)
+  KeptActivation<T> ox_, oh_, oa_;
   double aux_loss_ = 0;
   double loss_scale_ = 1;  // mixed precision: loss scaling (Transformer::set_loss_scale)
 };

@@ -224,7 +224,8 @@ std::vector<float> Trainer::to_file_frame(const std::vector<float>& mine) const 
   MPI_Allgather(held.data(), int(held.size()), MPI_FLOAT, all.data(), int(held.size()), MPI_FLOAT, ep_group_);
   for (int q = 0; q < ep_; ++q) {
     const float* from = all.data() + q * held.size();
-    for (const auto& t : ParamLayout(cfg_.model, q).tensors())
+    const ParamLayout layout_q(cfg_.model, q);  // named: a temporary in the range would die before the loop
+    for (const auto& t : layout_q.tensors())
       if (t.expert >= 0) std::copy_n(from, t.size, whole.begin() + t.full_offset), from += t.size;
   }
   return whole;

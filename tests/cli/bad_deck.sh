@@ -145,6 +145,28 @@ check grep -q -F "64 rank(s)" "$T/out" || fail "-ranks 64 not planned"
 check grep -q -F "smallest level that fits: params" "$T/out" || fail "no params verdict at 64 ranks"
 expect_absent "$RUN" "a dry run must not create the run directory"
 
+# moe ... ep N: a world (or a dry run's -ranks) that is no whole number of
+# expert-parallel groups is refused naming the moe line, at 1 and 2 ranks
+# (ep 4 divides neither), before anything is allocated.
+MOE='s/ layers 1 / layers 2 /; s/^run /moe on routed 4 topk 2 ffn 16 ep 4\nrun /'
+bad_deck "moe ep that does not divide the ranks" "$MOE" \
+  "$D:11: moe ep 4 does not divide the " "ranks of this run" "(expected a world size that is a multiple of ep"
+bad_deck "moe ep that does not divide -ranks of a dry run" "$MOE" \
+  "$D:11: moe ep 4 does not divide the 6 ranks planned" \
+  "(expected a world size that is a multiple of ep, or an ep that divides 6 and routed 4)" \
+  -- -dry-run -ranks 6
+bad_deck "moe ep that does not divide routed" 's/^run /moe on routed 4 topk 2 ffn 16 ep 3\nrun /' \
+  "$D:11: 'routed' 4 is not divisible by 'ep' 3" "(expected routed % ep == 0"
+bad_deck "moe ep with sync local" 's/^run /moe on routed 4 topk 2 ffn 16 ep 2\nsync local 2\nrun /' \
+  "$D:13: moe ep 2 ($D:11) with sync local ($D:12)" "(expected sync dense or accumulate over topology full"
+
+begin "the dry run plans ep's groups"
+sed -e "$MOE" "$GOOD" >"$D"
+expect_ok 1 -in "$D" -dry-run -ranks 8
+check grep -q -F "8 rank(s), ep 4: experts sharded over their D = 2 holder(s)" "$T/out" || fail "no ep 4 over 8 ranks"
+check grep -q -F "each rank holds 1 of every" "$T/out" || fail "no experts per rank"
+expect_absent "$RUN" "a dry run must not create the run directory"
+
 begin "missing deck file"
 for np in 1 2; do
   expect_bad "$np" "$T/missing.deck: cannot open deck" "(expected a readable file)" -- -in "$T/missing.deck"
