@@ -471,7 +471,6 @@ TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, samp
       {"topology clusters 2", "topology clusters (LINE) " + why},
       {"topology ring", "topology ring (LINE) " + why},
       {"compress topk 0.1", "compress topk (LINE) " + why},
-      {"shard params", "shard params (LINE) (expected shard off"},
       {"sample every 5", "sample every 5 (LINE) (expected no sample line: rank 0 decodes alone and holds only its own "
                          "experts; sample from a checkpoint with xuanxue generate)"},
       {"schedule sgdr period 5 restart_from best",
@@ -483,11 +482,9 @@ TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, samp
       std::string n = named;
       return n.replace(n.find("LINE"), 4, at(other));
     };
-    // in the first phase: the other line 4, run 5; in a later phase (shard is one
-    // setting per job): run 4, the other line 5, run 6
+    // in the first phase: the other line 4, run 5; in a later phase: run 4, the other line 5, run 6
     check(kBase + moe + line + "\nrun 2\n", at(5) + ": " + ep + " with " + naming(4));
-    if (line.rfind("shard", 0) != 0)
-      check(kBase + moe + "run 2\n" + line + "\nrun 2\n", at(6) + ": " + ep + " with " + naming(5));
+    check(kBase + moe + "run 2\n" + line + "\nrun 2\n", at(6) + ": " + ep + " with " + naming(5));
     // without ep the same line is no concern of ep's
     const std::string msg = error_of(t, kBase + "moe on routed 4 topk 2 ffn 8\n" + line + "\nrun 2\n");
     CHECK(msg.find("moe ep") == std::string::npos);
@@ -497,9 +494,11 @@ TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, samp
                 "group holds routed / ep experts)");
   check(kBase + "moe off ep 2\nrun 2\n",
         at(3) + ": 'ep' 2 with moe off (expected moe on: expert parallelism spreads routed experts)");
-  // What ep works with: sync dense or accumulate over topology full, without compress.
+  // What ep works with: sync dense or accumulate over topology full, without compress, at any shard level.
   CHECK(error_of(t, kBase + moe + "sync accumulate 2\ntopology full\ncompress off\nshard off\nrun 2\nsync dense\nrun 2\n")
             .empty());
+  for (const char* level : {"optimizer", "gradients", "params"})
+    CHECK(error_of(t, kBase + moe + "shard " + level + "\nrun 2\n").empty());
   const Program p = build(t, kBase + moe + "run 2\n");
   CHECK(p.phases[0].config.model.moe.ep == 2);
   CHECK(where_given(p, "moe") == at(3));
