@@ -283,6 +283,12 @@ void Trainer::run_phases() {
   }
   finish_checkpoint();  // the last checkpoint is on disk before the run reports
   report_->performance(loss, peak_resident_mib());
+  if (exchange_) {  // ep: how much of the tokens' travel the shared experts hid (rank 0's)
+    const ExchangeStats& x = exchange_total_;
+    log_->console(fmt::format("all-to-all (moe ep {}): {} rounds, {:.1f} MB sent, {:.3f} s in flight, {:.3f} s "
+                              "waited: {:.0f}% hidden behind other work", ep_, x.rounds, double(x.bytes_sent) / 1e6,
+                              x.seconds, x.waited, x.seconds > 0 ? 100.0 * (1.0 - x.waited / x.seconds) : 0.0));
+  }
 }
 
 // What is due after a step: health, the step line, evaluation, a warm
