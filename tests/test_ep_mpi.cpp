@@ -280,3 +280,45 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
   }
   }
 }
+
+// 5. capacity_factor C: an expert runs at most ceil(C x its group's mean load)
+// rows, in arrival order (source rank, then token order), and drops the rest.
+// With one MoE layer and the group the whole world (ep W; at 1 rank ep 1), the
+// rows dropped each step follow from the tokens per expert alone; a capacity
+// no step reaches changes no bit of the dropless run.
+TEST_CASE("capacity_factor drops the rows past an expert's capacity and says how many", "[mpi][ep]") {
+  const int W = mpi_size();
+  if (4 % W != 0) return;
+  constexpr int kSteps = 10;
+  const auto dir = shared_scratch("ep_capacity");
+  const auto corpus = make_corpus(dir);
+  auto one_layer = [&](const std::string& name, const std::string& capacity) {
+    std::string text = deck(corpus, dir + "/" + name, W, "softmax", kSteps);
+    text.replace(text.find("mtp depth 1 weight 0.3\n"), 23, "");  // one MoE layer: the tokens are its own
+    text.replace(text.find(" ep "), 0, capacity);
+    return make_program(dir, name, text);
+  };
+  const auto dropless = run(one_layer("dropless", ""));
+  const auto roomy = run(one_layer("roomy", " capacity_factor 100"));
+  REQUIRE(roomy.losses == dropless.losses);
+  REQUIRE(roomy.whole == dropless.whole);
+  const auto capped = run(one_layer("capped", " capacity_factor 1.0"));
+  REQUIRE(capped.losses.size() == size_t(kSteps));
+  REQUIRE(std::isfinite(capped.losses.back()));
+  if (mpi_rank() != 0) return;
+  const int64_t capacity = (4 * 32) * 2 * W / 4;  // ceil(1.0 x W ranks x 128 tokens x top-2 / 4 experts)
+  std::ifstream in(dir + "/capped/metrics.jsonl");
+  int64_t steps = 0, total = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto r = nlohmann::json::parse(line);
+    if (!r.contains("expert_tokens")) continue;
+    int64_t want = 0;
+    for (int64_t t : r["expert_tokens"].get<std::vector<int64_t>>()) want += std::max<int64_t>(0, t - capacity);
+    INFO("step " << r["step"]);
+    REQUIRE(r["expert_dropped"].get<int64_t>() == want);
+    total += want, ++steps;
+  }
+  REQUIRE(steps == kSteps);
+  REQUIRE(total > 0);  // the router at this size is uneven enough that some step drops
+  fmt::print(stderr, "[ep] {} ranks, capacity_factor 1.0: {} rows dropped over {} steps\n", W, total, steps);
+}

@@ -49,12 +49,15 @@ ModelConfig architecture(const std::string& name) {
   m.moe.gate = "sigmoid", m.moe.balance = "bias", m.moe.route_scale = 1.5;
   if (name == "moe-sigmoid-bias") return m;
   m.mtp.depth = 2, m.mtp.weight = 0.5;
-  return m;  // "deepseek-mtp": MLA + MoE + MTP
+  if (name == "deepseek-mtp") return m;  // MLA + MoE + MTP
+  m.moe.capacity_factor = 0.75;  // "moe-capacity": 12 rows x top-2 over 4 experts, at most 5 each: some dropped
+  return m;
 }
 
 TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const std::string arch =
-      GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp");
+      GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp",
+               "moe-capacity");
   CAPTURE(arch);
   const auto cfg = architecture(arch);
   const int B = 2;
@@ -66,6 +69,9 @@ TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   REQUIRE(std::isfinite(loss0.total));
   if (cfg.mtp.depth > 0) REQUIRE(loss0.mtp > 0);
   if (cfg.moe.enabled() && cfg.moe.balance == "aux") REQUIRE(loss0.aux > 0);
+  int64_t dropped = 0;  // capacity_factor: dropped rows reach neither the output nor the expert's gradient
+  for (auto& [prefix, ffn] : model.moe_layers()) dropped += ffn->dropped_rows();
+  REQUIRE((dropped > 0) == (cfg.moe.capacity_factor > 0));
   model.zero_grads();
   std::vector<int64_t> ready;
   model.backward(tin, ttgt, [&](int64_t offset) { ready.push_back(offset); });

@@ -306,7 +306,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           integer("routed", &moe.routed, at_least(1)), integer("topk", &moe.topk, at_least(1)),
           integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate, {"softmax", "sigmoid"}),
           choice("balance", &moe.balance, {"aux", "bias"}), real("balance_coef", &moe.balance_coef, at_least(0)),
-          real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1))},
+          real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1)),
+          real("capacity_factor", &moe.capacity_factor, at_least(0))},
          {"routed", "topk", "ffn"},
          [&moe](const std::string& where) {
            if (moe.topk > moe.routed)
@@ -316,7 +317,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                          "expert-parallel group holds routed / ep experts)", where, moe.routed, moe.ep);
          }}},
        "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
-       "[balance_coef X] [route_scale X] [ep N]", Scope::job},
+       "[balance_coef X] [route_scale X] [ep N] [capacity_factor C]", Scope::job},
       {"mtp",
        nullptr,
        "",

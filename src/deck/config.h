@@ -32,6 +32,7 @@ struct MoeConfig {
   double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
   double route_scale = 1.0;        // scales the combine weights
   int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
+  double capacity_factor = 0;      // 0: dropless; C: an expert runs at most C x its group's mean load, drops the rest
   bool enabled() const { return mode == "on"; }
   bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
 };

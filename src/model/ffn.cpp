@@ -1,5 +1,7 @@
 #include "model/ffn.h"
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/swiglu.h"
@@ -115,19 +117,25 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   if (exchange_) {
     parallel_forward(out, xn);
   } else {
+    // capacity: an expert runs its first rows in token order, the rest are dropped
+    kept_local_.assign(E_, 0), dropped_ = 0;
+    for (int64_t x = 0; x < E_; ++x)
+      kept_local_[x] = std::min<int64_t>(counts_host_[x], capacity(1)), dropped_ += counts_host_[x] - kept_local_[x];
     for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-      if (n == 0) continue;
-      k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm),
-                           xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
+      if (n > 0)
+        k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm),
+                             xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+      if (n < counts_host_[x]) zero_rows(he_.target(), r0 + n, r0 + counts_host_[x]);
     }
     k::swiglu_forward<T>(ae_.target(), he_.target());
     he_.keep(), ae_.keep();
     for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-      if (n == 0) continue;
-      k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                           ew2_[x].in(C_, Fm));
+      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
+      if (n > 0)
+        k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                             ew2_[x].in(C_, Fm));
+      if (n < counts_host_[x]) zero_rows(mat(ye_, N_ * K_, C_), r0 + n, r0 + counts_host_[x]);
     }
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
@@ -171,19 +179,21 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   } else {
     auto dae = ws_.mat("moe_dae", N_ * K_, Fm), dhe = ws_.mat("moe_dhe", N_ * K_, 2 * Fm);
     for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-      if (n == 0) continue;
-      k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
-                            Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                            ew2_[x].in(C_, Fm));
+      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
+      if (n > 0)
+        k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
+                              Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
+                              ew2_[x].in(C_, Fm));
+      if (n < counts_host_[x]) zero_rows(dae, r0 + n, r0 + counts_host_[x]);
     }
     k::swiglu_backward<T>(dhe, dae, he_.values());
     for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = counts_host_[x];
-      if (n == 0) continue;
-      k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
-                            Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm),
-                            xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
+      if (n > 0)
+        k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
+                              Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm),
+                              xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
+      if (n < counts_host_[x]) zero_rows(dxe, r0 + n, r0 + counts_host_[x]);
     }
   }
   auto dx_routed = ws_.mat("moe_dx", N_, C_);
@@ -194,6 +204,20 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   auto dlogits = ws_.mat("moe_dlogits", N_, E_);
   k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
   k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.mat(E_, C_), T(1));
+}
+
+// capacity_factor C: C x the mean load of the rows `group` ranks routed
+// (N tokens x top-k each, over E experts), rounded up; 0: dropless.
+template <class T>
+int64_t FeedForward<T>::capacity(int group) const {
+  const double c = m_.moe.capacity_factor;
+  if (c <= 0) return std::numeric_limits<int64_t>::max();
+  return int64_t(std::ceil(c * double(group) * double(N_ * K_) / double(E_)));
+}
+
+template <class T>
+void FeedForward<T>::zero_rows(Mat<T> m, int64_t from, int64_t to) {
+  Kokkos::deep_copy(Kokkos::subview(m, std::pair<int64_t, int64_t>(from, to), Kokkos::ALL), T(0));
 }
 
 // ---------------------------------------------------------------------------
@@ -222,12 +246,18 @@ void FeedForward<T>::exchange_counts() {
   send_rows_.assign(P, 0), recv_rows_.assign(P, 0);
   held_counts_.assign(H, 0), held_labelled_.assign(H, 0);
   blocks_.clear();
+  // capacity: each expert runs its rows in arrival order (source rank, then
+  // the source's token order) until the budget is spent
+  std::vector<int64_t> budget(H, capacity(P));
+  dropped_ = 0;
   int64_t row = 0;
   for (int q = 0; q < P; ++q) {
     send_rows_[q] = offsets_host_[(q + 1) * H] - offsets_host_[q * H];
     for (int64_t x = 0; x < H; ++x) {
       const int32_t n = recv[(q * 2) * H + x];
-      blocks_.push_back({row, n, x});
+      const int64_t kept = std::min<int64_t>(n, budget[x]);
+      budget[x] -= kept, dropped_ += n - kept;
+      blocks_.push_back({row, n, x, kept});
       recv_rows_[q] += n, row += n;
       held_counts_[x] += n, held_labelled_[x] += recv[(q * 2 + 1) * H + x];
     }
@@ -250,15 +280,19 @@ void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
   // the outputs wait for their trip home in scratch that every layer shares
   auto out_rows = ws_.mat("moe_held_out", held_counts_total(), C_);
   for (const auto& b : blocks_)
-    if (b.rows > 0)
-      k::linear_forward<T>(Mat<T>(oh_.target().data() + b.row0 * 2 * Fm, b.rows, 2 * Fm),
-                           ox_.in().rows_from(b.row0, b.rows).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+    if (b.kept > 0)
+      k::linear_forward<T>(Mat<T>(oh_.target().data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
+                           ox_.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+  for (const auto& b : blocks_)  // dropped rows: nothing in, nothing out
+    if (b.kept < b.rows) zero_rows(oh_.target(), b.row0 + b.kept, b.row0 + b.rows);
   k::swiglu_forward<T>(oa_.target(), oh_.target());
   oh_.keep(), oa_.keep();
-  for (const auto& b : blocks_)
-    if (b.rows > 0)
-      k::linear_forward<T>(Mat<T>(out_rows.data() + b.row0 * C_, b.rows, C_),
-                           oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_forward<T>(Mat<T>(out_rows.data() + b.row0 * C_, b.kept, C_),
+                           oa_.in().rows_from(b.row0, b.kept).varying_rows(), ew2_[b.expert].in(C_, Fm));
+    if (b.kept < b.rows) zero_rows(out_rows, b.row0 + b.kept, b.row0 + b.rows);
+  }
   X.start(out_rows.data(), recv_rows_, ye_.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();
 }
@@ -272,17 +306,21 @@ void FeedForward<T>::parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat
   if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));  // the shared experts meanwhile
   X.wait();
   auto da = ws_.mat("moe_dae", R, Fm), dh = ws_.mat("moe_dhe", R, 2 * Fm), dx = ws_.mat("moe_held_dx", R, C_);
-  for (const auto& b : blocks_)
-    if (b.rows > 0)
-      k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.rows, Fm), ew2_[b.expert].dmat(C_, Fm),
-                            Mat<const T>(dy.data() + b.row0 * C_, b.rows, C_),
-                            oa_.in().rows_from(b.row0, b.rows).varying_rows(), ew2_[b.expert].in(C_, Fm));
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.kept, Fm), ew2_[b.expert].dmat(C_, Fm),
+                            Mat<const T>(dy.data() + b.row0 * C_, b.kept, C_),
+                            oa_.in().rows_from(b.row0, b.kept).varying_rows(), ew2_[b.expert].in(C_, Fm));
+    if (b.kept < b.rows) zero_rows(da, b.row0 + b.kept, b.row0 + b.rows);
+  }
   k::swiglu_backward<T>(dh, da, oh_.values());
-  for (const auto& b : blocks_)
-    if (b.rows > 0)
-      k::linear_backward<T>(Mat<T>(dx.data() + b.row0 * C_, b.rows, C_), ew1_[b.expert].dmat(2 * Fm, C_),
-                            Mat<const T>(dh.data() + b.row0 * 2 * Fm, b.rows, 2 * Fm),
-                            ox_.in().rows_from(b.row0, b.rows).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_backward<T>(Mat<T>(dx.data() + b.row0 * C_, b.kept, C_), ew1_[b.expert].dmat(2 * Fm, C_),
+                            Mat<const T>(dh.data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
+                            ox_.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+    if (b.kept < b.rows) zero_rows(dx, b.row0 + b.kept, b.row0 + b.rows);
+  }
   X.start(dx.data(), recv_rows_, dxe.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();
 }

@@ -45,6 +45,8 @@ class FeedForward {
   int32_t held_labelled_rows(int64_t x) const { return held_labelled_[x]; }
   // MTP blocks: the labels of the rows (-1: none), counted per expert when sent.
   void set_row_labels(Tokens labels) { labels_ = labels; }
+  // moe ... capacity_factor C: rows this rank's experts dropped in the last forward.
+  int64_t dropped_rows() const { return dropped_; }
 
  private:
   void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
@@ -75,7 +77,14 @@ class FeedForward {
   int64_t held_counts_total() const { return blocks_.empty() ? 0 : blocks_.back().row0 + blocks_.back().rows; }
   struct Block {
     int64_t row0, rows, expert;
+    int64_t kept = 0;  // of them, the rows within the expert's capacity (all, dropless)
   };
+  // The rows an expert runs at most in one forward (capacity_factor C: C x
+  // the mean load of the rows `group` ranks routed), or no limit.
+  int64_t capacity(int group) const;
+  void zero_rows(Mat<T> m, int64_t from, int64_t to);
+  int64_t dropped_ = 0;
+  std::vector<int64_t> kept_local_;  // ep 1: each expert's rows within its capacity
   ExpertExchange* exchange_ = nullptr;
   int64_t first_ = 0;
   Tokens labels_;

@@ -46,7 +46,9 @@ std::string add_expert_load(nlohmann::json& record, const StepFigures& f) {
   record["expert_load_cv"] = std::sqrt(var) / mean;
   // tokens each routed expert got this step, summed over the MoE layers and ranks
   record["expert_tokens"] = std::vector<int64_t>(load.begin(), load.end());
-  return fmt::format(" | load cv {:.2f}", std::sqrt(var) / mean);
+  if (f.expert_dropped < 0) return fmt::format(" | load cv {:.2f}", std::sqrt(var) / mean);
+  record["expert_dropped"] = int64_t(f.expert_dropped);
+  return fmt::format(" | load cv {:.2f} | dropped {:.0f}", std::sqrt(var) / mean, f.expert_dropped);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ struct StepFigures {
   CommStats comm;
   double consensus = -1;                  // RMS distance at the last averaging; -1: never
   std::vector<double> expert_load;        // tokens per routed expert, all MoE layers and ranks
+  double expert_dropped = -1;             // rows past the experts' capacity (moe ... capacity_factor); -1: dropless
   int64_t nonfinite_skipped = 0;          // health nan skip
   std::optional<double> compress_ratio;   // compress topk
   const LossScaler* scaler = nullptr;

@@ -150,10 +150,14 @@ void Trainer::balance_experts() {
   auto layers = model_->moe_layers();
   if (layers.empty()) return;
   const int64_t E = cfg_.model.moe.routed;
-  std::vector<double> local(layers.size() * E), global(local.size());
-  for (size_t l = 0; l < layers.size(); ++l)
+  const bool capped = cfg_.model.moe.capacity_factor > 0;
+  std::vector<double> local(layers.size() * E + capped), global(local.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
     for (int64_t e = 0; e < E; ++e) local[l * E + e] = layers[l].second->expert_counts()[e];
+    if (capped) local.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
+  }
   MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, comm_);
+  expert_dropped_ = capped ? global.back() : -1;
   expert_load_.assign(E, 0.0);
   for (size_t l = 0; l < layers.size(); ++l) {
     std::vector<double> load(global.begin() + l * E, global.begin() + (l + 1) * E);
@@ -342,6 +346,7 @@ StepFigures Trainer::figures(double loss) const {
   f.comm = step_comm_;
   f.consensus = consensus_;
   f.expert_load = expert_load_;
+  f.expert_dropped = expert_dropped_;
   f.nonfinite_skipped = nonfinite_skipped_;
   if (const auto* c = strategy_->compressor()) f.compress_ratio = c->ratio_at(step_ - 1);
   f.scaler = precision_->scaler();

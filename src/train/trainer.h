@@ -184,6 +184,7 @@ class Trainer {
   LossParts last_loss_;
   CommStats step_comm_;               // this step's communication, all kinds
   std::vector<double> expert_load_;   // tokens per routed expert, summed over MoE layers and ranks
+  double expert_dropped_ = -1;        // rows dropped past capacity, all layers and ranks (-1: dropless)
   double seed_main_ = 1;              // this micro-batch's main-loss weight (0: lossagg robust trimmed this rank)
   bool lossagg_on_ = false;           // this phase weighs the losses (lossagg other than off)
   bool own_nonfinite_ = false;        // inf or NaN in this rank's loss or gradients (without a loss scaler)

@@ -24,7 +24,7 @@ EXACT = {"step", "comm_bytes", "comm_rounds", "lr", "skipped_steps", "overflows"
 # on one, 0.43 on the other): only the exact mode compares the loads.
 TOLERANCE = {"grad_norm": 5e-2, "consensus_distance": 5e-2, "loss_aux": 5e-2}
 DEFAULT = 1e-3
-ROUTING = {"expert_load_cv", "expert_load_max", "expert_load_min", "expert_tokens"}
+ROUTING = {"expert_load_cv", "expert_load_max", "expert_load_min", "expert_tokens", "expert_dropped"}
 # Fields a run may report that curves recorded before them lack (new
 # measurements of the same model; they move nothing else). Where both have
 # one, it is compared like any other field.
