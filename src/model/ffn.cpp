@@ -98,7 +98,6 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   if (F_ > 0 && !exchange_) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
   if (!moe_) return;
   const auto& e = m_.moe;
-  const int64_t Fm = e.ffn;
   // route: scores, top-k, positions in the expert-sorted batch
   // The router multiplies fp32 gate weights (DeepSeek-V3 keeps it in full
   // precision: a rounded logit flips near-tied top-k choices); under mixed
@@ -118,25 +117,13 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
     parallel_forward(out, xn);
   } else {
     // capacity: an expert runs its first rows in token order, the rest are dropped
-    kept_local_.assign(E_, 0), dropped_ = 0;
-    for (int64_t x = 0; x < E_; ++x)
-      kept_local_[x] = std::min<int64_t>(counts_host_[x], capacity(1)), dropped_ += counts_host_[x] - kept_local_[x];
+    blocks_.clear(), dropped_ = 0;
     for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
-      if (n > 0)
-        k::linear_forward<T>(Mat<T>(he_.target().data() + r0 * 2 * Fm, n, 2 * Fm),
-                             xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
-      if (n < counts_host_[x]) zero_rows(he_.target(), r0 + n, r0 + counts_host_[x]);
+      const int64_t n = counts_host_[x], kept = std::min<int64_t>(n, capacity(1));
+      blocks_.push_back({offsets_host_[x], n, x, kept});
+      dropped_ += n - kept;
     }
-    k::swiglu_forward<T>(ae_.target(), he_.target());
-    he_.keep(), ae_.keep();
-    for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
-      if (n > 0)
-        k::linear_forward<T>(Mat<T>(ye_.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                             ew2_[x].in(C_, Fm));
-      if (n < counts_host_[x]) zero_rows(mat(ye_, N_ * K_, C_), r0 + n, r0 + counts_host_[x]);
-    }
+    experts_forward(mat(ye_, N_ * K_, C_), xe_, he_, ae_);
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
@@ -168,7 +155,6 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
     swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
     return;
   }
-  const int64_t Fm = m_.moe.ffn;
   if (F_ > 0 && !exchange_) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
@@ -177,24 +163,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   if (exchange_) {
     parallel_backward(dxn, dout, xn, dye, dxe);
   } else {
-    auto dae = ws_.mat("moe_dae", N_ * K_, Fm), dhe = ws_.mat("moe_dhe", N_ * K_, 2 * Fm);
-    for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
-      if (n > 0)
-        k::linear_backward<T>(Mat<T>(dae.data() + r0 * Fm, n, Fm), ew2_[x].dmat(C_, Fm),
-                              Mat<const T>(dye.data() + r0 * C_, n, C_), ae_.in().rows_from(r0, n).varying_rows(),
-                              ew2_[x].in(C_, Fm));
-      if (n < counts_host_[x]) zero_rows(dae, r0 + n, r0 + counts_host_[x]);
-    }
-    k::swiglu_backward<T>(dhe, dae, he_.values());
-    for (int64_t x = 0; x < E_; ++x) {
-      const int64_t r0 = offsets_host_[x], n = kept_local_[x];
-      if (n > 0)
-        k::linear_backward<T>(Mat<T>(dxe.data() + r0 * C_, n, C_), ew1_[x].dmat(2 * Fm, C_),
-                              Mat<const T>(dhe.data() + r0 * 2 * Fm, n, 2 * Fm),
-                              xe_.in().rows_from(r0, n).varying_rows(), ew1_[x].in(2 * Fm, C_));
-      if (n < counts_host_[x]) zero_rows(dxe, r0 + n, r0 + counts_host_[x]);
-    }
+    experts_backward(dxe, dye, xe_, he_, ae_);
   }
   auto dx_routed = ws_.mat("moe_dx", N_, C_);
   k::dispatch_backward<T>(dx_routed, dxe, pos_);
@@ -218,6 +187,52 @@ int64_t FeedForward<T>::capacity(int group) const {
 template <class T>
 void FeedForward<T>::zero_rows(Mat<T> m, int64_t from, int64_t to) {
   Kokkos::deep_copy(Kokkos::subview(m, std::pair<int64_t, int64_t>(from, to), Kokkos::ALL), T(0));
+}
+
+// The routed experts over blocks_ (each a run of rows for one expert), as
+// out = W2 . swiglu(W13 . in), keeping h and a; rows past a block's capacity
+// are dropped: nothing in, nothing out. Every expert's rows under ep 1, each
+// source's rows per held expert under ep.
+template <class T>
+void FeedForward<T>::experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a) {
+  const int64_t Fm = m_.moe.ffn;
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_forward<T>(Mat<T>(h.target().data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
+                           in.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+    if (b.kept < b.rows) zero_rows(h.target(), b.row0 + b.kept, b.row0 + b.rows);
+  }
+  k::swiglu_forward<T>(a.target(), h.target());
+  h.keep(), a.keep();
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_forward<T>(Mat<T>(out.data() + b.row0 * C_, b.kept, C_), a.in().rows_from(b.row0, b.kept).varying_rows(),
+                           ew2_[b.expert].in(C_, Fm));
+    if (b.kept < b.rows) zero_rows(out, b.row0 + b.kept, b.row0 + b.rows);
+  }
+}
+
+// din = d/din of experts_forward's blocks, from dout; their weight gradients added.
+template <class T>
+void FeedForward<T>::experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
+                                      KeptActivation<T>& a) {
+  const int64_t Fm = m_.moe.ffn, rows = int64_t(din.extent(0));
+  auto da = ws_.mat("moe_dae", rows, Fm), dh = ws_.mat("moe_dhe", rows, 2 * Fm);
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.kept, Fm), ew2_[b.expert].dmat(C_, Fm),
+                            Mat<const T>(dout.data() + b.row0 * C_, b.kept, C_),
+                            a.in().rows_from(b.row0, b.kept).varying_rows(), ew2_[b.expert].in(C_, Fm));
+    if (b.kept < b.rows) zero_rows(da, b.row0 + b.kept, b.row0 + b.rows);
+  }
+  k::swiglu_backward<T>(dh, da, h.values());
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_backward<T>(Mat<T>(din.data() + b.row0 * C_, b.kept, C_), ew1_[b.expert].dmat(2 * Fm, C_),
+                            Mat<const T>(dh.data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
+                            in.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+    if (b.kept < b.rows) zero_rows(din, b.row0 + b.kept, b.row0 + b.rows);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -268,7 +283,6 @@ void FeedForward<T>::exchange_counts() {
 template <class T>
 void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
   auto& X = *exchange_;
-  const int64_t Fm = m_.moe.ffn;
   exchange_counts();
   // 16-bit inputs travel as they are kept: half the bytes, the same bits
   const bool half = xe_.is_half();
@@ -279,20 +293,7 @@ void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
   X.wait();
   // the outputs wait for their trip home in scratch that every layer shares
   auto out_rows = ws_.mat("moe_held_out", held_counts_total(), C_);
-  for (const auto& b : blocks_)
-    if (b.kept > 0)
-      k::linear_forward<T>(Mat<T>(oh_.target().data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
-                           ox_.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
-  for (const auto& b : blocks_)  // dropped rows: nothing in, nothing out
-    if (b.kept < b.rows) zero_rows(oh_.target(), b.row0 + b.kept, b.row0 + b.rows);
-  k::swiglu_forward<T>(oa_.target(), oh_.target());
-  oh_.keep(), oa_.keep();
-  for (const auto& b : blocks_) {
-    if (b.kept > 0)
-      k::linear_forward<T>(Mat<T>(out_rows.data() + b.row0 * C_, b.kept, C_),
-                           oa_.in().rows_from(b.row0, b.kept).varying_rows(), ew2_[b.expert].in(C_, Fm));
-    if (b.kept < b.rows) zero_rows(out_rows, b.row0 + b.kept, b.row0 + b.rows);
-  }
+  experts_forward(out_rows, ox_, oh_, oa_);
   X.start(out_rows.data(), recv_rows_, ye_.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();
 }
@@ -300,27 +301,13 @@ void FeedForward<T>::parallel_forward(Mat<T> out, In xn) {
 template <class T>
 void FeedForward<T>::parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat<T> dye, Mat<T> dxe) {
   auto& X = *exchange_;
-  const int64_t Fm = m_.moe.ffn, R = held_counts_total();
+  const int64_t R = held_counts_total();
   auto dy = ws_.mat("moe_held_dy", R, C_);  // the output gradients as they arrive
   X.start(dye.data(), send_rows_, dy.data(), recv_rows_, C_ * int64_t(sizeof(T)));
   if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));  // the shared experts meanwhile
   X.wait();
-  auto da = ws_.mat("moe_dae", R, Fm), dh = ws_.mat("moe_dhe", R, 2 * Fm), dx = ws_.mat("moe_held_dx", R, C_);
-  for (const auto& b : blocks_) {
-    if (b.kept > 0)
-      k::linear_backward<T>(Mat<T>(da.data() + b.row0 * Fm, b.kept, Fm), ew2_[b.expert].dmat(C_, Fm),
-                            Mat<const T>(dy.data() + b.row0 * C_, b.kept, C_),
-                            oa_.in().rows_from(b.row0, b.kept).varying_rows(), ew2_[b.expert].in(C_, Fm));
-    if (b.kept < b.rows) zero_rows(da, b.row0 + b.kept, b.row0 + b.rows);
-  }
-  k::swiglu_backward<T>(dh, da, oh_.values());
-  for (const auto& b : blocks_) {
-    if (b.kept > 0)
-      k::linear_backward<T>(Mat<T>(dx.data() + b.row0 * C_, b.kept, C_), ew1_[b.expert].dmat(2 * Fm, C_),
-                            Mat<const T>(dh.data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
-                            ox_.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
-    if (b.kept < b.rows) zero_rows(dx, b.row0 + b.kept, b.row0 + b.rows);
-  }
+  auto dx = ws_.mat("moe_held_dx", R, C_);
+  experts_backward(dx, dy, ox_, oh_, oa_);
   X.start(dx.data(), recv_rows_, dxe.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();
 }

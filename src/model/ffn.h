@@ -69,8 +69,9 @@ class FeedForward {
   kernels::Index1 counts_, offsets_, token_of_;
   Buffer<float> bias_;
   std::vector<int32_t> counts_host_, offsets_host_;
-  // expert parallelism: rows per rank each way; the received rows as
-  // (source rank, held expert) blocks, in the order they arrive
+  // The rows each expert runs, as blocks: under ep 1 one per expert of the
+  // expert-sorted rows; under ep one per (source rank, held expert) of the
+  // received rows, in the order they arrive. Under ep also the rows per rank each way.
   void exchange_counts();
   void parallel_forward(Mat<T> out, In xn);
   void parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat<T> dye, Mat<T> dxe);
@@ -83,8 +84,10 @@ class FeedForward {
   // the mean load of the rows `group` ranks routed), or no limit.
   int64_t capacity(int group) const;
   void zero_rows(Mat<T> m, int64_t from, int64_t to);
+  void experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a);
+  void experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
+                        KeptActivation<T>& a);
   int64_t dropped_ = 0;
-  std::vector<int64_t> kept_local_;  // ep 1: each expert's rows within its capacity
   ExpertExchange* exchange_ = nullptr;
   int64_t first_ = 0;
   Tokens labels_;
