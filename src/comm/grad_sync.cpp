@@ -1,6 +1,6 @@
 #include "comm/grad_sync.h"
+#include "core/ownership.h"
 #include <algorithm>
-#include <functional>
 #include "kernels/elementwise.h"
 
 namespace xx {
@@ -16,16 +16,9 @@ GradientSync::GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb,
   // ep: a bucket crossing an expert run's edge is cut there, so that each
   // piece is reduced over one group
   for (const auto& b : cut) {
-    std::vector<int64_t> edges{b.begin, b.end};
-    for (const auto& [rb, re] : experts.runs)
-      for (int64_t e : {rb, re})
-        if (e > b.begin && e < b.end) edges.push_back(e);
-    std::sort(edges.begin(), edges.end(), std::greater<>());
-    for (size_t i = 0; i + 1 < edges.size(); ++i) {
-      Bucket piece{edges[i + 1], edges[i]};
-      for (const auto& [rb, re] : experts.runs) piece.expert |= piece.begin >= rb && piece.end <= re;
-      buckets_.push_back(piece);
-    }
+    const auto pieces = cut_at_runs(b.begin, b.end, experts.runs);
+    for (auto p = pieces.rbegin(); p != pieces.rend(); ++p)
+      buckets_.push_back({p->begin, p->end, MPI_REQUEST_NULL, false, p->inside});
   }
 }
 

@@ -3,35 +3,35 @@
 
 namespace xx {
 
+std::vector<RunPiece> cut_at_runs(int64_t begin, int64_t end, const std::vector<std::pair<int64_t, int64_t>>& runs) {
+  std::vector<int64_t> edges{begin, end};
+  for (const auto& [rb, re] : runs)
+    for (int64_t e : {rb, re})
+      if (e > begin && e < end) edges.push_back(e);
+  std::sort(edges.begin(), edges.end());
+  std::vector<RunPiece> out;
+  for (size_t i = 0; i + 1 < edges.size(); ++i) {
+    bool inside = false;
+    for (const auto& [rb, re] : runs) inside |= edges[i] >= rb && edges[i + 1] <= re;
+    out.push_back({edges[i], edges[i + 1], inside});
+  }
+  return out;
+}
+
 Ownership Ownership::whole(int64_t total) { return Ownership(total, std::max<int64_t>(1, total), 1, 0); }
 
 Ownership::Ownership(const std::vector<std::pair<int64_t, int64_t>>& spans, int64_t bucket, int ranks, int rank,
                      const ExpertHolders& experts)
     : ranks_(ranks), rank_(rank), holder_(experts.rank) {
   bucket = std::max<int64_t>(1, bucket);
-  // Each span, cut at the expert runs' edges: (begin, end, inside a run).
-  struct Cut {
-    int64_t begin, end;
-    bool expert;
-  };
-  std::vector<Cut> cuts;
-  for (const auto& [begin, end] : spans) {
-    std::vector<int64_t> edges{begin, end};
-    for (const auto& [rb, re] : experts.runs)
-      for (int64_t e : {rb, re})
-        if (e > begin && e < end) edges.push_back(e);
-    std::sort(edges.begin(), edges.end());
-    for (size_t i = 0; i + 1 < edges.size(); ++i) {
-      bool expert = false;
-      for (const auto& [rb, re] : experts.runs) expert |= edges[i] >= rb && edges[i + 1] <= re;
-      cuts.push_back({edges[i], edges[i + 1], expert});
-    }
-  }
+  std::vector<RunPiece> cuts;  // each span, cut at the expert runs' edges
+  for (const auto& [begin, end] : spans)
+    for (const auto& piece : cut_at_runs(begin, end, experts.runs)) cuts.push_back(piece);
   for (auto cut = cuts.rbegin(); cut != cuts.rend(); ++cut) {  // buckets_ count from the buffer's end
-    const int n_ranks = cut->expert ? experts.ranks : ranks;
+    const int n_ranks = cut->inside ? experts.ranks : ranks;
     for (int64_t end = cut->end; end > cut->begin; end -= bucket) {
       Bucket b{std::max(cut->begin, end - bucket), end, std::vector<int>(n_ranks), std::vector<int>(n_ranks),
-               cut->expert};
+               cut->inside};
       const int64_t n = b.end - b.begin;
       for (int r = 0; r < n_ranks; ++r) {
         b.displs[r] = int(n * r / n_ranks);

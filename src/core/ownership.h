@@ -27,6 +27,14 @@ struct ExpertHolders {
   int ranks = 1, rank = 0;
 };
 
+// [begin, end) cut at the edges of `runs`, in buffer order, each piece
+// marked as inside a run or not: what ep reduces over the holders.
+struct RunPiece {
+  int64_t begin, end;
+  bool inside;
+};
+std::vector<RunPiece> cut_at_runs(int64_t begin, int64_t end, const std::vector<std::pair<int64_t, int64_t>>& runs);
+
 struct OwnedPiece {
   int64_t begin = 0, end = 0;  // in the flat buffer
   int64_t at = 0;              // where it starts in the owner's shard
