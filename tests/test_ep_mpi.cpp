@@ -262,8 +262,9 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
   const auto off = run(make_program(dir, tag + "off", deck(corpus, dir + "/" + tag + "off", ep, "softmax", kSteps)));
   for (const std::string level : {"optimizer", "gradients", "params"}) {
     INFO("shard " << level);
-    const auto sharded = run(make_program(
-        dir, tag + level, deck(corpus, dir + "/" + tag + level, ep, "softmax", kSteps, "shard " + level + "\n")));
+    const auto sharded = run(make_program(dir, tag + level,
+                                          deck(corpus, dir + "/" + tag + level, ep, "softmax", kSteps,
+                                               "shard " + level + "\ncheckpoint every 10 at_end no\n")));
     REQUIRE_THAT(sharded.backends, Catch::Contains("ZeRO"));
     REQUIRE(sharded.losses.size() == off.losses.size());
     double worst = 0;
@@ -277,6 +278,25 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
     if (mpi_rank() == 0)
       fmt::print(stderr, "[ep] {} ranks, ep {}, shard {}: losses within {:.2g} of shard off, weights within {:.2g}\n",
                  mpi_size(), ep, level, worst, relative(sharded.whole, off.whole));
+    // Its checkpoint, each rank's pieces of its experts written into the
+    // whole model's datasets, resumes under the same level bit for bit (each
+    // rank reading its own pieces back) and under shard off.
+    const std::string path = dir + "/" + tag + level + "/ckpt/step_00000010.h5";
+    REQUIRE(written_by_slabs(path));
+    for (const std::string again : {level, std::string("off")}) {
+      INFO("resumed under shard " << again);
+      const auto resumed = run(make_program(dir, tag + level + "_" + again,
+                                            deck(corpus, dir + "/" + tag + level + "_" + again, ep, "softmax", kSteps,
+                                                 "shard " + again + "\n")),
+                               MPI_COMM_WORLD, path);
+      REQUIRE(resumed.losses.size() == size_t(kSteps - 10));
+      for (size_t i = 0; i < resumed.losses.size(); ++i) {
+        INFO("step " << 11 + i);
+        if (again == level) REQUIRE(resumed.losses[i] == sharded.losses[10 + i]);
+        else REQUIRE(relative(resumed.losses[i], sharded.losses[10 + i]) < 1e-6);
+      }
+      if (again == level) REQUIRE(resumed.whole == sharded.whole);
+    }
   }
   }
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "core/error.h"
 #include "mpi_fixture.h"
 
 using namespace xx;
@@ -154,6 +155,24 @@ Datasets datasets(const std::string& path) {
   H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, add_dataset, &out);
   H5Fclose(file);
   return out;
+}
+
+// b holds a's datasets, bit for bit; `by_slabs`: less every /ranks/<r>/params, adam_m and adam_v.
+void require_same_but_rank_tensors(const Datasets& a, const Datasets& b, bool by_slabs) {
+  size_t left_out = 0;
+  for (const auto& [path, bytes] : a) {
+    INFO(path);
+    const std::string name = path.substr(path.rfind('/') + 1);
+    if (by_slabs && path.rfind("/ranks/", 0) == 0 && (name == "params" || name == "adam_m" || name == "adam_v")) {
+      REQUIRE_FALSE(b.count(path));
+      ++left_out;
+      continue;
+    }
+    REQUIRE(b.count(path));
+    REQUIRE(b.at(path) == bytes);
+  }
+  REQUIRE(left_out == (by_slabs ? 3 * size_t(mpi_size()) : 0));
+  REQUIRE(b.size() == a.size() - left_out);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -309,8 +328,11 @@ TEST_CASE("under shard, AdamW holds about P/W moments: its pieces of every bucke
   }
 }
 
-// 3. One layout: the moments are gathered whole, so a checkpoint written
-// under any level holds shard off's datasets, every one of them.
+// 3. One layout: every rank writes its own pieces of the weights and
+// moments into the whole tensors' datasets (parallel HDF5 hyperslabs), so a
+// checkpoint written under any level holds shard off's datasets, bit for
+// bit, less the per-rank copies of the tensors: the ranks agree, and the
+// file says so (rank_tensors = base).
 TEST_CASE("a checkpoint written under shard equals shard off's, dataset for dataset", "[mpi][shard][ckpt]") {
   const auto dir = shared_scratch("shard_ckpt");
   const auto corpus = make_corpus(dir);
@@ -336,12 +358,8 @@ TEST_CASE("a checkpoint written under shard equals shard off's, dataset for data
           REQUIRE(std::count_if(a.begin(), a.end(), [&](const auto& d) { return d.first.rfind(group, 0) == 0; }) ==
                   int64_t(layout.tensors().size()));
         }
-        REQUIRE(b.size() == a.size());
-        for (const auto& [path, bytes] : a) {
-          INFO(path);
-          REQUIRE(b.count(path));
-          REQUIRE(b.at(path) == bytes);
-        }
+        require_same_but_rank_tensors(a, b, mpi_size() > 1);
+        REQUIRE(written_by_slabs(ckpt(run_dir, at)) == (mpi_size() > 1));
         const auto x = read_checkpoint(ckpt(off_dir, at), layout), y = read_checkpoint(ckpt(run_dir, at), layout);
         REQUIRE(y.params == x.params);
         REQUIRE(y.adam_m == x.adam_m);
@@ -397,6 +415,21 @@ TEST_CASE("resumes across shard levels and world sizes continue as shard off's c
         INFO("resumed under shard off on " << H << " ranks");
         const auto o = run(on_half, file(level + "_w"), half);
         REQUIRE(o.losses.size() == size_t(kSteps - kAt));
+        require_steps_equal(o.losses, reference_half.losses);
+        REQUIRE(o.fingerprints == reference_half.fingerprints);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      // Each rank reads its own slabs back: under the same level on W, and under params on W/2.
+      {
+        INFO("resumed under shard " << level << " on " << W << " ranks");
+        const auto o = run(program(level + "_w_again", level, no_ckpt), file(level + "_w"));
+        require_steps_equal(o.losses, off_w.losses, kAt);
+        REQUIRE(o.fingerprints == off_w.fingerprints);
+      }
+      const auto params_on_half = program(level + "_w_params_on_half", "params", no_ckpt);
+      if (half != MPI_COMM_NULL) {
+        INFO("resumed under shard params on " << H << " ranks");
+        const auto o = run(params_on_half, file(level + "_w"), half);
         require_steps_equal(o.losses, reference_half.losses);
         REQUIRE(o.fingerprints == reference_half.fingerprints);
       }
@@ -509,12 +542,7 @@ TEST_CASE("restart_from best under shard: its best moments checkpointed whole, r
         INFO("step " << at);
         const Datasets a = datasets(ckpt(dir + "/off", at)), b = datasets(ckpt(run_dir, at));
         REQUIRE(a.count("/buffers/restart_best.adam_m"));
-        REQUIRE(b.size() == a.size());
-        for (const auto& [path, bytes] : a) {
-          INFO(path);
-          REQUIRE(b.count(path));
-          REQUIRE(b.at(path) == bytes);
-        }
+        require_same_but_rank_tensors(a, b, mpi_size() > 1);
       }
     MPI_Barrier(MPI_COMM_WORLD);
     // Step 3 is inside the first cycle (1-4): its restart goes back to a best state from the file.
@@ -522,5 +550,44 @@ TEST_CASE("restart_from best under shard: its best moments checkpointed whole, r
                              ckpt(run_dir, kAt));
     require_steps_equal(resumed.losses, off.losses, kAt);
     REQUIRE(resumed.fingerprints == off.fingerprints);
+  }
+}
+
+// 6. A file written by slabs is read by slabs: each tensor's checksum is the
+// whole tensor's, checked against every rank's pieces together. A wrong one
+// stops every rank with the same error naming the file and the dataset.
+TEST_CASE("a slab-written checkpoint with a bad checksum stops every rank, naming the dataset", "[mpi][shard][ckpt]") {
+  if (mpi_size() == 1) return;  // (one rank writes no slabs: shard keeps one piece)
+  const auto dir = shared_scratch("shard_bad_crc");
+  const auto corpus = make_corpus(dir);
+  const Arch& arch = kArchs.front();
+  const std::string run_dir = dir + "/written";
+  run(make_program(dir, "written", deck(arch, corpus, run_dir, "gradients", 4, "checkpoint every 2\n")));
+  const std::string path = ckpt(run_dir, 2);
+  REQUIRE(written_by_slabs(path));
+  std::string tensor;
+  if (mpi_rank() == 0) {  // the checksum attribute of one moment's tensor, off by one
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t group = H5Gopen2(file, "optimizer/v", H5P_DEFAULT);
+    char name[256] = {0};
+    H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, 1, name, sizeof name, H5P_DEFAULT);
+    tensor = name;
+    const hid_t ds = H5Dopen2(group, name, H5P_DEFAULT), attr = H5Aopen(ds, "crc32c", H5P_DEFAULT);
+    uint32_t crc = 0;
+    H5Aread(attr, H5T_NATIVE_UINT32, &crc);
+    ++crc;
+    H5Awrite(attr, H5T_NATIVE_UINT32, &crc);
+    H5Aclose(attr), H5Dclose(ds), H5Gclose(group), H5Fclose(file);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto resumed = make_program(dir, "resumed", deck(arch, corpus, dir + "/resumed", "params", 4, "checkpoint every 0\n"));
+  try {
+    run(resumed, path);
+    FAIL("resumed from a file with a bad checksum");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    REQUIRE_THAT(what, Catch::Contains(path) && Catch::Contains("fails its checksum") &&
+                           Catch::Contains("/optimizer/v/"));
+    if (mpi_rank() == 0) REQUIRE_THAT(what, Catch::Contains(tensor));
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include "core/crc32c.h"
 #include "io/log.h"
@@ -84,6 +85,25 @@ TEST_CASE("masked CRC-32C matches known values", "[tensorboard]") {
   CHECK(tb::masked_crc32c("", 0) == 0xa282ead8u);  // crc of nothing is 0
   const std::string zeros(8, '\0');                // the length field of an empty record
   CHECK(tb::masked_crc32c(zeros.data(), 8) == 0x07980329u);  // Python: crc32c.crc32c
+}
+
+TEST_CASE("CRC-32C of pieces combines into the whole's", "[tensorboard][ckpt]") {
+  CHECK(crc32c_combine(crc32c("1234", 4), crc32c("56789", 5), 5) == 0xE3069283u);
+  std::mt19937 gen(7);
+  std::vector<unsigned char> bytes(100003);
+  for (auto& b : bytes) b = static_cast<unsigned char>(gen());
+  const uint32_t whole = crc32c(bytes.data(), bytes.size());
+  for (size_t cut : {size_t(0), size_t(1), size_t(4096), size_t(77777), bytes.size()}) {
+    INFO("cut at " << cut);
+    const uint32_t a = crc32c(bytes.data(), cut), b = crc32c(bytes.data() + cut, bytes.size() - cut);
+    CHECK(crc32c_combine(a, b, bytes.size() - cut) == whole);
+    if (cut > 0) CHECK(crc32c_combine(a, b, bytes.size() - cut + 1) != whole);  // the length matters (but after nothing)
+  }
+  // Three pieces, left to right, as a tensor's ranks are combined.
+  uint32_t crc = 0;
+  for (auto [at, n] : {std::pair<size_t, size_t>{0, 10}, {10, 50000}, {50010, bytes.size() - 50010}})
+    crc = crc32c_combine(crc, crc32c(bytes.data() + at, n), n);
+  CHECK(crc == whole);
 }
 
 TEST_CASE("a TFRecord is length, its masked CRC, data, the data's masked CRC", "[tensorboard]") {

@@ -16,7 +16,9 @@
 #include <regex>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <fmt/format.h>
+#include "ckpt/slabs.h"
 #include "core/atomic_file.h"
 #include "core/crc32c.h"
 #include "core/error.h"
@@ -435,11 +437,55 @@ class Writer {
   // `offset` >= 0: the tensor's offset in the flat buffer, as attribute `offset`.
   void dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
                const void* data, uint32_t crc, bool deflate = false, int64_t offset = -1) {
+    H5 ds = create_dataset(group, name, type, dims, deflate);
+    if (ds >= 0 && element_count(dims) > 0) {
+      H5 mem(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+      H5 file(H5Dget_space(ds), H5Sclose);
+      if (rank_ != owner) H5Sselect_none(mem), H5Sselect_none(file);
+      ok(H5Dwrite(ds, type, mem, file, dxpl_, rank_ == owner ? data : nullptr), "write dataset " + name);
+    }
+    // The owner's checksum: attributes are collective, and only the owner's bytes were written.
+    MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
+    finish_dataset(ds, crc, offset);
+  }
+
+  // A float tensor dataset as dataset() makes it, whose elements come from
+  // every rank's slabs of it, `mine` (this rank's, all of this tensor) from
+  // `values`, in one collective transfer; `crc` is the whole tensor's,
+  // the same on every rank (slabs::tensor_crcs).
+  void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims,
+                     const std::vector<TensorSlab>& mine, const std::vector<float>& values, uint32_t crc,
+                     int64_t offset) {
+    H5 ds = create_dataset(group, name, H5T_NATIVE_FLOAT, dims, false);
+    if (ds >= 0 && element_count(dims) > 0) {
+      const hsize_t n = std::max<hsize_t>(1, values.size());
+      H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      H5 file(H5Dget_space(ds), H5Sclose);
+      H5Sselect_none(mem), H5Sselect_none(file);
+      for (const auto& s : mine) {
+        const hsize_t at = hsize_t(s.at), count = hsize_t(s.count);
+        H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
+        slabs::select_flat(file, dims, hsize_t(s.begin), count);
+      }
+      ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, file, dxpl_, values.empty() ? nullptr : values.data()),
+         "write dataset " + name);
+    }
+    finish_dataset(ds, crc, offset);
+  }
+
+ private:
+  static hsize_t element_count(const std::vector<hsize_t>& dims) {
+    hsize_t total = 1;
+    for (auto d : dims) total *= d;
+    return total;
+  }
+
+  // Collective: the dataset, chunked (rows of about 1 MiB), fletcher32, optionally shuffle + deflate.
+  H5 create_dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, bool deflate) {
     errno = 0;
     H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
     H5 plist(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    hsize_t total = 1;
-    for (auto d : dims) total *= d;
+    const hsize_t total = element_count(dims);
     std::vector<hsize_t> chunk = dims;
     const hsize_t row = dims.empty() || dims[0] == 0 ? 1 : total / dims[0];
     if (!chunk.empty()) chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], (1u << 18) / std::max<hsize_t>(1, row)));
@@ -450,20 +496,16 @@ class Writer {
     }
     H5 ds(H5Dcreate2(group, name.c_str(), type, space, H5P_DEFAULT, plist, H5P_DEFAULT), H5Dclose);
     if (ds < 0) fail("create dataset " + name);
-    if (total > 0) {
-      H5 mem(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-      H5 file(H5Dget_space(ds), H5Sclose);
-      if (rank_ != owner) H5Sselect_none(mem), H5Sselect_none(file);
-      ok(H5Dwrite(ds, type, mem, file, dxpl_, rank_ == owner ? data : nullptr), "write dataset " + name);
-    }
-    // The owner's checksum: attributes are collective, and only the owner's bytes were written.
-    MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
+    return ds;
+  }
+
+  // Collective: the dataset's attributes crc32c (and offset, when >= 0), then a sync.
+  void finish_dataset(hid_t ds, uint32_t crc, int64_t offset) {
     attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
     if (offset >= 0) attr(ds, "offset", H5T_NATIVE_INT64, offset);
     sync();
   }
 
- private:
   bool ok(herr_t status, const std::string& what) {
     if (status < 0) fail(what);
     return status >= 0;
@@ -636,6 +678,7 @@ struct EncodedCheckpoint {
   std::vector<TensorInfo> tensors;
   std::deque<Encoded> store;          // what the parts point into (a deque: stable addresses)
   std::vector<Part> base_parts[3];    // a delta's /model, /optimizer/m, /optimizer/v
+  std::vector<uint32_t> slab_crcs[3];  // written by slabs: each tensor's crc32c in /model, /optimizer/m, /optimizer/v
   std::vector<Part> parts;            // this rank's /ranks/<r>, in the same order on every rank
   std::vector<int64_t> meta;          // every rank's (count, crc) of each part, rank after rank
   std::vector<int64_t> batches;       // every rank's sampler position
@@ -660,6 +703,16 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
   // delta against its base file's own values (never against another delta,
   // so restore reads two files and a lossy codec's error does not add up).
   const bool chained = chain && format.base_every > 1;
+  if (data.slabs && chained) throw std::logic_error("checkpoint: a chain cannot be written by slabs");
+  if (data.slabs)
+    for (int i = 0; i < 3; ++i) {
+      const auto& mine = (*data.slabs)[size_t(i)].slabs;
+      for (size_t k = 1; k < mine.size(); ++k)
+        if (std::tie(mine[k].tensor, mine[k].begin) < std::tie(mine[k - 1].tensor, mine[k - 1].begin) ||
+            mine[k].at < mine[k - 1].at)
+          throw std::logic_error("checkpoint: slabs out of file order");
+      out->slab_crcs[i] = slabs::tensor_crcs(comm, layout, (*data.slabs)[size_t(i)]);
+    }
   const bool delta = chained && !chain->name.empty() && chain->written < format.base_every &&
                      chain->format == format && int64_t(chain->params.size()) == n && chain->name != out->name;
   out->kind = delta ? "delta" : "base";
@@ -684,7 +737,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
       rebuilt[i] = &decoded[i];
     }
   }
-  if (mine) {
+  if (mine && !data.slabs) {  // (by slabs the ranks agree: each one's tensors are the base)
     // Mode diff: against the base as rebuilt. Mode full in a delta: against
     // this rank's own tensors in the chain's base file.
     const bool own_delta = delta && format.mode == "full";
@@ -701,9 +754,10 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
       if (refused && e.codec != "lossless") e = encode(own[i]->data(), against, n, f, true);
       add_parts(out->parts, kRankTensors[i], out->store.emplace_back(std::move(e)));
     }
+  }
+  if (mine)
     for (const auto& [name, values] : mine->extra)
       out->parts.push_back({name, H5T_NATIVE_FLOAT, int64_t(values.size()), values.data(), crc_of(values), "full"});
-  }
   // Every rank has the same parts (names, types); their sizes and checksums
   // are shared, since creating datasets and attributes is collective.
   int min_parts = int(out->parts.size()), max_parts = min_parts;
@@ -821,6 +875,7 @@ void write_root(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   w.string_attr(file, "chain_kind", enc.kind);
   w.string_attr(file, "chain_parent", enc.parent);
   if (enc.kind == "delta") w.string_attr(file, "chain_codec", kernels::ckpt_codec::codec_name(format.codec.kind));
+  if (data.slabs) w.string_attr(file, "rank_tensors", "base");  // /ranks/<r> holds no tensors: the base is every rank's
   w.sync();
 }
 
@@ -835,6 +890,19 @@ void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
       w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
     }
   };
+  // By slabs: every rank writes its own slabs of each tensor (they come tensor by tensor).
+  auto tensor_slabs = [&](hid_t group, int i) {
+    const TensorSlabs& mine = (*data.slabs)[size_t(i)];
+    auto s = mine.slabs.begin();
+    std::vector<TensorSlab> of_tensor;
+    for (size_t k = 0; k < enc.tensors.size(); ++k) {
+      const auto& t = enc.tensors[k];
+      of_tensor.clear();
+      for (; s != mine.slabs.end() && s->tensor == k; ++s) of_tensor.push_back(*s);
+      w.dataset_slabs(group, t.name, std::vector<hsize_t>(t.shape.begin(), t.shape.end()), of_tensor, mine.values,
+                      enc.slab_crcs[i][k], t.offset);
+    }
+  };
   // A delta: each tensor's change since the chain's base, flat, through its codec.
   auto changes = [&](hid_t group, const std::vector<Part>& parts) {
     for (const auto& p : parts)
@@ -842,6 +910,7 @@ void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   };
   auto base_group = [&](hid_t group, int i, const std::vector<float>& flat) {
     if (enc.kind == "delta") changes(group, enc.base_parts[i]);
+    else if (data.slabs) tensor_slabs(group, i);
     else tensors(group, flat);
   };
   {
@@ -1144,13 +1213,15 @@ std::string read_checkpoint_deck(const std::string& path) {
 }
 
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
-                               const std::map<std::string, int64_t>& buffers) {
+                               const std::map<std::string, int64_t>& buffers, bool tensors) {
   H5 file = open_complete(path);
   CheckpointData data;
   data.deck = read_string_attr(file, "deck", path);
-  data.params.resize(layout.total());
-  data.adam_m.resize(layout.total());
-  data.adam_v.resize(layout.total());
+  if (tensors) {
+    data.params.resize(layout.total());
+    data.adam_m.resize(layout.total());
+    data.adam_v.resize(layout.total());
+  }
   for (const char* g : {"model", "optimizer/m", "optimizer/v", "train"})
     if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(file, g, H5P_DEFAULT) <= 0)
       input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, g);
@@ -1159,7 +1230,7 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   const ChainLink link = chain_link(file, path);
   data.chain_kind = link.kind, data.chain_parent = link.parent;
   CheckpointData parent;
-  if (link.kind == "delta") {
+  if (link.kind == "delta" && tensors) {
     parent = read_checkpoint(chain_parent_path(path, link), layout, buffers);
     if (parent.chain_kind != "base")
       input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, parent.chain_kind);
@@ -1180,9 +1251,11 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
     }
   };
   {
-    read_group("model", data.params, parent.params);
-    read_group("optimizer/m", data.adam_m, parent.adam_m);
-    read_group("optimizer/v", data.adam_v, parent.adam_v);
+    if (tensors) {
+      read_group("model", data.params, parent.params);
+      read_group("optimizer/m", data.adam_m, parent.adam_m);
+      read_group("optimizer/v", data.adam_v, parent.adam_v);
+    }
     for (const auto& [name, size] : buffers) {
       if (H5Lexists(file, "buffers", H5P_DEFAULT) <= 0)
         input_error("{}: group '/buffers' is missing (expected the model's state buffers, e.g. '{}')", path, name);
@@ -1254,6 +1327,81 @@ bool has_rank_state(const std::string& path) {
   return file >= 0 && H5Lexists(file, "ranks", H5P_DEFAULT) > 0;
 }
 
+bool written_by_slabs(const std::string& path) {
+  H5 file = open_complete(path);
+  return chain_link(file, path).kind == "base" && H5Aexists(file, "rank_tensors") > 0 &&
+         read_string_attr(file, "rank_tensors", path) == "base";
+}
+
+void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layout, std::array<TensorSlabs, 3>& slabs) {
+  // Every rank learns the lowest failing rank's error, and throws it.
+  auto agree = [&](std::string error) {
+    int rank = 0, world = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    int first = error.empty() ? world : rank;
+    MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == world) return;
+    broadcast_text(error, first, comm);
+    throw InputError(error);
+  };
+  const char* groups[3] = {"model", "optimizer/m", "optimizer/v"};
+  std::array<std::map<size_t, uint32_t>, 3> want;  // the crc32c attribute of each tensor this rank read from
+  std::string error;
+  try {
+    // Each rank alone, read-only: reads need no MPI-IO, and a bad chunk fails only here.
+    H5 file = open_complete(path);
+    for (int i = 0; i < 3; ++i) {
+      TensorSlabs& mine = slabs[size_t(i)];
+      int64_t size = 0;
+      for (const auto& s : mine.slabs) size = std::max(size, s.at + s.count);
+      mine.values.assign(size_t(size), 0.0f);
+      H5 group(H5Gopen2(file, groups[i], H5P_DEFAULT), H5Gclose);
+      if (group < 0) input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, groups[i]);
+      for (auto s = mine.slabs.begin(); s != mine.slabs.end();) {
+        const TensorInfo& t = layout.tensors().at(s->tensor);
+        const std::string where = fmt::format("/{}/{}", groups[i], t.name);
+        if (H5Lexists(group, t.name.c_str(), H5P_DEFAULT) <= 0)
+          input_error("{}: tensor '{}' is missing (expected by the deck's model)", path, where);
+        H5 ds(H5Dopen2(group, t.name.c_str(), H5P_DEFAULT), H5Dclose);
+        H5 space(H5Dget_space(ds), H5Sclose);
+        std::vector<hsize_t> dims(size_t(std::max(H5Sget_simple_extent_ndims(space), 0)));
+        H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+        if (std::vector<int64_t>(dims.begin(), dims.end()) != t.shape)
+          input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
+                      fmt::join(dims, ", "), fmt::join(t.shape, ", "));
+        const hsize_t n = std::max<hsize_t>(1, mine.values.size());
+        H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+        H5Sselect_none(mem), H5Sselect_none(space);
+        const size_t tensor = s->tensor;
+        for (; s != mine.slabs.end() && s->tensor == tensor; ++s) {
+          const hsize_t at = hsize_t(s->at), count = hsize_t(s->count);
+          if (count == 0) continue;
+          H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
+          slabs::select_flat(space, dims, hsize_t(s->begin), count);
+        }
+        if (H5Sget_select_npoints(space) > 0 && H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, mine.values.data()) < 0)
+          input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+        if (H5Aexists(ds, "crc32c") <= 0)
+          input_error("{}: tensor '{}' has no crc32c attribute (expected one in a file written by slabs)", path, where);
+        want[size_t(i)][tensor] = read_attr<uint32_t>(ds, "crc32c", H5T_NATIVE_UINT32, path);
+      }
+    }
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  agree(error);
+  // The checksums of the whole tensors, from every rank's slabs.
+  for (int i = 0; i < 3; ++i) {
+    const auto got = slabs::tensor_crcs(comm, layout, slabs[size_t(i)]);
+    for (const auto& [tensor, crc] : want[size_t(i)])
+      if (got[tensor] != crc && error.empty())
+        error = fmt::format("{}: dataset '/{}/{}' fails its checksum (crc32c {:08x}, expected {:08x})", path, groups[i],
+                            layout.tensors()[tensor].name, got[tensor], crc);
+  }
+  agree(error);
+}
+
 RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
                           const std::map<std::string, int64_t>& extra) {
   quiet_hdf5();
@@ -1265,13 +1413,16 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   H5 group(H5Gopen2(file, where.c_str(), H5P_DEFAULT), H5Gclose);
   const std::string mode = read_string_attr(file, "mode", path);
   const int64_t n = layout.total();
-  if (mode == "diff" && int64_t(base.params.size()) != n)
+  // Written by slabs: the ranks agreed, and /ranks/<r> holds no tensors.
+  const bool base_tensors = H5Aexists(file, "rank_tensors") > 0 &&
+                            read_string_attr(file, "rank_tensors", path) == "base";
+  if (mode == "diff" && !base_tensors && int64_t(base.params.size()) != n)
     input_error("{}: mode diff needs the base of the file to rebuild rank {} (expected {} values, got {})", path, rank,
                 n, base.params.size());
   // Mode full in a delta: each tensor is the change since this rank's own
   // tensor in the chain's base file.
   const ChainLink link = chain_link(file, path);
-  const bool own_delta = mode == "full" && link.kind == "delta";
+  const bool own_delta = mode == "full" && link.kind == "delta" && !base_tensors;
   RankState was;
   if (own_delta) was = read_rank_state(chain_parent_path(path, link), layout, base, rank, extra);
   const int64_t block = codec_block(file, path);
@@ -1284,6 +1435,10 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   for (int i = 0; i < 3; ++i) {
     const std::string name = names[i], at = where + "/" + name;
     auto& value = *targets[i];
+    if (base_tensors) {
+      value = *bases[i];
+      continue;
+    }
     if (mode == "full" && !own_delta) {
       value = read_vector<float>(group, name, H5T_NATIVE_FLOAT, n, at, path);
       continue;

@@ -5,9 +5,11 @@
 // fletcher32 checksum, verified on read.
 #pragma once
 #include <mpi.h>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,9 +46,29 @@ struct TrainState {
   uint64_t chaos_seed = 0;      // data shuffle chaos|independent: the drawn seed (0: none), for replay
 };
 
+// Part of a tensor that one rank writes or reads itself: elements [begin,
+// begin + count) of the flattened tensor layout.tensors()[tensor], at `at`
+// of the rank's values.
+struct TensorSlab {
+  size_t tensor = 0;
+  int64_t begin = 0, count = 0, at = 0;
+};
+// One rank's slabs of one group (/model, /optimizer/m or /optimizer/v), in
+// file order (by tensor, then begin; `at` rising with them), and their values.
+struct TensorSlabs {
+  std::vector<TensorSlab> slabs;
+  std::vector<float> values;
+};
+
 // Host copies of the tensors, laid out like the flat parameter buffer.
 struct CheckpointData {
   std::vector<float> params, adam_m, adam_v;
+  // A sharded run (docs/CHECKPOINT.md, "Sharded runs"): instead of the three
+  // whole buffers above (then empty), this rank's slabs of /model,
+  // /optimizer/m, /optimizer/v; every rank writes its own into the same
+  // full-tensor datasets, and the file holds no per-rank tensors (the ranks
+  // agree: each one's are the base; root attribute rank_tensors = base).
+  std::optional<std::array<TensorSlabs, 3>> slabs;
   std::map<std::string, std::vector<float>> buffers;  // model state outside the parameters (MoE gate biases)
   // Named training state in double (LR restarts, loss scale, loss weights):
   // datasets /train/<name>; every one present in the file is read back.
@@ -137,12 +159,25 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
 // True when the checkpoint holds per-rank state (/ranks).
 bool has_rank_state(const std::string& path);
 
+// True when a complete base checkpoint was written by slabs (rank_tensors =
+// base): what read_slabs reads.
+bool written_by_slabs(const std::string& path);
+
+// Collective over comm: each rank reads its own slabs of /model,
+// /optimizer/m, /optimizer/v (slabs[i].values sized here) from a file that
+// written_by_slabs, opening it read-only by itself. Each tensor's crc32c is
+// checked against every rank's slabs together (they must cover it). A
+// failure on any rank throws the same InputError on every rank.
+void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layout, std::array<TensorSlabs, 3>& slabs);
+
 // Reads a checkpoint written for `layout` (a delta: its chain's base file
 // too, next to it), with the named state buffers of
 // the given sizes; any corruption, missing tensor or shape mismatch throws
 // InputError naming the file and the tensor.
+// `tensors` false: /model and /optimizer are left unread (and params,
+// adam_m, adam_v empty), for read_slabs.
 CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
-                               const std::map<std::string, int64_t>& buffers = {});
+                               const std::map<std::string, int64_t>& buffers = {}, bool tensors = true);
 
 // The world size and expert parallelism of the run that wrote a complete checkpoint. Throws InputError.
 std::pair<int, int> read_checkpoint_layout(const std::string& path);

@@ -29,4 +29,27 @@ inline uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0) {
   return ~crc;
 }
 
+namespace detail {
+// a * b modulo the CRC polynomial, both in the reflected form (bit 31 is x^0).
+constexpr uint32_t crc32c_multiply(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t term = 1u << 31; term != 0; term >>= 1) {  // a's terms x^0, x^1, ...
+    if (a & term) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ 0x82F63B78u : b >> 1;  // b *= x
+  }
+  return product;
+}
+}  // namespace detail
+
+// The CRC-32C of A followed by B from crc32c(A), crc32c(B) and B's length
+// alone: crc(AB) = crc(A) * x^(8 |B|) + crc(B) (the pre- and post-inversions
+// cancel), the power by repeated squaring. What lets ranks that each hold
+// pieces of a tensor agree on the whole tensor's checksum without its bytes.
+inline uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  uint32_t power = 1u << 31, square = 1u << 23;  // x^0, x^8
+  for (; size_b != 0; size_b >>= 1, square = detail::crc32c_multiply(square, square))
+    if (size_b & 1) power = detail::crc32c_multiply(power, square);
+  return detail::crc32c_multiply(crc_a, power) ^ crc_b;
+}
+
 }  // namespace xx

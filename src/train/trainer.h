@@ -116,6 +116,10 @@ class Trainer {
   RankState merged_rank_state(const std::string& path, const CheckpointData& base, int old_world);
   std::map<std::string, int64_t> required_buffers(StatePlace place) const;
   CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state
+  // Sharded runs write and read their own slabs of the file's tensors (docs/CHECKPOINT.md, "Sharded runs").
+  bool writes_slabs() const;
+  std::vector<TensorSlab> slabs_of(const std::vector<OwnedPiece>& pieces) const;  // values in shard order
+  std::vector<TensorSlab> whole_tensor_slabs() const;                             // values as the flat buffer
   void save_checkpoint(double loss);
   void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
                             CheckpointWriter writer, int64_t keep);

@@ -106,9 +106,11 @@ void Trainer::apply_state(const StateRegistry& registry, const CheckpointData& d
 void Trainer::restore(const std::string& path) {
   finish_checkpoint();  // one HDF5 user at a time
   CheckpointData data;
-  int per_rank = 0, old_world = world_;
+  int per_rank = 0, old_world = world_, by_slabs = 0;
   on_rank0_or_throw(comm_, rank_, [&] {
-    data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer));
+    // A sharded run reads its own slabs of a file that holds no per-rank tensors.
+    by_slabs = owned_.ranks() > 1 && written_by_slabs(path);
+    data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer), !by_slabs);
     old_world = data.state.world_size;
     if (old_world != world_ && cfg_.data.shuffle == "independent")
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
@@ -120,6 +122,7 @@ void Trainer::restore(const std::string& path) {
     per_rank = has_rank_state(path);
   });
   MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
+  MPI_Bcast(&by_slabs, 1, MPI_INT, 0, comm_);
   MPI_Bcast(&old_world, 1, MPI_INT, 0, comm_);
   MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
   // The phase the checkpoint continues, and its strategy: the strategy's
@@ -137,12 +140,14 @@ void Trainer::restore(const std::string& path) {
       for (int r = 0; r < old_world; ++r)
         read_rank_state(path, *file_layout_, data, r, required_buffers(StatePlace::rank_buffer));
   });
-  // Rank 0 read and checked the file; every rank gets all of it.
-  const int64_t total = file_layout_->total();
-  if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
-  MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
-  MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
-  MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
+  // Rank 0 read and checked the file; every rank gets all of it (but the slabs, which each reads itself).
+  if (!by_slabs) {
+    const int64_t total = file_layout_->total();
+    if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
+    MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
+    MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
+    MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
+  }
   MPI_Bcast(&data.state.sampler_batches, 1, MPI_INT64_T, 0, comm_);
   MPI_Bcast(&data.state.chaos_seed, 1, MPI_UINT64_T, 0, comm_);
   bcast_map(data.buffers, MPI_FLOAT, comm_);
@@ -150,12 +155,25 @@ void Trainer::restore(const std::string& path) {
   RankState mine;
   if (per_rank) {  // this rank's own tensors, strategy state and data position
     mine = merged_rank_state(path, data, old_world);
-    data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
+    if (!by_slabs) data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
   }
-  from_host(model_->params(), from_file_frame(data.params));  // ep: this rank's experts
-  from_host(optimizer_->m(), owned_part(from_file_frame(data.adam_m), owned_));  // under shard: this rank's pieces
-  from_host(optimizer_->v(), owned_part(from_file_frame(data.adam_v), owned_));
+  if (by_slabs) {
+    // This rank's pieces of the moments, and of the weights (whole unless they are sharded too).
+    const bool weights_sharded = strategy_->agreement(step_).weights_sharded;
+    std::array<TensorSlabs, 3> slabs;
+    slabs[1].slabs = slabs[2].slabs = slabs_of(owned_.pieces());
+    slabs[0].slabs = weights_sharded ? slabs[1].slabs : whole_tensor_slabs();
+    read_slabs(comm_, path, *file_layout_, slabs);
+    if (weights_sharded) put_pieces(model_->params(), slabs[0].values, owned_);
+    else from_host(model_->params(), slabs[0].values);
+    from_host(optimizer_->m(), slabs[1].values);
+    from_host(optimizer_->v(), slabs[2].values);
+  } else {
+    from_host(model_->params(), from_file_frame(data.params));  // ep: this rank's experts
+    from_host(optimizer_->m(), owned_part(from_file_frame(data.adam_m), owned_));  // under shard: this rank's pieces
+    from_host(optimizer_->v(), owned_part(from_file_frame(data.adam_v), owned_));
+  }
   optimizer_->set_steps_taken(step_);
   sampler_start_ = {};
   apply_state(state_, data, per_rank ? &mine : nullptr, path);
@@ -238,17 +256,63 @@ std::vector<float> Trainer::from_file_frame(const std::vector<float>& whole) con
   return mine;
 }
 
+// Sharded, with every rank holding the same model (the sharded strategy
+// guarantees it), writing one base file at a time with parallel HDF5: each
+// rank writes its own pieces. Otherwise the pieces are gathered whole first.
+bool Trainer::writes_slabs() const {
+  return owned_.ranks() > 1 && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == "collective" &&
+         strategy_->agreement(step_).all();
+}
+
+// `pieces` of this rank's flat buffer cut at its tensors' edges, each placed
+// in the file's tensor of that name (under ep this rank's experts are some
+// of the file's); the values lie in shard order.
+std::vector<TensorSlab> Trainer::slabs_of(const std::vector<OwnedPiece>& pieces) const {
+  std::map<std::string, size_t> in_file;
+  for (size_t k = 0; k < file_layout_->tensors().size(); ++k) in_file[file_layout_->tensors()[k].name] = k;
+  const auto& tensors = model_->layout().tensors();
+  std::vector<TensorSlab> out;
+  for (const auto& p : pieces) {
+    // the first tensor that ends after the piece begins
+    auto t = std::upper_bound(tensors.begin(), tensors.end(), p.begin,
+                              [](int64_t at, const TensorInfo& x) { return at < x.offset + x.size; });
+    for (; t != tensors.end() && t->offset < p.end; ++t) {
+      const int64_t lo = std::max(p.begin, t->offset), hi = std::min(p.end, t->offset + t->size);
+      if (hi > lo) out.push_back({in_file.at(t->name), lo - t->offset, hi - lo, p.at + (lo - p.begin)});
+    }
+  }
+  return out;
+}
+
+// Every tensor of this rank's flat buffer whole, its values laid out as the buffer.
+std::vector<TensorSlab> Trainer::whole_tensor_slabs() const {
+  std::map<std::string, size_t> in_file;
+  for (size_t k = 0; k < file_layout_->tensors().size(); ++k) in_file[file_layout_->tensors()[k].name] = k;
+  std::vector<TensorSlab> out;
+  for (const auto& t : model_->layout().tensors()) out.push_back({in_file.at(t.name), 0, t.size, t.offset});
+  return out;
+}
+
 // Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
 // bits on every rank; each rank's own state goes to /ranks/<r> as it is
 // (mode full) or as its difference from the base (mode diff, by the codec).
 CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   ExecSpace().fence();
-  mine.params = whole_params();
-  // under shard: the ranks' pieces put together; under ep: the group's experts
-  mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_, expert_holders_));
-  mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_, expert_holders_));
-  mine.sampler_batches = loader_->position();
   CheckpointData data;
+  if (writes_slabs()) {  // this rank's pieces only: no whole copies
+    std::array<TensorSlabs, 3> slabs;
+    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = slabs_of(owned_.pieces());
+    slabs[0].values = take_pieces(model_->params(), owned_);
+    slabs[1].values = to_host(optimizer_->m());
+    slabs[2].values = to_host(optimizer_->v());
+    data.slabs = std::move(slabs);
+  } else {
+    mine.params = whole_params();
+    // under shard: the ranks' pieces put together; under ep: the group's experts
+    mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_, expert_holders_));
+    mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_, expert_holders_));
+  }
+  mine.sampler_batches = loader_->position();
   for (const auto* registry : {&state_, &strategy_state_})
     for (const auto& e : registry->entries()) {
       if (e.is_series()) {
@@ -267,7 +331,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   // average where they may differ, else rank 0's own (equal to every
   // rank's unless an earlier phase left, say, different moments).
   const bool may_differ = !strategy_->agreement(step_).all();
-  if (world_ > 1)
+  if (world_ > 1 && !data.slabs)
     for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) {
       if (may_differ) {
         MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : v->data(), v->data(), int(v->size()), MPI_FLOAT, MPI_SUM, 0, comm_);

@@ -25,6 +25,24 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
   Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
 }
 
+// This rank's pieces of a flat buffer (each at its place in it), in shard
+// order; and back into their places. The rest of the buffer is not touched.
+template <class T>
+std::vector<T> take_pieces(const Buffer<T>& b, const Ownership& owned) {
+  std::vector<T> out(owned.shard_size());
+  for (const auto& p : owned.pieces())
+    Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data() + p.at, p.size()),
+                      Kokkos::subview(b, std::pair(p.begin, p.end)));
+  return out;
+}
+
+template <class T>
+void put_pieces(Buffer<T>& b, const std::vector<T>& shard, const Ownership& owned) {
+  for (const auto& p : owned.pieces())
+    Kokkos::deep_copy(Kokkos::subview(b, std::pair(p.begin, p.end)),
+                      Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(shard.data() + p.at, p.size()));
+}
+
 // Collective: every rank's pieces of `whole` (laid out like the flat buffer,
 // this rank's pieces in place) to every rank; under ep an expert bucket's
 // over its `holders`.
