@@ -374,7 +374,9 @@ void Trainer::save_checkpoint(double loss) {
   pending_ = {};
   pending_.waited = waited;
   pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
-  pending_.how = format.mode == "diff" ? "diff " + cfg_.checkpoint.codec : "full copies";
+  pending_.how = data.slabs              ? "each rank its own slabs"
+                 : format.mode == "diff" ? "diff " + cfg_.checkpoint.codec
+                                         : "full copies";
   const auto writer = cfg_.checkpoint.writer == "rank0" ? CheckpointWriter::rank0 : CheckpointWriter::collective;
   pending_.writer = writer == CheckpointWriter::rank0 ? "rank 0 writes" : "collective";
   if (cfg_.checkpoint.async && !async_checked_) {

@@ -156,4 +156,27 @@ sys.exit(1 if differ or len(a) < 50 else 0)
 PY
   check [ $? -eq 0 ] || fail "$f: collective and rank0 files differ: $(cat "$T/same")"
 done
+
+# ----------------------------------------------------------------------------
+# shard: each rank writes its own slabs of the tensors; no per-rank copies
+make_deck "$T/shard.deck" "$CORPUS" "$T/shard" 2
+sed -i 's/^run /shard gradients\nrun /' "$T/shard.deck"
+begin "shard gradients, 2 ranks: each rank writes its slabs; the file verifies and exports"
+expect_ok 2 -in "$T/shard.deck"
+check grep -q -E 'checkpoint .*step_00000002\.h5 \(each rank its own slabs, base, collective, ' "$T/out" ||
+  fail "no console line says the ranks wrote their slabs: $(grep '^checkpoint' "$T/out")"
+S=$T/shard/ckpt/step_00000002.h5
+check /usr/bin/python3 "$CKPT" verify "$S" >"$T/verify" 2>&1 || fail "the slab file does not verify: $(cat "$T/verify")"
+check /usr/bin/python3 "$CKPT" export "$S" --rank 1 -o "$T/s1.h5" >"$T/out" 2>&1 || fail "export --rank 1 failed: $(cat "$T/out")"
+/usr/bin/python3 - "$S" "$T/s1.h5" >"$T/same" 2>&1 <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as a, h5py.File(sys.argv[2], "r") as b:
+    assert a.attrs["rank_tensors"] in (b"base", "base"), "no rank_tensors = base"
+    assert "params" not in a["ranks/1"], "a per-rank copy of the tensors"
+    for g in ("model", "optimizer/m", "optimizer/v"):
+        for name in a[g]:
+            assert np.array_equal(a[g][name][()], b[g][name][()]), f"/{g}/{name} differs"
+    print(len(a["model"]), "tensors equal")
+PY
+check [ $? -eq 0 ] || fail "rank 1's export is not the base: $(cat "$T/same")"
 finish
