@@ -568,16 +568,20 @@ TEST_CASE("a slab-written checkpoint with a bad checksum stops every rank, namin
   std::string tensor;
   if (mpi_rank() == 0) {  // the checksum attribute of one moment's tensor, off by one
     const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
     const hid_t group = H5Gopen2(file, "optimizer/v", H5P_DEFAULT);
+    REQUIRE(group >= 0);
     char name[256] = {0};
-    H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, 1, name, sizeof name, H5P_DEFAULT);
+    REQUIRE(H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, 1, name, sizeof name, H5P_DEFAULT) > 0);
     tensor = name;
     const hid_t ds = H5Dopen2(group, name, H5P_DEFAULT), attr = H5Aopen(ds, "crc32c", H5P_DEFAULT);
+    REQUIRE(attr >= 0);
     uint32_t crc = 0;
-    H5Aread(attr, H5T_NATIVE_UINT32, &crc);
+    REQUIRE(H5Aread(attr, H5T_NATIVE_UINT32, &crc) >= 0);
     ++crc;
-    H5Awrite(attr, H5T_NATIVE_UINT32, &crc);
-    H5Aclose(attr), H5Dclose(ds), H5Gclose(group), H5Fclose(file);
+    REQUIRE(H5Awrite(attr, H5T_NATIVE_UINT32, &crc) >= 0);
+    H5Aclose(attr), H5Dclose(ds), H5Gclose(group);
+    REQUIRE(H5Fclose(file) >= 0);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const auto resumed = make_program(dir, "resumed", deck(arch, corpus, dir + "/resumed", "params", 4, "checkpoint every 0\n"));

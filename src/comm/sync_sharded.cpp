@@ -42,6 +42,8 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     if (owned_.total() != int64_t(b.grads.extent(0)))
       throw std::logic_error("shard: the ownership does not cover the gradient buffer");
     if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
+    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>)
+      grad_pages_ = PageReleaser(b.grads.data(), int64_t(b.grads.extent(0) * sizeof(float)), b.grads_in_huge_pages);
     requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
     started_.assign(owned_.buckets().size(), false);
     gathers_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
@@ -94,7 +96,11 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     auto& g = buffers_.grads;
     if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
       // Pages released after the last step's reductions stay released until the backward writes them.
-      if (gradients_sharded()) return ExecSpace().fence(), zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
+      if (gradients_sharded()) {
+        ExecSpace().fence();
+        zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
+        return grad_pages_.reset();
+      }
     }
     Kokkos::deep_copy(g, 0.0f);
   }
@@ -264,7 +270,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     }
     if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
       const auto& bucket = owned_.buckets()[b];
-      release_whole_pages(buffers_.grads.data() + bucket.begin, (bucket.end - bucket.begin) * int64_t(sizeof(float)));
+      grad_pages_.done(bucket.begin * int64_t(sizeof(float)), bucket.end * int64_t(sizeof(float)));
     }
   }
 
@@ -273,6 +279,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   Ownership owned_;
   int world_ = 1, rank_ = 0;
   Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
+  PageReleaser grad_pages_;    // shard gradients: the buffer's pages, back to the kernel as their buckets are reduced
   std::vector<MPI_Request> requests_;
   std::vector<bool> started_;
   std::vector<MPI_Request> gathers_;             // shard params: each bucket's all-gather in flight

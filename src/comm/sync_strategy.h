@@ -66,6 +66,9 @@ struct SyncBuffers {
   // moe ... ep N: this rank's routed-expert runs and the ranks holding the
   // same experts (sync dense averages them over those alone).
   ExpertRuns experts;
+  // The gradient buffer is huge_page_memory's (core/host_memory.h): shard
+  // gradients hands it back in huge pages.
+  bool grads_in_huge_pages = false;
 };
 
 // The phase's settings a strategy reads.

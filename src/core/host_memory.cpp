@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <string>
 
 namespace xx {
@@ -45,6 +46,49 @@ void zero_and_release(void* p, int64_t bytes) {
   std::memset(p, 0, first - begin);
   release_whole_pages(p, bytes);
   std::memset(reinterpret_cast<void*>(last), 0, end - last);
+}
+
+std::shared_ptr<void> huge_page_memory(int64_t bytes) {
+  const size_t size = size_t((std::max<int64_t>(bytes, 1) + kHugePage - 1) / kHugePage * kHugePage);
+  // Over-reserve one huge page to align the start, then trim the rest.
+  void* raw = ::mmap(nullptr, size + size_t(kHugePage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = uintptr_t(raw), aligned = (start + uintptr_t(kHugePage) - 1) / uintptr_t(kHugePage) * uintptr_t(kHugePage);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (const uintptr_t end = aligned + size; end < start + size + size_t(kHugePage))
+    ::munmap(reinterpret_cast<void*>(end), start + size + size_t(kHugePage) - end);
+  void* p = reinterpret_cast<void*>(aligned);
+  ::madvise(p, size, MADV_HUGEPAGE);  // advice: without transparent huge pages, 4 KiB pages as before
+  return std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
+}
+
+PageReleaser::PageReleaser(void* base, int64_t bytes, bool huge) : bytes_(bytes) {
+  granule_ = huge ? kHugePage : int64_t(::sysconf(_SC_PAGESIZE));
+  first_ = uintptr_t(base) / uintptr_t(granule_) * uintptr_t(granule_);
+  offset_ = int64_t(uintptr_t(base) - first_);
+  whole_ends_ = huge;
+  reset();
+}
+
+void PageReleaser::reset() {
+  const int64_t granules = (offset_ + bytes_ + granule_ - 1) / granule_;
+  pending_.assign(size_t(granules), granule_);
+  if (granules == 0) return;
+  pending_.front() -= offset_;  // bytes before the base are not the buffer's
+  pending_.back() -= granules * granule_ - (offset_ + bytes_);
+}
+
+void PageReleaser::done(int64_t begin, int64_t end) {
+  begin = std::max<int64_t>(begin, 0), end = std::min(end, bytes_);
+  for (int64_t at = begin; at < end;) {
+    const int64_t g = (offset_ + at) / granule_, to = std::min(end, (g + 1) * granule_ - offset_);
+    // A granule that reaches past either end of the buffer goes back only
+    // when the buffer owns it whole (huge_page_memory's rounding).
+    const bool inside = g * granule_ >= offset_ && (g + 1) * granule_ <= offset_ + bytes_;
+    if ((pending_[size_t(g)] -= to - at) == 0 && (inside || whole_ends_))
+      release_whole_pages(reinterpret_cast<void*>(first_ + uintptr_t(g * granule_)), granule_);
+    at = to;
+  }
 }
 
 namespace {

@@ -66,7 +66,13 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   // Not touched here: init writes them, and under sharding a rank never
   // touches the pages it will not keep (host memory is taken at first write).
   params_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::params"), layout_.total());
-  grads_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::grads"), layout_.total());
+  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    // In huge pages: shard gradients hands it back to the kernel every step (core/host_memory.h).
+    grads_memory_ = huge_page_memory(layout_.total() * int64_t(sizeof(T)));
+    grads_ = Buffer<T>(static_cast<T*>(grads_memory_.get()), layout_.total());
+  } else {
+    grads_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::grads"), layout_.total());
+  }
   if (gemm_type != kernels::Precision::fp32)
     params_half_ = Buffer<uint16_t>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::params(16-bit)"),
                                     layout_.total());

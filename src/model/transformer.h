@@ -66,6 +66,7 @@ class Transformer {
   const ParamLayout& layout() const { return layout_; }
   Buffer<T>& params() { return params_; }
   Buffer<T>& grads() { return grads_; }
+  bool grads_in_huge_pages() const { return grads_memory_ != nullptr; }
   Vec<T> param(const std::string& name) { return window(params_, name); }
   Vec<T> grad(const std::string& name) { return window(grads_, name); }
 
@@ -136,6 +137,7 @@ class Transformer {
   ParamLayout layout_;
   int64_t B_, T_, N_;
   Buffer<T> params_, grads_;
+  std::shared_ptr<void> grads_memory_;  // host: grads_'s memory (huge_page_memory), which grads_ views
   Workspace<T> ws_;
   Param<T> embed_, norm_, head_;
   std::vector<std::unique_ptr<Block<T>>> blocks_;

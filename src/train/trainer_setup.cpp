@@ -251,7 +251,8 @@ void Trainer::enter_phase(size_t phase) {
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
-                        owned_, units_, ExpertRuns{model_->layout().expert_runs(), expert_holders_}};
+                        owned_, units_, ExpertRuns{model_->layout().expert_runs(), expert_holders_},
+                        model_->grads_in_huge_pages()};
     model_->set_weight_gate(nullptr);  // the old strategy's gate goes with it
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     model_->set_weight_gate(strategy_->weight_gate());
