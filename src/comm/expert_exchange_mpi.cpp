@@ -4,7 +4,7 @@
 
 namespace xx {
 
-MpiExpertExchange::MpiExpertExchange(MPI_Comm group) : group_(group) {
+MpiExpertExchange::MpiExpertExchange(MPI_Comm group, bool staged) : group_(group), staged_(staged) {
   MPI_Comm_size(group, &ranks_);
   MPI_Comm_rank(group, &rank_);
 }
@@ -43,6 +43,14 @@ void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send
     recv_counts_[q] = int(recv_rows[q]), recv_displs_[q] = int(r), r += recv_rows[q];
   }
   const MPI_Datatype t = row_type(row_bytes);
+  if (staged_) {  // out through the host
+    using Bytes = Kokkos::View<char*, MemSpace, Unmanaged>;
+    using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Unmanaged>;
+    send_host_.resize(size_t(s * row_bytes)), recv_host_.resize(size_t(r * row_bytes));
+    Kokkos::deep_copy(HostBytes(send_host_.data(), send_host_.size()),
+                      Bytes(static_cast<char*>(const_cast<void*>(send)), send_host_.size()));
+    send = send_host_.data(), recv_ = recv, recv = recv_host_.data();
+  }
   MPI_Ialltoallv(send, send_counts_.data(), send_displs_.data(), t, recv, recv_counts_.data(), recv_displs_.data(), t,
                  group_, &request_);
   stats_.rounds += 1;
@@ -52,8 +60,15 @@ void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send
 void MpiExpertExchange::wait() {
   const double t0 = MPI_Wtime();
   MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  if (staged_)  // in from the host
+    Kokkos::deep_copy(Kokkos::View<char*, MemSpace, Unmanaged>(static_cast<char*>(recv_), recv_host_.size()),
+                      Kokkos::View<char*, Kokkos::HostSpace, Unmanaged>(recv_host_.data(), recv_host_.size()));
   const double t1 = MPI_Wtime();
   stats_.waited += t1 - t0, stats_.seconds += t1 - started_;
+}
+
+std::string MpiExpertExchange::describe() const {
+  return staged_ ? "MPI_Ialltoallv through host buffers (the kernels' memory is not the host's)" : "MPI_Ialltoallv";
 }
 
 }  // namespace xx

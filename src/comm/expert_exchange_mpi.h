@@ -1,18 +1,25 @@
 // The expert all-to-all over MPI (core/expert_exchange.h): one
 // MPI_Ialltoallv per direction, rows as a contiguous datatype. MPI's
 // all-to-all places every source's rows at fixed displacements, so the
-// result never depends on timing.
+// result never depends on timing. Where the kernels' memory is not the
+// host's (a CUDA build), the rows go through host buffers: the start copies
+// them out, the wait copies the arrivals in (an MPI that reads device memory
+// would not need it, but nothing here can tell one apart).
 #pragma once
 #include <mpi.h>
 #include <map>
+#include <string>
 #include <vector>
 #include "core/expert_exchange.h"
+#include "core/views.h"
 
 namespace xx {
 
 class MpiExpertExchange final : public ExpertExchange {
  public:
-  explicit MpiExpertExchange(MPI_Comm group);  // not owned
+  // Not owned. `staged`: through host buffers (by default where the kernels' memory is not the host's).
+  explicit MpiExpertExchange(MPI_Comm group, bool staged = !kKernelMemoryOnHost);
+  static constexpr bool kKernelMemoryOnHost = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
   ~MpiExpertExchange() override;
   int ranks() const override { return ranks_; }
   int rank() const override { return rank_; }
@@ -21,6 +28,7 @@ class MpiExpertExchange final : public ExpertExchange {
              const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   void wait() override;
   ExchangeStats& stats() override { return stats_; }
+  std::string describe() const override;
 
  private:
   MPI_Datatype row_type(int64_t row_bytes);
@@ -30,6 +38,9 @@ class MpiExpertExchange final : public ExpertExchange {
   double started_ = 0;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::map<int64_t, MPI_Datatype> row_types_;
+  bool staged_ = false;
+  std::vector<char> send_host_, recv_host_;  // staged: the rows on the host
+  void* recv_ = nullptr;                     // staged: where the arrivals go
   ExchangeStats stats_;
 };
 

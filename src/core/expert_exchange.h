@@ -5,6 +5,7 @@
 // (MPI_Ialltoallv; NCCL grouped send/recv in CUDA builds).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace xx {
@@ -27,7 +28,8 @@ class ExpertExchange {
   virtual void start(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                      const std::vector<int64_t>& recv_rows, int64_t row_bytes) = 0;
   virtual void wait() = 0;  // the rows started last have arrived
-  virtual ExchangeStats& stats() = 0;  // since the last reset (the trainer reads them per step)
+  virtual ExchangeStats& stats() = 0;
+  virtual std::string describe() const = 0;  // how the rows travel, for the start-up table  // since the last reset (the trainer reads them per step)
 };
 
 }  // namespace xx

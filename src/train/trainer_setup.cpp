@@ -317,9 +317,9 @@ std::string Trainer::backends() const {
   if (ep_ > 1) {
     const auto& e = cfg_.model.moe;
     row("experts", fmt::format("moe ep {}: routed experts [{}, {}) of each MoE layer here, tokens moved by "
-                               "MPI_Ialltoallv in groups of {} consecutive ranks, each expert's gradient averaged "
+                               "{} in groups of {} consecutive ranks, each expert's gradient averaged "
                                "over its {} holder(s)", ep_, ep_rank_ * e.routed / ep_, (ep_rank_ + 1) * e.routed / ep_,
-                               ep_, world_ / ep_));
+                               exchange_->describe(), ep_, world_ / ep_));
   }
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
                      model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);
