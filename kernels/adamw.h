@@ -2,6 +2,7 @@
 // tensor. Moments are fp32 whatever the parameter type.
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -31,7 +32,7 @@ void adamw_update(Vec<T> param, Vec<float> m, Vec<float> v, Vec<const T> grad, A
           pv[i] = vi;
           const float mhat = mi / s.bias1, vhat = vi / s.bias2;
           const float pi = float(p[i]);
-          p[i] = T(pi - s.lr * (mhat / (Kokkos::Experimental::sqrt(vhat) + s.eps) + s.weight_decay * pi));
+          p[i] = T(pi - s.lr * (mhat / (kmath::sqrt(vhat) + s.eps) + s.weight_decay * pi));
         }
       });
 }

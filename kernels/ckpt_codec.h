@@ -47,6 +47,7 @@
 #include <stdexcept>
 #include <string_view>
 #include "core/views.h"
+#include "kernels/math.h"
 // topk_count, topk_select and its Workspace, block_scale, quant_code, magnitude_key
 #include "kernels/compress.h"
 
@@ -139,7 +140,7 @@ void lossless_encode(Vec<bits_t<T>> diff, Vec<const T> value, Vec<const T> base)
       "ckpt_codec::lossless_encode", Kokkos::RangePolicy<ExecSpace>(0, compress::ceil_div(n, kChunk)),
       KOKKOS_LAMBDA(int64_t c) {
         const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        for (int64_t i = c * kChunk; i < end; ++i) pd[i] = std::bit_cast<U>(pv[i]) ^ std::bit_cast<U>(pb[i]);
+        for (int64_t i = c * kChunk; i < end; ++i) pd[i] = kmath::bit_cast<U>(pv[i]) ^ kmath::bit_cast<U>(pb[i]);
       });
 }
 
@@ -157,7 +158,7 @@ void lossless_decode(Vec<T> value, Vec<const bits_t<T>> diff, Vec<const T> base)
       "ckpt_codec::lossless_decode", Kokkos::RangePolicy<ExecSpace>(0, compress::ceil_div(n, kChunk)),
       KOKKOS_LAMBDA(int64_t c) {
         const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        for (int64_t i = c * kChunk; i < end; ++i) pv[i] = std::bit_cast<T>(std::bit_cast<U>(pb[i]) ^ pd[i]);
+        for (int64_t i = c * kChunk; i < end; ++i) pv[i] = kmath::bit_cast<T>(kmath::bit_cast<U>(pb[i]) ^ pd[i]);
       });
 }
 
@@ -230,15 +231,15 @@ struct Int8Result {
         int64_t bad = 0;
         for (int64_t i = begin; i < end; ++i) {
           const float d = value(i) - base(i);
-          if (!Kokkos::Experimental::isfinite(d)) ++bad;
-          else m = Kokkos::Experimental::fabs(d) > m ? Kokkos::Experimental::fabs(d) : m;
+          if (!kmath::isfinite(d)) ++bad;
+          else m = kmath::fabs(d) > m ? kmath::fabs(d) : m;
         }
         const float scale = bad ? refused_scale : compress::block_scale(m, qmax);
         if (!bad) {
           for (int64_t i = begin; i < end; ++i) {
             const int32_t q = compress::quant_code(value(i) - base(i), scale, qmax);
             codes(i) = int8_t(q);
-            bad += !Kokkos::Experimental::isfinite(base(i) + float(q) * scale);  // q * scale within ~2^-16 of FLT_MAX
+            bad += !kmath::isfinite(base(i) + float(q) * scale);  // q * scale within ~2^-16 of FLT_MAX
           }
         }
         if (bad) {

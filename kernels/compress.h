@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels::compress {
 
@@ -190,7 +191,7 @@ KOKKOS_INLINE_FUNCTION int64_t count_below(const T* a, int64_t len, int64_t x) {
 
 // Nearest integer to t, ties to the even one (independent of the rounding mode).
 KOKKOS_INLINE_FUNCTION int32_t round_half_even(double t) {
-  const double f = Kokkos::Experimental::floor(t);
+  const double f = kmath::floor(t);
   const double r = t - f;  // exact, in [0, 1)
   int32_t q = int32_t(f);
   if (r > 0.5 || (r == 0.5 && (q & 1))) ++q;
@@ -428,7 +429,7 @@ inline void quantize(Vec<float> scale, Vec<uint8_t> codes, Vec<const float> val,
         const int64_t end = (b + 1) * block < k ? (b + 1) * block : k;
         float m = 0;
         for (int64_t j = b * block; j < end; ++j) {
-          const float a = Kokkos::Experimental::fabs(val(j));
+          const float a = kmath::fabs(val(j));
           m = (a > m || a != a) && m == m ? a : m;  // NaN sticks
         }
         scale(b) = block_scale(m, qmax);

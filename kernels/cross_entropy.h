@@ -21,7 +21,7 @@ void cross_entropy_forward(Vec<T> losses, Mat<const T> logits, Tokens targets) {
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < V; ++j) sum += exp_of(row[j] - m);
-        losses(i) = targets(i) < 0 ? T(0) : m + Kokkos::Experimental::log(sum) - logits(i, targets(i));
+        losses(i) = targets(i) < 0 ? T(0) : m + kmath::log(sum) - logits(i, targets(i));
       });
 }
 

@@ -1,6 +1,7 @@
 // Small element-wise and reduction kernels shared by the model and the optimizer.
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -94,7 +95,7 @@ int64_t count_nonfinite(Vec<const T> x) {
   int64_t n = 0;
   Kokkos::parallel_reduce(
       "count_nonfinite", Kokkos::RangePolicy<ExecSpace>(0, x.extent(0)),
-      KOKKOS_LAMBDA(int64_t i, int64_t& acc) { acc += Kokkos::Experimental::isfinite(x(i)) ? 0 : 1; }, n);
+      KOKKOS_LAMBDA(int64_t i, int64_t& acc) { acc += kmath::isfinite(x(i)) ? 0 : 1; }, n);
   return n;
 }
 

@@ -12,8 +12,8 @@ struct Registry {
   GemmBackend* chosen = nullptr;
   bool widened = false;  // 16-bit products on the fp32 kernel (set_widened_products)
   Registry() {
-    if (auto onednn = make_onednn_gemm()) order.push_back(std::move(onednn));
-    order.push_back(make_blas_gemm());
+    for (auto make : {make_onednn_gemm, make_cublas_gemm, make_blas_gemm})
+      if (auto backend = make()) order.push_back(std::move(backend));
   }
 };
 

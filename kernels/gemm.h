@@ -4,16 +4,22 @@
 //   onednn   oneDNN matmul (host): fp32, and bf16 x bf16 -> fp32 natively
 //            where the CPU has AVX512_BF16 or AMX (brgemm); one primitive per
 //            shape, created on first use and cached
-//   blas     KokkosBlas::gemm: the BLAS it was built on (host), cuBLAS (CUDA);
-//            fp32 only
+//   cublas   cuBLAS (the kernels run on CUDA: the cuda preset): fp32 exact
+//            (no TF32), bf16 and fp16 x itself -> fp32 on the tensor cores
+//   blas     KokkosBlas::gemm: the BLAS KokkosKernels was built on (host
+//            builds); fp32 only
+//
+// Which exist depends on the Kokkos the binary was built against: a host
+// Kokkos has onednn and blas, a CUDA Kokkos has cublas (and no KokkosKernels).
+// Only gemm_*.cpp know; the kernels call gemm() below.
 //
 // Operands are stored fp32, or in 16 bits (bf16, fp16) under mixed precision;
 // products accumulate in fp32 into an fp32 result. A 16-bit type the backend
 // cannot multiply natively is widened to fp32 first (the same products: a
 // 16-bit times 16-bit product is exact in fp32) and start-up says it is
-// emulated. double (the gradient checks) always runs on KokkosBlas.
+// emulated. double (the gradient checks) always runs on gemm_f64: KokkosBlas
+// on the host, cublasDgemm on CUDA.
 #pragma once
-#include <KokkosBlas3_gemm.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,10 +61,17 @@ class GemmBackend {
 };
 
 std::unique_ptr<GemmBackend> make_onednn_gemm();  // gemm_onednn.cpp (null when built without oneDNN)
-std::unique_ptr<GemmBackend> make_blas_gemm();    // gemm_blas.cpp
+std::unique_ptr<GemmBackend> make_cublas_gemm();  // gemm_cublas.cpp (null unless Kokkos runs on CUDA)
+std::unique_ptr<GemmBackend> make_blas_gemm();    // gemm_blas.cpp (null when Kokkos runs on CUDA)
 
-// The registry: "auto" takes the first available of onednn, blas; a name
-// takes that one or throws std::runtime_error saying why it cannot run.
+// c (M, N), double, row-major = alpha op(a) op(b) + beta c, a and b of double
+// elements (their `type` is not read): the gradient checks' GEMMs, on
+// KokkosBlas (gemm_blas.cpp) or cublasDgemm (gemm_cublas.cpp), whichever the
+// build has, whatever backend the float GEMMs run on.
+void gemm_f64(const GemmOperand& a, const GemmOperand& b, double alpha, double beta, Mat<double> c);
+
+// The registry: "auto" takes the first available of onednn, cublas, blas; a
+// name takes that one or throws std::runtime_error saying why it cannot run.
 void select_gemm_backend(const std::string& choice);
 GemmBackend& gemm_backend();  // selects "auto" when nothing was selected
 // Under mixed precision: multiply 16-bit operands on the backend's fp32
@@ -157,11 +170,11 @@ struct GemmIn {
 // c = alpha op(a) op(b) + beta c, with op given as "N" or "T" per operand.
 template <class T>
 void gemm(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T beta, Mat<T> c) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm: float or double");
   if constexpr (std::is_same_v<T, float>) {
     gemm(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
   } else {
-    KokkosBlas::gemm(ta, tb, alpha, Mat<const T>(a.values, a.rows, a.cols), Mat<const T>(b.values, b.rows, b.cols),
-                     beta, c);
+    gemm_f64(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
   }
 }
 

@@ -1,9 +1,21 @@
-// The fallback GEMM: KokkosBlas::gemm, i.e. the BLAS KokkosKernels was built
-// on (Debian: OpenBLAS) on the host and cuBLAS on CUDA. fp32 only: 16-bit
-// operands reach it widened (kernels/gemm.cpp).
+// The fallback GEMM of host builds: KokkosBlas::gemm, i.e. the BLAS
+// KokkosKernels was built on (Debian: OpenBLAS). fp32 only: 16-bit operands
+// reach it widened (kernels/gemm.cpp). Also the double GEMMs (gemm_f64) of the
+// gradient checks. A build against a CUDA Kokkos has no KokkosKernels: there
+// gemm_cublas.cpp serves both, and this file builds nothing.
+#include "kernels/gemm.h"
+
+#ifdef KOKKOS_ENABLE_CUDA
+
+namespace xx::kernels {
+std::unique_ptr<GemmBackend> make_blas_gemm() { return nullptr; }
+}  // namespace xx::kernels
+
+#else
+
+#include <KokkosBlas3_gemm.hpp>
 #include <dlfcn.h>
 #include <fmt/format.h>
-#include "kernels/gemm.h"
 
 namespace xx::kernels {
 namespace {
@@ -48,4 +60,12 @@ class BlasGemm : public GemmBackend {
 
 std::unique_ptr<GemmBackend> make_blas_gemm() { return std::make_unique<BlasGemm>(); }
 
+void gemm_f64(const GemmOperand& a, const GemmOperand& b, double alpha, double beta, Mat<double> c) {
+  KokkosBlas::gemm(a.transposed ? "T" : "N", b.transposed ? "T" : "N", alpha,
+                   Mat<const double>(static_cast<const double*>(a.data), a.rows, a.cols),
+                   Mat<const double>(static_cast<const double*>(b.data), b.rows, b.cols), beta, c);
+}
+
 }  // namespace xx::kernels
+
+#endif  // KOKKOS_ENABLE_CUDA

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -17,7 +18,7 @@ inline uint64_t fingerprint(Vec<const float> x) {
   Kokkos::parallel_reduce(
       "fingerprint", Kokkos::RangePolicy<ExecSpace>(0, n),
       KOKKOS_LAMBDA(int64_t i, uint64_t& acc) {
-        uint64_t z = (uint64_t(i) << 32 | std::bit_cast<uint32_t>(px[i])) + 0x9e3779b97f4a7c15ull;
+        uint64_t z = (uint64_t(i) << 32 | kmath::bit_cast<uint32_t>(px[i])) + 0x9e3779b97f4a7c15ull;
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's finaliser
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         acc += z ^ (z >> 31);

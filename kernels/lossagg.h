@@ -10,6 +10,7 @@
 #pragma once
 #include <cmath>
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -70,7 +71,7 @@ void rank_weights(Vec<T> weights,           // (R)
     Kokkos::parallel_for(
         "lossagg::robust_key", Range(0, R), KOKKOS_LAMBDA(int64_t r) {
           const double l = double(losses(r, 0));
-          key(r) = Kokkos::Experimental::isfinite(l) ? l : Kokkos::Experimental::infinity<double>::value;
+          key(r) = kmath::isfinite(l) ? l : kmath::infinity<double>();
         });
     sort_keys();
     median_into(0);
@@ -88,7 +89,7 @@ void rank_weights(Vec<T> weights,           // (R)
     Kokkos::parallel_for(
         "lossagg::robust_trim", Range(0, R), KOKKOS_LAMBDA(int64_t r) {
           const double m = stats(0) < 0 ? -stats(0) : stats(0);
-          const double scale = Kokkos::Experimental::fmax(1.4826 * stats(1), 1e-3 * m + 1e-12);
+          const double scale = kmath::fmax(1.4826 * stats(1), 1e-3 * m + 1e-12);
           int64_t farther = 0;
           for (int64_t q = 0; q < R; ++q) farther += key(q) > key(r) || (key(q) == key(r) && q < r);
           const bool trimmed = key(r) > mads * scale && farther < max_trimmed;
@@ -99,12 +100,12 @@ void rank_weights(Vec<T> weights,           // (R)
     Kokkos::parallel_for(
         "lossagg::softmax_max", Single(0, 1), KOKKOS_LAMBDA(int64_t) {
           double hi = double(losses(0, 0));
-          for (int64_t r = 1; r < R; ++r) hi = Kokkos::Experimental::fmax(hi, double(losses(r, 0)));
+          for (int64_t r = 1; r < R; ++r) hi = kmath::fmax(hi, double(losses(r, 0)));
           stats(1) = hi;
         });
     Kokkos::parallel_for(
         "lossagg::softmax_share", Range(0, R), KOKKOS_LAMBDA(int64_t r) {
-          share(r) = double(tokens(r)) * Kokkos::Experimental::exp((double(losses(r, 0)) - stats(1)) / temperature);
+          share(r) = double(tokens(r)) * kmath::exp((double(losses(r, 0)) - stats(1)) / temperature);
         });
   }
   // The total in rank order, then the weights.
@@ -136,7 +137,7 @@ double uncertainty_forward(Vec<T> loss_weights,      // (K)
   Kokkos::parallel_for(
       "lossagg::uncertainty_weights", Kokkos::RangePolicy<ExecSpace>(0, K),
       KOKKOS_LAMBDA(int64_t i) {
-        loss_weights(i) = active(i) != T(0) ? T(Kokkos::Experimental::exp(-double(log_var(i)))) : T(1);
+        loss_weights(i) = active(i) != T(0) ? T(kmath::exp(-double(log_var(i)))) : T(1);
       });
   Kokkos::parallel_reduce(
       "lossagg::uncertainty_objective", Kokkos::RangePolicy<ExecSpace>(0, 1),
@@ -145,7 +146,7 @@ double uncertainty_forward(Vec<T> loss_weights,      // (K)
           if (active(i) == T(0)) continue;
           double mean = 0;
           for (int64_t r = 0; r < R; ++r) mean += double(rank_weights(r)) * double(losses(r, i));
-          acc += Kokkos::Experimental::exp(-double(log_var(i))) * mean + double(log_var(i));
+          acc += kmath::exp(-double(log_var(i))) * mean + double(log_var(i));
         }
       },
       objective);
@@ -164,7 +165,7 @@ void uncertainty_backward(Vec<T> dlog_var,          // (K)
       "lossagg::uncertainty_backward", Kokkos::RangePolicy<ExecSpace>(0, dlog_var.extent(0)), KOKKOS_LAMBDA(int64_t i) {
         double mean = 0;
         for (int64_t r = 0; r < R; ++r) mean += double(rank_weights(r)) * double(losses(r, i));
-        dlog_var(i) = active(i) != T(0) ? T(1.0 - Kokkos::Experimental::exp(-double(log_var(i))) * mean) : T(0);
+        dlog_var(i) = active(i) != T(0) ? T(1.0 - kmath::exp(-double(log_var(i))) * mean) : T(0);
       });
 }
 

@@ -6,14 +6,56 @@
 // keep the library exp.
 #pragma once
 #include <Kokkos_Core.hpp>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+
+// kmath: the math functions kernels call inside parallel regions, on the host
+// or the device. Kokkos 4 moved them from Kokkos::Experimental (Kokkos 3.4,
+// Debian's host build) to Kokkos (the cuda preset); this is the one place that
+// knows which Kokkos it was built against. The numeric constants (infinity)
+// stayed in Kokkos::Experimental in both.
+namespace xx::kernels::kmath {
+#if KOKKOS_VERSION >= 40000
+using Kokkos::cos;
+using Kokkos::exp;
+using Kokkos::fabs;
+using Kokkos::floor;
+using Kokkos::fmax;
+using Kokkos::isfinite;
+using Kokkos::log;
+using Kokkos::sin;
+using Kokkos::sqrt;
+#else
+using Kokkos::Experimental::cos;
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::floor;
+using Kokkos::Experimental::fmax;
+using Kokkos::Experimental::isfinite;
+using Kokkos::Experimental::log;
+using Kokkos::Experimental::sin;
+using Kokkos::Experimental::sqrt;
+#endif
+// The bits of a value as another type of its size; std::bit_cast is a host
+// function to nvcc, Kokkos::bit_cast (4.1 on) runs on both.
+#if KOKKOS_VERSION >= 40100
+using Kokkos::bit_cast;
+#else
+using std::bit_cast;
+#endif
+// +inf of T, in device code too (std::numeric_limits is host-only under nvcc).
+template <class T>
+KOKKOS_INLINE_FUNCTION constexpr T infinity() {
+  return Kokkos::Experimental::infinity<T>::value;
+}
+}  // namespace xx::kernels::kmath
 
 namespace xx::kernels {
 
 KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // 2^n stays a normal float (and the integer small)
-  const float fn = Kokkos::Experimental::floor(x * 1.44269504088896341f + 0.5f);  // n = round(x / ln 2)
+  const float fn = kmath::floor(x * 1.44269504088896341f + 0.5f);  // n = round(x / ln 2)
   float r = x - fn * 0.693359375f;                                                // x - n ln2, in two parts
   r -= fn * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -32,7 +74,7 @@ KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
 template <class T>
 KOKKOS_INLINE_FUNCTION T exp_of(T x) {
   if constexpr (std::is_same_v<T, float>) return fast_exp(x);
-  else return Kokkos::Experimental::exp(x);
+  else return kmath::exp(x);
 }
 
 template <class T>

@@ -11,6 +11,7 @@
 #include <string>
 #include "core/views.h"
 #include "kernels/elementwise.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -24,20 +25,20 @@ inline Precision precision_from_name(const std::string& name) {
 // bf16: the top 16 bits of a float, rounded
 
 KOKKOS_INLINE_FUNCTION uint16_t float_to_bf16_bits(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t u = kmath::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
   // Adding 0x7fff plus the lowest kept bit rounds half to even; a carry out
   // of the largest finite value lands on inf, which is the right overflow.
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-KOKKOS_INLINE_FUNCTION float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+KOKKOS_INLINE_FUNCTION float bf16_bits_to_float(uint16_t b) { return kmath::bit_cast<float>(uint32_t(b) << 16); }
 
 // ---------------------------------------------------------------------------
 // fp16 (IEEE binary16)
 
 KOKKOS_INLINE_FUNCTION uint16_t float_to_fp16_bits(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t u = kmath::bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;  // |f|
   if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN, quiet
@@ -63,12 +64,12 @@ KOKKOS_INLINE_FUNCTION uint16_t float_to_fp16_bits(float f) {
 KOKKOS_INLINE_FUNCTION float fp16_bits_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e == 0x1f) return kmath::bit_cast<float>(sign | 0x7f800000u | (m << 13));  // inf, NaN
   if (e == 0) {  // zero or subnormal: m * 2^-24, exact in float
     const float v = float(m) * 5.9604644775390625e-08f;
     return sign ? -v : v;
   }
-  return std::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
+  return kmath::bit_cast<float>(sign | ((e + 112u) << 23) | (m << 13));
 }
 
 // The float value of a 16-bit pattern of type p (bf16 or fp16).
@@ -99,7 +100,7 @@ inline bool has_nonfinite(Vec<const float> x) {
         int64_t part = 0;
 #pragma omp simd reduction(+ : part)
         for (int64_t i = c * kChunk; i < end; ++i)
-          part += (std::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? 1 : 0;
+          part += (kmath::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? 1 : 0;
         acc += part;
       },
       bad);

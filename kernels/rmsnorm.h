@@ -2,6 +2,7 @@
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -16,7 +17,7 @@ void rmsnorm_forward(Mat<T> out, Vec<T> rstd, Mat<const T> inp, Vec<const T> wei
         T ss = 0;
 #pragma omp simd reduction(+ : ss)
         for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
-        const T r = T(1) / Kokkos::Experimental::sqrt(ss / T(C) + T(eps));
+        const T r = T(1) / kmath::sqrt(ss / T(C) + T(eps));
         rstd(i) = r;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) y[c] = x[c] * r * weight(c);

@@ -712,7 +712,7 @@ struct ShardsFixture {
   ShardsFixture() {
     int32_t next = 0;
     for (size_t s = 0; s < lengths.size(); ++s) {
-      std::vector<int32_t> t(size_t(lengths[s]));
+      std::vector<int32_t> t(static_cast<size_t>(lengths[s]));  // not size_t(...): nvcc reads a declaration
       for (auto& x : t) x = next++;
       write_shard(tmp.file(fmt::format("train_{:04d}.bin", s)), t, 100000, 4);
     }

@@ -15,6 +15,7 @@
 #include "kernels/elementwise.h"
 // shift_tokens
 #include "kernels/embedding.h"
+#include "kernels/math.h"
 // mla_split_heads_forward/backward, MlaDims
 #include "kernels/mla.h"
 // router scores/top-k/backward, route_positions, dispatch, combine
@@ -294,7 +295,7 @@ TEST_CASE("dispatch and combine: backward through the composed map matches finit
   auto f = [&] {
     Kokkos::parallel_for(
         "test::f", Kokkos::RangePolicy<ExecSpace>(0, P * C),
-        KOKKOS_LAMBDA(int64_t i) { ye(i) = nonlinear ? amp(i) * Kokkos::Experimental::sin(xe(i)) : xe(i); });
+        KOKKOS_LAMBDA(int64_t i) { ye(i) = nonlinear ? amp(i) * k::kmath::sin(xe(i)) : xe(i); });
   };
   auto loss = [&] {
     k::dispatch_forward<double>(M(xe, P, C), M(x, N, C), token_of);
@@ -325,7 +326,7 @@ TEST_CASE("dispatch and combine: backward through the composed map matches finit
   k::combine_backward<double>(M(dye, P, C), M(dw, N, K), M(r, N, C), M(ye, P, C), M(w, N, K), pos);
   Kokkos::parallel_for(
       "test::f_backward", Kokkos::RangePolicy<ExecSpace>(0, P * C),
-      KOKKOS_LAMBDA(int64_t i) { dxe(i) = nonlinear ? dye(i) * amp(i) * Kokkos::Experimental::cos(xe(i)) : dye(i); });
+      KOKKOS_LAMBDA(int64_t i) { dxe(i) = nonlinear ? dye(i) * amp(i) * k::kmath::cos(xe(i)) : dye(i); });
   k::dispatch_backward<double>(M(dx, N, C), M(dxe, P, C), pos);
   check_gradient("moe dx", x, dx, loss, 1000);
   check_gradient("moe dweights", w, dw, loss, 1000);

@@ -664,7 +664,6 @@ void add_parts(std::vector<Part>& parts, const std::string& name, const Encoded&
   if (e.codec == "topk") part(".index", H5T_NATIVE_UINT32, e.words), part(".kept", H5T_NATIVE_FLOAT, e.floats);
 }
 
-const char* const kBaseGroups[3] = {"model", "optimizer/m", "optimizer/v"};
 const char* const kRankTensors[3] = {"params", "adam_m", "adam_v"};
 
 }  // namespace
@@ -755,9 +754,13 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
       add_parts(out->parts, kRankTensors[i], out->store.emplace_back(std::move(e)));
     }
   }
-  if (mine)
+  if (mine) {
+    // A named type, not the macro inside the braces: nvcc's front end garbles
+    // a braced list holding H5T_NATIVE_FLOAT (a comma expression).
+    const hid_t native_float = H5T_NATIVE_FLOAT;
     for (const auto& [name, values] : mine->extra)
-      out->parts.push_back({name, H5T_NATIVE_FLOAT, int64_t(values.size()), values.data(), crc_of(values), "full"});
+      out->parts.push_back({name, native_float, int64_t(values.size()), values.data(), crc_of(values), "full"});
+  }
   // Every rank has the same parts (names, types); their sizes and checksums
   // are shared, since creating datasets and attributes is collective.
   int min_parts = int(out->parts.size()), max_parts = min_parts;

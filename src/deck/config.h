@@ -276,7 +276,7 @@ struct ShardConfig {
 
 struct Config {
   uint64_t seed = 1234;
-  std::string gemm = "auto";  // GEMM backend: auto | onednn | blas (kernels/gemm.h)
+  std::string gemm = "auto";  // GEMM backend: auto | onednn | cublas | blas (kernels/gemm.h)
   double peak_gflops = 0.0;  // MFU denominator; 0: the peak file's entry for this machine, else none (io/peak_file.h)
   ModelConfig model;
   DataConfig data;
