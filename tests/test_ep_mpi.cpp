@@ -284,7 +284,7 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
     // rank reading its own pieces back) and under shard off.
     const std::string path = dir + "/" + tag + level + "/ckpt/step_00000010.h5";
     REQUIRE(written_by_slabs(path));
-    for (const std::string again : {level, std::string("off")}) {
+    for (const std::string& again : {level, std::string("off")}) {
       INFO("resumed under shard " << again);
       const auto resumed = run(make_program(dir, tag + level + "_" + again,
                                             deck(corpus, dir + "/" + tag + level + "_" + again, ep, "softmax", kSteps,
