@@ -378,12 +378,13 @@ json run_collective(const Collective& c, const Options& o, MPI_Comm comm, int ra
 // ----------------------------------------------------------------------------
 // sparse exchange
 
-// Rank r's gradient: standard normal values, a pure function of (r, i).
+// Rank r's gradient: standard normal values, a pure function of (r, i),
+// drawn on the host (core/rng.h is host code) and copied to the kernels' memory.
 void fill_gradient(Vec<float> g, int r) {
   const uint64_t seed = mix_seed(kSeed, uint64_t(r));
-  Kokkos::parallel_for(
-      "commbench::gradient", Kokkos::RangePolicy<ExecSpace>(0, g.extent(0)),
-      KOKKOS_LAMBDA(int64_t i) { g(i) = float(normal(seed, uint64_t(i))); });
+  std::vector<float> values(g.extent(0));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(normal(seed, uint64_t(i)));
+  Kokkos::deep_copy(g, Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(values.data(), values.size()));
 }
 
 // Elements whose bits differ (so -0 vs 0 and NaNs count too).
