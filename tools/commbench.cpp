@@ -379,11 +379,13 @@ json run_collective(const Collective& c, const Options& o, MPI_Comm comm, int ra
 // sparse exchange
 
 // Rank r's gradient: standard normal values, a pure function of (r, i).
+// Drawn on the host (core/rng.h is host code) and copied to where the
+// kernels run; on a host build the mirror is g itself and nothing is copied.
 void fill_gradient(Vec<float> g, int r) {
   const uint64_t seed = mix_seed(kSeed, uint64_t(r));
-  Kokkos::parallel_for(
-      "commbench::gradient", Kokkos::RangePolicy<ExecSpace>(0, g.extent(0)),
-      KOKKOS_LAMBDA(int64_t i) { g(i) = float(normal(seed, uint64_t(i))); });
+  auto host = Kokkos::create_mirror_view(g);
+  for (int64_t i = 0; i < int64_t(g.extent(0)); ++i) host(i) = float(normal(seed, uint64_t(i)));
+  Kokkos::deep_copy(g, host);
 }
 
 // Elements whose bits differ (so -0 vs 0 and NaNs count too).
