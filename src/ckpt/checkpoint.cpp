@@ -450,23 +450,18 @@ class Writer {
   }
 
   // A float tensor dataset as dataset() makes it, whose elements come from
-  // every rank's slabs of it, `mine` (this rank's, all of this tensor) from
-  // `values`, in one collective transfer; `crc` is the whole tensor's,
+  // every rank's slabs of it, [first, last) this rank's (all of this tensor)
+  // from `values`, in one collective transfer; `crc` is the whole tensor's,
   // the same on every rank (slabs::tensor_crcs).
   void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims,
-                     const std::vector<TensorSlab>& mine, const std::vector<float>& values, uint32_t crc,
+                     const TensorSlab* first, const TensorSlab* last, const std::vector<float>& values, uint32_t crc,
                      int64_t offset) {
     H5 ds = create_dataset(group, name, H5T_NATIVE_FLOAT, dims, false);
     if (ds >= 0 && element_count(dims) > 0) {
       const hsize_t n = std::max<hsize_t>(1, values.size());
       H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
       H5 file(H5Dget_space(ds), H5Sclose);
-      H5Sselect_none(mem), H5Sselect_none(file);
-      for (const auto& s : mine) {
-        const hsize_t at = hsize_t(s.at), count = hsize_t(s.count);
-        H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
-        slabs::select_flat(file, dims, hsize_t(s.begin), count);
-      }
+      slabs::select_slabs(mem, file, dims, first, last);
       ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, file, dxpl_, values.empty() ? nullptr : values.data()),
          "write dataset " + name);
     }
@@ -896,13 +891,12 @@ void write_base(Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   // By slabs: every rank writes its own slabs of each tensor (they come tensor by tensor).
   auto tensor_slabs = [&](hid_t group, int i) {
     const TensorSlabs& mine = (*data.slabs)[size_t(i)];
-    auto s = mine.slabs.begin();
-    std::vector<TensorSlab> of_tensor;
+    const TensorSlab *s = mine.slabs.data(), *end = s + mine.slabs.size();
     for (size_t k = 0; k < enc.tensors.size(); ++k) {
       const auto& t = enc.tensors[k];
-      of_tensor.clear();
-      for (; s != mine.slabs.end() && s->tensor == k; ++s) of_tensor.push_back(*s);
-      w.dataset_slabs(group, t.name, std::vector<hsize_t>(t.shape.begin(), t.shape.end()), of_tensor, mine.values,
+      const TensorSlab* first = s;
+      while (s != end && s->tensor == k) ++s;
+      w.dataset_slabs(group, t.name, std::vector<hsize_t>(t.shape.begin(), t.shape.end()), first, s, mine.values,
                       enc.slab_crcs[i][k], t.offset);
     }
   };
@@ -1375,14 +1369,10 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
                       fmt::join(dims, ", "), fmt::join(t.shape, ", "));
         const hsize_t n = std::max<hsize_t>(1, mine.values.size());
         H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
-        H5Sselect_none(mem), H5Sselect_none(space);
         const size_t tensor = s->tensor;
-        for (; s != mine.slabs.end() && s->tensor == tensor; ++s) {
-          const hsize_t at = hsize_t(s->at), count = hsize_t(s->count);
-          if (count == 0) continue;
-          H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
-          slabs::select_flat(space, dims, hsize_t(s->begin), count);
-        }
+        const auto first = s;
+        while (s != mine.slabs.end() && s->tensor == tensor) ++s;
+        slabs::select_slabs(mem, space, dims, &*first, &*first + (s - first));
         if (H5Sget_select_npoints(space) > 0 && H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, mine.values.data()) < 0)
           input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
         if (H5Aexists(ds, "crc32c") <= 0)

@@ -29,6 +29,17 @@ void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, h
   }
 }
 
+void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const TensorSlab* first,
+                  const TensorSlab* last) {
+  H5Sselect_none(mem), H5Sselect_none(file);
+  for (const TensorSlab* s = first; s != last; ++s) {
+    const hsize_t at = hsize_t(s->at), count = hsize_t(s->count);
+    if (count == 0) continue;
+    H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
+    select_flat(file, dims, hsize_t(s->begin), count);
+  }
+}
+
 std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const ParamLayout& layout, const TensorSlabs& mine) {
   // (tensor, begin, count, crc) of every slab of every rank
   std::vector<int64_t> records;

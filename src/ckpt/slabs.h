@@ -15,6 +15,13 @@ namespace xx::slabs {
 // (or planes) as one box, a partial row at either end as another.
 void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, hsize_t count);
 
+// One tensor's slabs [first, last) as selections, replacing any earlier
+// ones: their elements in `file` (the tensor's dataspace, extent `dims`)
+// and their values' places in `mem` (a 1-D space over the rank's values),
+// in the same order, as one H5Dwrite or H5Dread pairs them. Empty slabs are skipped.
+void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const TensorSlab* first,
+                  const TensorSlab* last);
+
 // Collective over comm: the crc32c of every tensor of `layout`, from every
 // rank's checksum of each of its slabs, combined in element order (a slab
 // that repeats elements another already covered, as when every rank reads

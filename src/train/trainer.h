@@ -120,6 +120,7 @@ class Trainer {
   bool writes_slabs() const;
   std::vector<TensorSlab> slabs_of(const std::vector<OwnedPiece>& pieces) const;  // values in shard order
   std::vector<TensorSlab> whole_tensor_slabs() const;                             // values as the flat buffer
+  std::vector<size_t> file_tensors() const;  // each of this rank's tensors' index among the file's
   void save_checkpoint(double loss);
   void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
                             CheckpointWriter writer, int64_t keep);

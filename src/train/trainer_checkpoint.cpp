@@ -265,11 +265,9 @@ bool Trainer::writes_slabs() const {
 }
 
 // `pieces` of this rank's flat buffer cut at its tensors' edges, each placed
-// in the file's tensor of that name (under ep this rank's experts are some
-// of the file's); the values lie in shard order.
+// in the file's tensor of that name; the values lie in shard order.
 std::vector<TensorSlab> Trainer::slabs_of(const std::vector<OwnedPiece>& pieces) const {
-  std::map<std::string, size_t> in_file;
-  for (size_t k = 0; k < file_layout_->tensors().size(); ++k) in_file[file_layout_->tensors()[k].name] = k;
+  const std::vector<size_t> in_file = file_tensors();
   const auto& tensors = model_->layout().tensors();
   std::vector<TensorSlab> out;
   for (const auto& p : pieces) {
@@ -278,7 +276,7 @@ std::vector<TensorSlab> Trainer::slabs_of(const std::vector<OwnedPiece>& pieces)
                               [](int64_t at, const TensorInfo& x) { return at < x.offset + x.size; });
     for (; t != tensors.end() && t->offset < p.end; ++t) {
       const int64_t lo = std::max(p.begin, t->offset), hi = std::min(p.end, t->offset + t->size);
-      if (hi > lo) out.push_back({in_file.at(t->name), lo - t->offset, hi - lo, p.at + (lo - p.begin)});
+      if (hi > lo) out.push_back({in_file[size_t(t - tensors.begin())], lo - t->offset, hi - lo, p.at + (lo - p.begin)});
     }
   }
   return out;
@@ -286,10 +284,20 @@ std::vector<TensorSlab> Trainer::slabs_of(const std::vector<OwnedPiece>& pieces)
 
 // Every tensor of this rank's flat buffer whole, its values laid out as the buffer.
 std::vector<TensorSlab> Trainer::whole_tensor_slabs() const {
+  const std::vector<size_t> in_file = file_tensors();
+  const auto& tensors = model_->layout().tensors();
+  std::vector<TensorSlab> out;
+  for (size_t k = 0; k < tensors.size(); ++k) out.push_back({in_file[k], 0, tensors[k].size, tensors[k].offset});
+  return out;
+}
+
+// Where each of this rank's tensors is among the file's (by name: under ep
+// this rank's experts are some of the file's).
+std::vector<size_t> Trainer::file_tensors() const {
   std::map<std::string, size_t> in_file;
   for (size_t k = 0; k < file_layout_->tensors().size(); ++k) in_file[file_layout_->tensors()[k].name] = k;
-  std::vector<TensorSlab> out;
-  for (const auto& t : model_->layout().tensors()) out.push_back({in_file.at(t.name), 0, t.size, t.offset});
+  std::vector<size_t> out;
+  for (const auto& t : model_->layout().tensors()) out.push_back(in_file.at(t.name));
   return out;
 }
 
