@@ -66,7 +66,6 @@ PageReleaser::PageReleaser(void* base, int64_t bytes, bool huge) : bytes_(bytes)
   granule_ = huge ? kHugePage : int64_t(::sysconf(_SC_PAGESIZE));
   first_ = uintptr_t(base) / uintptr_t(granule_) * uintptr_t(granule_);
   offset_ = int64_t(uintptr_t(base) - first_);
-  whole_ends_ = huge;
   reset();
 }
 
@@ -85,7 +84,7 @@ void PageReleaser::done(int64_t begin, int64_t end) {
     // A granule that reaches past either end of the buffer goes back only
     // when the buffer owns it whole (huge_page_memory's rounding).
     const bool inside = g * granule_ >= offset_ && (g + 1) * granule_ <= offset_ + bytes_;
-    if ((pending_[size_t(g)] -= to - at) == 0 && (inside || whole_ends_))
+    if ((pending_[size_t(g)] -= to - at) == 0 && (inside || granule_ == kHugePage))
       release_whole_pages(reinterpret_cast<void*>(first_ + uintptr_t(g * granule_)), granule_);
     at = to;
   }

@@ -48,7 +48,6 @@ class PageReleaser {
  private:
   uintptr_t first_ = 0;  // the first granule's address (at or below the base)
   int64_t granule_ = 4096, offset_ = 0, bytes_ = 0;  // offset_: the base's place in the first granule
-  bool whole_ends_ = false;  // the granules at the ends are the buffer's own (huge_page_memory)
   std::vector<int64_t> pending_;  // bytes of each granule in the buffer not yet done
 };
 
