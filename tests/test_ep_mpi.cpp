@@ -257,15 +257,21 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
   const auto dir = shared_scratch("ep_shard");
   const auto corpus = make_corpus(dir);
   // (at 4 ranks ep 2 has two holders per expert, whose buckets are cut in two; ep 4 one)
-  for (int ep : eps_here()) {
-  INFO("ep " << ep);
-  const std::string tag = "ep" + std::to_string(ep) + "_";
-  const auto off = run(make_program(dir, tag + "off", deck(corpus, dir + "/" + tag + "off", ep, "softmax", kSteps)));
+  // The first ep also under bf16, where optimizer and gradients keep the fp32
+  // master as pieces, the experts' cut over their holders.
+  std::vector<std::pair<int, std::string>> cases;
+  for (int ep : eps_here()) cases.push_back({ep, "fp32"});
+  cases.push_back({eps_here().front(), "bf16"});
+  for (const auto& [ep, precision] : cases) {
+  INFO("ep " << ep << ", " << precision);
+  const std::string tag = "ep" + std::to_string(ep) + "_" + precision + "_", with = "precision " + precision + "\n";
+  const auto off =
+      run(make_program(dir, tag + "off", deck(corpus, dir + "/" + tag + "off", ep, "softmax", kSteps, with)));
   for (const std::string level : {"optimizer", "gradients", "params"}) {
     INFO("shard " << level);
     const auto sharded = run(make_program(dir, tag + level,
                                           deck(corpus, dir + "/" + tag + level, ep, "softmax", kSteps,
-                                               "shard " + level + "\ncheckpoint every 10 at_end no\n")));
+                                               with + "shard " + level + "\ncheckpoint every 10 at_end no\n")));
     REQUIRE_THAT(sharded.backends, Catch::Contains("ZeRO"));
     REQUIRE(sharded.losses.size() == off.losses.size());
     double worst = 0;
@@ -277,8 +283,8 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
     REQUIRE(sharded.tokens == off.tokens);
     REQUIRE(relative(sharded.whole, off.whole) < 1e-6);
     if (mpi_rank() == 0)
-      fmt::print(stderr, "[ep] {} ranks, ep {}, shard {}: losses within {:.2g} of shard off, weights within {:.2g}\n",
-                 mpi_size(), ep, level, worst, relative(sharded.whole, off.whole));
+      fmt::print(stderr, "[ep] {} ranks, ep {}, {}, shard {}: losses within {:.2g} of shard off, weights within {:.2g}\n",
+                 mpi_size(), ep, precision, level, worst, relative(sharded.whole, off.whole));
     // Its checkpoint, each rank's pieces of its experts written into the
     // whole model's datasets, resumes under the same level bit for bit (each
     // rank reading its own pieces back) and under shard off.
@@ -288,7 +294,7 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
       INFO("resumed under shard " << again);
       const auto resumed = run(make_program(dir, tag + level + "_" + again,
                                             deck(corpus, dir + "/" + tag + level + "_" + again, ep, "softmax", kSteps,
-                                                 "shard " + again + "\n")),
+                                                 with + "shard " + again + "\n")),
                                MPI_COMM_WORLD, path);
       REQUIRE(resumed.losses.size() == size_t(kSteps - 10));
       for (size_t i = 0; i < resumed.losses.size(); ++i) {

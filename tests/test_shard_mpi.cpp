@@ -6,12 +6,16 @@
 // Every test runs each level of kLevels.
 #include <catch2/catch.hpp>
 #include <hdf5.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include "core/error.h"
+#include "kernels/gemm.h"
 #include "mpi_fixture.h"
 
 using namespace xx;
@@ -40,6 +44,11 @@ const std::vector<Arch> kArchs = {
      "moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 24 gate softmax balance aux balance_coef 0.001\n"
      "mtp depth 1 weight 0.3\n"},
 };
+
+// DeepSeek under bf16: the GEMMs read a 16-bit copy of the weights, and the
+// model reads fp32 for the embedding, the norms and the router's gate, so
+// shard optimizer and gradients keep the fp32 master as pieces (and those).
+const Arch kDeepseekBf16{"deepseek_bf16", kArchs[1].lines + "precision bf16\n"};
 
 std::string deck(const Arch& arch, const std::string& corpus, const std::string& out, const std::string& level,
                  int steps, const std::string& extra = "") {
@@ -203,6 +212,7 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
                    "sync accumulate 2 bucket_mb " + fmt::format("{}", kBucketMb) + "\n"});
   cases.push_back({Arch{"dense_big_buckets", kArchs[0].lines}, "sync dense bucket_mb 0.1\n"});
   cases.push_back({Arch{"dense_fp16", kArchs[0].lines}, "precision fp16 loss_scale dynamic scale_window 5\n"});
+  cases.push_back({kDeepseekBf16, ""});
   for (const auto& [arch, extra] : cases) {
     INFO(arch.name);
     const auto t0 = std::chrono::steady_clock::now();
@@ -221,6 +231,10 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
       const std::string name = arch.name + "_" + level;
       const auto sharded = run(make_program(dir, name, deck(arch, corpus, dir + "/" + name, level, kSteps, extra)));
       REQUIRE_THAT(sharded.backends, Catch::Contains(zero_stage(level)));
+      // Under 16-bit precision below params the fp32 master is pieces (at W > 1), its 16-bit copy gathered.
+      const bool sixteen = arch.name == "dense_fp16" || arch.name == kDeepseekBf16.name;
+      const bool master_pieces = mpi_size() > 1 && level != "params" && sixteen;
+      REQUIRE((sharded.backends.find("fp32 master weights of those pieces only") != std::string::npos) == master_pieces);
       require_steps_equal(sharded.losses, off.losses);
       REQUIRE(sharded.fingerprints == off.fingerprints);  // the same weights on every rank, shard off's
       if (mpi_rank() == 0) {
@@ -328,6 +342,74 @@ TEST_CASE("under shard, AdamW holds about P/W moments: its pieces of every bucke
   }
 }
 
+// 2b. Under 16-bit precision shard optimizer and gradients keep the fp32
+// master weights only of this rank's pieces, and of the runs the model reads
+// in fp32 (embedding, norms, router gates): the other ranks' pages of the
+// master are not resident, even after a resume of shard off's checkpoint
+// wrote all of them. The 16-bit copy the GEMMs read is whole on every
+// rank, bit for bit the rounding of the whole master gathered from the
+// ranks' pieces, and so are the fp32-read runs.
+TEST_CASE("under bf16, shard optimizer and gradients keep the fp32 master as this rank's pieces", "[mpi][shard]") {
+  const auto dir = shared_scratch("shard_master");
+  const auto corpus = make_corpus(dir);
+  const int W = mpi_size(), rank = mpi_rank();
+  // (buckets of 100 KB: at 4 ranks each piece spans whole pages)
+  const std::string buckets = "sync dense bucket_mb 0.1\n";
+  // Each level resumes shard off's checkpoint, which every rank reads whole
+  // into its fp32 buffer: the pages it does not keep must go back.
+  run(make_program(dir, "master_off", deck(kDeepseekBf16, corpus, dir + "/master_off", "off", 3, buckets)));
+  for (const std::string level : {"optimizer", "gradients"}) {
+    INFO("shard " << level);
+    const std::string name = "master_" + level;
+    Trainer t(MPI_COMM_WORLD, make_program(dir, name, deck(kDeepseekBf16, corpus, dir + "/" + name, level, 5, buckets)),
+              RunOptions{ckpt(dir + "/master_off", 3), true});
+    t.run();
+    REQUIRE(t.losses().size() == 2);
+    const Ownership& owned = t.optimizer().owned();
+    const auto runs = t.model().layout().fp32_read_runs();
+    int64_t read = 0;
+    for (const auto& [a, z] : runs) read += z - a;
+    REQUIRE(read > 0);
+    REQUIRE(read < owned.total() / 4);  // a few tensors (here mostly the 256 x 32 embedding): the rest is sharded
+    // Before anything reads the whole buffer: the pages of the other ranks' pieces, but the runs', are not resident.
+    const float* params = t.model().params().data();
+    const uintptr_t base = reinterpret_cast<uintptr_t>(params), page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    int64_t others = 0, resident = 0;
+    for (int r = 0; r < W; ++r) {
+      if (r == rank) continue;
+      for (const auto& p : owned.pieces_of(r)) {
+        const uintptr_t end = base + uintptr_t(p.end) * sizeof(float);
+        for (uintptr_t at = (base + uintptr_t(p.begin) * sizeof(float) + page - 1) / page * page; at + page <= end;
+             at += page) {
+          const int64_t first = int64_t((at - base) / sizeof(float)), last = int64_t((at + page - base) / sizeof(float));
+          if (std::any_of(runs.begin(), runs.end(), [&](auto run) { return run.first < last && first < run.second; }))
+            continue;
+          unsigned char in = 0;
+          REQUIRE(::mincore(reinterpret_cast<void*>(at), size_t(page), &in) == 0);
+          ++others, resident += in & 1;
+        }
+      }
+    }
+    INFO(others << " whole pages of the other ranks' pieces outside the fp32-read runs");
+    if (W > 1) REQUIRE(others > 0);
+    REQUIRE(resident == 0);
+    REQUIRE((t.backends().find("fp32 master weights of those pieces only") != std::string::npos) == (W > 1));
+    // The 16-bit copy, made from the pieces (collective), against the whole master's rounding.
+    t.model().refresh_half_weights();
+    const std::vector<float> whole = t.whole_params();  // every rank's pieces, gathered
+    std::vector<uint16_t> want(whole.size());
+    kernels::pack_half(want.data(), whole.data(), int64_t(whole.size()), kernels::Precision::bf16);
+    ExecSpace().fence();
+    const Buffer<uint16_t>& half = t.model().half_params();
+    REQUIRE(int64_t(half.extent(0)) == int64_t(whole.size()));
+    int64_t differ = 0;
+    for (size_t i = 0; i < whole.size(); ++i) differ += half(i) != want[i];
+    REQUIRE(differ == 0);
+    for (const auto& [a, z] : runs)  // the fp32 the model reads: whole, the owners' bits
+      for (int64_t i = a; i < z; ++i) REQUIRE(std::memcmp(params + i, &whole[size_t(i)], sizeof(float)) == 0);
+  }
+}
+
 // 3. One layout: every rank writes its own pieces of the weights and
 // moments into the whole tensors' datasets (parallel HDF5 hyperslabs), so a
 // checkpoint written under any level holds shard off's datasets, bit for
@@ -389,7 +471,7 @@ TEST_CASE("resumes across shard levels and world sizes continue as shard off's c
   MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() < H ? 0 : MPI_UNDEFINED, mpi_rank(), &half);
   const std::string write = "checkpoint every 4\n", no_ckpt = "checkpoint every 0 at_end no\n";
   constexpr int kSteps = 8, kAt = 4;
-  for (const auto& arch : kArchs) {
+  for (const auto& arch : {kArchs[0], kArchs[1], kDeepseekBf16}) {
     INFO(arch.name);
     // (decks are made by every rank together: make_program synchronises the world)
     auto program = [&](const std::string& name, const std::string& level, const std::string& extra) {

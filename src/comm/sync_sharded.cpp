@@ -2,7 +2,11 @@
 // params; ZeRO 1, 2 and 3). The ownership (core/ownership.h) gives each rank
 // 1/W of every gradient bucket, and the optimizer updates only those pieces.
 // Below params each bucket's pieces are all-gathered after the update, so
-// every rank starts the next forward with the same whole weights.
+// every rank starts the next forward with the same whole weights. Under
+// 16-bit precision (bf16, fp16) what is gathered is the 16-bit copy the GEMMs
+// read (half the bytes): each rank keeps the fp32 master only of its own
+// pieces, plus the few tensors the model reads in fp32 (the embedding, the
+// norms, the router's gates), whose owners' pieces are all-gathered beside.
 //   optimizer  the gradients are all-reduced as under sync dense (the same
 //              buckets, the same collectives: the same bits; at most 2 at
 //              once, so MPI's temporaries stay bounded), and only AdamW's
@@ -26,11 +30,12 @@
 #include "comm/sync_group.h"
 #include "core/host_memory.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 
 namespace xx::sync_detail {
 namespace {
 
-class ShardedSync final : public SyncStrategy, public WeightGate {
+class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWeightSource {
  public:
   ShardedSync(const SyncBuffers& b, const SyncSettings& s)
       : buffers_(b), settings_(s), owned_(b.owned) {
@@ -56,6 +61,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
       whole_.assign(b.units.size(), false);
       gathering_.assign(b.units.size(), false);
     }
+    if (master_sharded()) plan_master_pieces();
   }
   ~ShardedSync() override {
     for (auto& r : gathers_)
@@ -65,8 +71,13 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   std::string describe() const override {
     const std::string micro = settings_.sync.kind == "accumulate"
                                   ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
-    const std::string gather = fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every "
-                                           "bucket it owns) and the weights are all-gathered per bucket", world_);
+    const std::string gather =
+        master_sharded()
+            ? fmt::format("; each rank updates its 1/{} of AdamW's state and keeps the fp32 master weights of those "
+                          "pieces only (and the {} the model reads in fp32: embedding, norms, router gates), and the "
+                          "16-bit weights are all-gathered per bucket", world_, read_total_)
+            : fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every bucket it owns) and "
+                          "the weights are all-gathered per bucket", world_);
     if (weights_sharded())
       return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
                          "forward and the backward use it (the next one prefetched) and released after, its "
@@ -89,6 +100,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
     stats_ = CommStats{};
     if (weights_sharded())  // after init, a restore or a warm restart: only this rank's pieces stay
       for (size_t u = 0; u < whole_.size(); ++u) release_weights(int(u));
+    if (master_sharded()) release_others_master();
     std::fill(started_.begin(), started_.end(), false);
   }
 
@@ -141,7 +153,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
 
   // The updated pieces, bucket by bucket, to every rank.
   void after_update(int64_t, CommStats& stats) override {
-    if (world_ == 1 || weights_sharded()) return;
+    if (world_ == 1 || weights_sharded() || master_sharded()) return;  // (the 16-bit copy: refresh_half_weights)
     ExecSpace().fence();
     const double t0 = MPI_Wtime();
     const auto& buckets = owned_.buckets();
@@ -157,9 +169,39 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
 
   // Every rank holds the same whole weights after the all-gather; the
   // moments are sharded, and a checkpoint gathers them whole.
-  Agreement agreement(int64_t) const override { return {true, true, weights_sharded()}; }
+  Agreement agreement(int64_t) const override { return {true, true, weights_sharded() || master_sharded()}; }
 
   WeightGate* weight_gate() override { return weights_sharded() ? this : nullptr; }
+  HalfWeightSource* half_weight_source() override { return master_sharded() ? this : nullptr; }
+
+  // This rank's pieces to 16 bits; every bucket's 16-bit pieces all-gathered
+  // (at most kShardBucketsInFlight at once), and beside them every rank's
+  // pieces of the fp32 runs the model reads. The same bits as packing the
+  // whole gathered fp32 weights: the rounding is per element.
+  void refresh_half_weights() override {
+    ExecSpace().fence();  // AdamW (or a restore) has written this rank's pieces
+    const double t0 = MPI_Wtime();
+    uint16_t* half = buffers_.half_params.data();
+    const float* params = buffers_.params.data();
+    for (const auto& p : owned_.pieces())
+      kernels::pack_half(half + p.begin, params + p.begin, p.size(), buffers_.half_type);
+    ExecSpace().fence();
+    const auto& buckets = owned_.buckets();
+    std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
+      const auto& bucket = buckets[b];
+      const int ranks = int(bucket.counts.size());
+      if (ranks == 1) continue;
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, half + bucket.begin, bucket.counts.data(),
+                      bucket.displs.data(), MPI_UINT16_T, group_of(bucket), &gathers[b]);
+      stats_.rounds += 1;
+      stats_.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(uint16_t)) * (ranks - 1);
+    }
+    gather_read_runs();
+    MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
+    stats_.seconds += MPI_Wtime() - t0;
+  }
 
   void need(int unit, int next) override {
     if (!whole_[unit]) {
@@ -177,6 +219,73 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
  private:
   bool gradients_sharded() const { return settings_.shard == "gradients" || settings_.shard == "params"; }
   bool weights_sharded() const { return settings_.shard == "params"; }
+  // Below params under 16-bit precision: the fp32 master is this rank's pieces (and the fp32-read runs).
+  bool master_sharded() const {
+    return !weights_sharded() && world_ > 1 && buffers_.half_params.extent(0) > 0;
+  }
+
+  // Where every rank's pieces meet the fp32-read runs (each rank computes
+  // every rank's: the ownership says them all), and what this rank may
+  // release: the other ranks' pieces outside those runs.
+  void plan_master_pieces() {
+    read_parts_.assign(world_, {});
+    for (const auto& bucket : owned_.buckets()) {
+      for (int r = 0; r < int(bucket.counts.size()); ++r) {
+        const int64_t begin = bucket.begin + bucket.displs[r], end = begin + bucket.counts[r];
+        const bool mine = r == owned_.index_in(bucket);
+        int64_t at = begin;  // the other ranks' pieces, less the runs, may go
+        for (const auto& [lo, hi] : buffers_.fp32_read) {
+          const int64_t a = std::max(lo, begin), z = std::min(hi, end);
+          if (a >= z) continue;
+          if (bucket.expert)  // (the runs are embedding, norms and gates: never a routed expert's)
+            throw std::logic_error("shard: an fp32-read tensor inside an expert bucket");
+          read_parts_[r].emplace_back(a, z);
+          if (!mine && a > at) others_.emplace_back(at, a);
+          at = z;
+        }
+        if (!mine && end > at) others_.emplace_back(at, end);
+      }
+    }
+    read_counts_.assign(world_, 0), read_displs_.assign(world_, 0);
+    for (int r = 0; r < world_; ++r) {
+      for (const auto& [a, z] : read_parts_[r]) read_counts_[r] += int(z - a);
+      if (r > 0) read_displs_[r] = read_displs_[r - 1] + read_counts_[r - 1];
+    }
+    read_total_ = read_displs_.back() + read_counts_.back();
+    read_values_ = Buffer<float>("Sync::fp32_read", read_total_);
+  }
+
+  // Every rank's pieces of the fp32-read runs, to every rank (one all-gather).
+  void gather_read_runs() {
+    if (read_total_ == 0) return;
+    float* params = buffers_.params.data();
+    auto copy_parts = [&](int r, bool to_params) {
+      int64_t at = read_displs_[r];
+      for (const auto& [a, z] : read_parts_[r]) {
+        const Vec<float> in_params(params + a, z - a), in_values(read_values_.data() + at, z - a);
+        if (to_params) Kokkos::deep_copy(in_params, in_values);
+        else Kokkos::deep_copy(in_values, in_params);
+        at += z - a;
+      }
+    };
+    copy_parts(rank_, false);
+    ExecSpace().fence();
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, read_values_.data(), read_counts_.data(), read_displs_.data(),
+                   MPI_FLOAT, buffers_.world);
+    for (int r = 0; r < world_; ++r)
+      if (r != rank_) copy_parts(r, true);
+    stats_.rounds += 1;
+    stats_.bytes_sent += int64_t(read_counts_[rank_]) * int64_t(sizeof(float)) * (world_ - 1);
+  }
+
+  // The other ranks' fp32 pieces go back to the kernel (init, a restore or a warm restart may have written them).
+  void release_others_master() {
+    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+      ExecSpace().fence();
+      for (const auto& [a, z] : others_)
+        release_whole_pages(buffers_.params.data() + a, (z - a) * int64_t(sizeof(float)));
+    }
+  }
   // Every bucket of the unit, all-gathered in place.
   void start_gather(int unit) {
     gathering_[unit] = true;
@@ -285,6 +394,12 @@ class ShardedSync final : public SyncStrategy, public WeightGate {
   std::vector<MPI_Request> gathers_;             // shard params: each bucket's all-gather in flight
   std::vector<std::vector<size_t>> unit_buckets_;  // shard params: the buckets inside each weight unit
   std::vector<bool> whole_, gathering_;           // per unit: gathered (the model holds it); on its way
+  // master sharded (16-bit precision below params):
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> read_parts_;  // each rank's pieces of the fp32-read runs
+  std::vector<int> read_counts_, read_displs_;                         // their sizes and places in read_values_
+  int64_t read_total_ = 0;
+  Buffer<float> read_values_;                         // all of them, rank after rank
+  std::vector<std::pair<int64_t, int64_t>> others_;   // the other ranks' pieces outside those runs
   CommStats stats_;
 };
 

@@ -44,6 +44,7 @@
 #include "core/state.h"
 #include "core/views.h"
 #include "deck/deck.h"
+#include "kernels/precision.h"
 
 namespace xx {
 
@@ -69,6 +70,14 @@ struct SyncBuffers {
   // The gradient buffer is huge_page_memory's (core/host_memory.h): shard
   // gradients hands it back in huge pages.
   bool grads_in_huge_pages = false;
+  // Mixed precision: the model's 16-bit copy of the weights that the GEMMs
+  // read (empty under fp32), and the runs of weights the model reads in fp32
+  // (ParamLayout::fp32_read_runs). shard optimizer and gradients then keep the
+  // fp32 master only of this rank's pieces and those runs, and gather the
+  // 16-bit copy (core/weight_gate.h, HalfWeightSource).
+  Buffer<uint16_t> half_params;
+  kernels::Precision half_type = kernels::Precision::fp32;
+  std::vector<std::pair<int64_t, int64_t>> fp32_read;
 };
 
 // The phase's settings a strategy reads.
@@ -98,8 +107,10 @@ inline SyncSettings sync_settings(const Config& c, int64_t phase_start) {
 // averaging).
 struct Agreement {
   bool params = false, optimizer = false;
-  // shard params: each rank holds only its pieces of the weights (params
-  // true: they are one model once gathered; fingerprints cannot compare them)
+  // Each rank's fp32 weights are only its pieces (shard params; shard
+  // optimizer and gradients under 16-bit precision, whose 16-bit copy is
+  // whole): params true means they are one model once gathered, and
+  // fingerprints of the fp32 buffers cannot compare them.
   bool weights_sharded = false;
   bool all() const { return params && optimizer; }
 };
@@ -137,6 +148,9 @@ class SyncStrategy {
   double consensus_distance() const { return consensus_; }
   // shard params: the gate the model asks for each unit's weights; else null.
   virtual WeightGate* weight_gate() { return nullptr; }
+  // shard optimizer|gradients under 16-bit precision: what makes the model's
+  // whole 16-bit weights from the ranks' pieces; else null.
+  virtual HalfWeightSource* half_weight_source() { return nullptr; }
   // The top-k compressor, when this strategy has one (metrics, tests).
   virtual const CompressedSync* compressor() const { return nullptr; }
 

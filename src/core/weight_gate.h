@@ -19,4 +19,17 @@ class WeightGate {
   virtual void done(int unit) = 0;
 };
 
+// Under shard optimizer|gradients with 16-bit precision a rank keeps the fp32
+// master weights only of its own pieces (and of the tensors the model reads
+// in fp32: ParamLayout::fp32_read_runs), while the 16-bit copy the GEMMs read
+// stays whole. The model cannot pack that copy from its own fp32 buffer, so
+// it asks the source, which packs every rank's pieces and all-gathers them.
+class HalfWeightSource {
+ public:
+  virtual ~HalfWeightSource() = default;
+  // Collective. On return the 16-bit copy (and the fp32 the model reads) is
+  // whole and current: after an update, a restore or any write of the pieces.
+  virtual void refresh_half_weights() = 0;
+};
+
 }  // namespace xx

@@ -298,4 +298,13 @@ struct Config {
   FaultConfig fault;
 };
 
+// Whether a rank's fp32 weights are only its pieces of them at `ranks`
+// ranks: under shard params, and under shard optimizer or gradients with
+// 16-bit precision (whose whole 16-bit copy the GEMMs read instead;
+// comm/sync_sharded.cpp).
+inline bool fp32_weights_in_pieces(const Config& c, int ranks) {
+  if (ranks <= 1 || c.shard.level == "off") return false;
+  return c.shard.level == "params" || c.precision.kind != "fp32";
+}
+
 }  // namespace xx

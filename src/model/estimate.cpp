@@ -189,6 +189,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
   b.held_units = c.model.mtp.depth > 0 ? 4 : 2;
   b.deck_level = c.shard.level;
+  for (const auto& [begin, end] : layout.fp32_read_runs()) b.fp32_read += end - begin;
   return b;
 }
 
@@ -218,12 +219,15 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 //   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
 //   gradients  (4 + c) P          4 S        8 S        4 L + 2 F bucket: gradients in flight
 //   params     (4 + c) S          4 S        8 S        4 L + 2 F bucket + H L (4 + c): in flight, units gathered
+// Under 16-bit precision (c = 2) at W > 1 ranks, optimizer and gradients keep
+// the fp32 master only of their pieces and of the M weights the model reads
+// in fp32 (embedding, norms, router gates): their weights are
+// c P + 4 S + 4 M (W - 1) / W, and communication adds the 4 M all-gathered.
 // Without ep P is the whole model and S = ceil(P/W). Under ep N, P is the
 // replicated tensors R and this rank's experts X (E/N of each MoE layer's),
 // and S = ceil(R/W) + ceil(X/D): the D = W/N holders of an expert share its
 // pieces. The all-to-all's scratch adds to communication at every level.
-// The fp32 master stays whole below params: the model's norms, embedding and
-// head read it (comm/sync_sharded.cpp). In flight under gradients and params:
+// In flight under gradients and params:
 // the unit whose whole gradients the backward is writing, and F buckets
 // being reduced, each twice (ours, and the temporary Open MPI's nonblocking
 // all-reduce allocates for it); a bucket's pages go back to the kernel when
@@ -231,6 +235,10 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 // params, in fp32 with their 16-bit copy: the unit computing and the next,
 // prefetched (H = 2), and with MTP the embedding and the head held through
 // the forward (H = 4).
+bool pieces_of_master(const PlanBasis& b, Shard level) {
+  return b.copy_bytes > 0 && b.ranks > 1 && (level == Shard::optimizer || level == Shard::gradients);
+}
+
 MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   const double P = double(b.params), S = double(b.shard), L = double(b.largest_layer), c = b.copy_bytes;
   MemoryPlan plan;
@@ -238,7 +246,12 @@ MemoryPlan plan_level(const PlanBasis& b, Shard level) {
   plan.activations = b.activations;
   plan.communication = b.sync_buffers + b.exchange;
   const bool owns_grads = level == Shard::gradients || level == Shard::params;
+  const double W = b.ranks, M = double(b.fp32_read);
   plan.weights = (4 + c) * (level == Shard::params ? S : P);
+  if (pieces_of_master(b, level)) {
+    plan.weights = c * P + 4 * S + 4 * M * (W - 1) / W;
+    plan.communication += 4 * M;
+  }
   plan.gradients = owns_grads ? 4 * S : 4 * P;
   plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
   const double F = kShardBucketsInFlight;
@@ -352,8 +365,14 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                        format_count(double(b.experts)), ranks, holders, format_count(double(b.shard)), b.largest_name,
                        format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
-  out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
-         "all-gathered in place after the update\n";
+  if (pieces_of_master(b, Shard::optimizer))
+    out += fmt::format("  optimizer: AdamW's moments sharded (8 S), and the fp32 master weights (4 S) but for the M = "
+                       "{} the model reads in fp32 (embedding, norms, router gates: 4 M (W-1)/W more, and 4 M "
+                       "gathered); the 16-bit copy ({} P) stays whole, all-gathered in place before the next forward\n",
+                       format_count(double(b.fp32_read)), b.copy_bytes);
+  else
+    out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
+           "all-gathered in place after the update\n";
   out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, the unit written and {} "
                      "buckets reduced, each also in MPI's temporary: 4 L + {} bucket\n",
                      kShardBucketsInFlight, 2 * kShardBucketsInFlight);

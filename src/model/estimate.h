@@ -70,6 +70,7 @@ struct PlanBasis {
   std::string phase;            // the phase planned ("DECK:LINE" of its run)
   int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held)
   std::string deck_level = "off";  // the deck's shard level
+  int64_t fp32_read = 0;        // M: weights the model reads in fp32 (embedding, norms, router gates)
 };
 
 // Bytes one rank holds at one level.
@@ -84,6 +85,9 @@ struct MemoryPlan {
 // Throws InputError, naming the moe line, when ep does not divide `ranks`.
 PlanBasis plan_basis(const Program& program, int ranks);
 MemoryPlan plan_level(const PlanBasis& basis, Shard level);
+// Whether a level keeps the fp32 master as this rank's pieces below params
+// (16-bit precision at W > 1: the GEMMs read the whole 16-bit copy instead).
+bool pieces_of_master(const PlanBasis& basis, Shard level);
 
 // A limit per rank to hold plans against; bytes <= 0: none known.
 struct MemoryLimit {

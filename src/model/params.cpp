@@ -9,6 +9,7 @@ ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank) : ep_(m.moe.enabled(
   if (ep_ > 1) experts_per_rank_ = m.moe.routed / ep_;
   const int64_t C = m.dim, V = m.vocab;
   add("embed", {V, C}, -1, false, m.init_std, false);
+  tensors_.back().reads_fp32 = true;  // a lookup
   for (int l = 0; l < m.layers; ++l) {
     layer_begin_.push_back(total_);
     add_block("layers." + std::to_string(l) + ".", m, l, m.moe.is_moe_layer(l));
@@ -83,6 +84,7 @@ void ParamLayout::add_block(const std::string& p, const ModelConfig& m, int laye
   const auto& e = m.moe;
   const int64_t Fm = e.ffn;
   add(p + "ffn.gate", {e.routed, C}, layer, false, std, true);
+  tensors_.back().reads_fp32 = true;  // the router's scores are fp32 (ffn.cpp)
   if (e.shared > 0) {
     add(p + "ffn.shared.w1", {e.shared * Fm, C}, layer, false, std, true);
     add(p + "ffn.shared.w3", {e.shared * Fm, C}, layer, false, std, true);
@@ -112,6 +114,7 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   t.layer = layer;
   t.expert = expert;
   t.is_norm = is_norm;
+  t.reads_fp32 = is_norm;
   t.decay = !is_norm;
   t.matmul = matmul;
   t.init_std = init_std;
@@ -141,6 +144,16 @@ void ParamLayout::to_full(const float* mine, float* full) const {
 
 void ParamLayout::from_full(const float* full, float* mine) const {
   for (const auto& t : tensors_) std::copy_n(full + t.full_offset, t.size, mine + t.offset);
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamLayout::fp32_read_runs() const {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const auto& t : tensors_) {
+    if (!t.reads_fp32) continue;
+    if (!runs.empty() && runs.back().second == t.offset) runs.back().second += t.size;
+    else runs.emplace_back(t.offset, t.offset + t.size);
+  }
+  return runs;
 }
 
 std::vector<TensorSpan> ParamLayout::spans() const {

@@ -20,6 +20,10 @@ struct TensorInfo {
   bool decay = true;           // weight decay applies (not to norm weights)
   bool is_norm = false;        // initialised to one
   bool matmul = false;         // takes part in a matrix product (FLOP count)
+  // The model reads its fp32 values, not only the GEMMs' 16-bit copy: the
+  // embedding (a lookup), the norms and the router's gate (its scores stay
+  // fp32). Under 16-bit precision a sharded master keeps these whole.
+  bool reads_fp32 = false;
   int layer = -1;              // block index (MTP blocks count on after the last layer), -1 outside
   int expert = -1;             // routed expert index; such a tensor gets no gradient when no token picks it
   int64_t full_offset = 0;     // where it lies in the whole model's buffer (the file's frame; = offset without ep)
@@ -43,6 +47,8 @@ class ParamLayout {
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   std::vector<TensorSpan> spans() const;  // (name, offset, size) of every tensor, in layout order
+  // Runs [begin, end) of the tensors whose fp32 values the model reads (TensorInfo::reads_fp32).
+  std::vector<std::pair<int64_t, int64_t>> fp32_read_runs() const;
   int64_t total() const { return total_; }
   int64_t full_total() const { return full_total_; }  // the whole model's size (= total without ep)
   bool holds_all() const { return total_ == full_total_; }

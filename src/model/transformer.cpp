@@ -158,6 +158,7 @@ void Transformer<T>::set_loss_scale(double scale) {
 
 template <class T>
 void Transformer<T>::refresh_half_weights() {
+  if (half_source_) return half_source_->refresh_half_weights();
   if (params_half_.extent(0) > 0 && !gate_)
     k::pack_half(params_half_.data(), params_.data(), int64_t(params_.extent(0)), gemm_type_);
 }

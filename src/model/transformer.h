@@ -99,6 +99,11 @@ class Transformer {
   // shard params (core/weight_gate.h): the forward and backward ask `gate`
   // for each unit's weights and let go of them after; null: all always here.
   void set_weight_gate(WeightGate* gate) { gate_ = gate; }
+  // shard optimizer|gradients under 16-bit precision (core/weight_gate.h):
+  // the fp32 weights are this rank's pieces, and `source` makes the whole
+  // 16-bit copy; null: packed here from the whole fp32 weights.
+  void set_half_weight_source(HalfWeightSource* source) { half_source_ = source; }
+  Buffer<uint16_t>& half_params() { return params_half_; }  // empty under fp32
   // Loss scaling: the backward starts from d(scale * loss) (main, MTP and aux
   // seeds alike); 1 leaves every bit as it was.
   void set_loss_scale(double scale);
@@ -150,6 +155,7 @@ class Transformer {
   double loss_scale_ = 1.0;
   LossWeights loss_weights_;
   WeightGate* gate_ = nullptr;
+  HalfWeightSource* half_source_ = nullptr;
   std::vector<WeightUnit> units_;
 };
 

@@ -16,6 +16,8 @@
 #include "core/host_memory.h"
 // HealthError: a verdict every rank reached, rethrown as it is
 #include "resilience/health.h"
+// from_host: the whole weights for a sample
+#include "train/transfer.h"
 
 namespace xx {
 
@@ -195,6 +197,12 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
 // in rank 0's log and in TensorBoard (samples/text). Nothing it does reaches
 // the training: its own cache and scratch, its own random stream.
 void Trainer::write_sample() {
+  // The decoder reads fp32 weights: where a rank keeps only its pieces, rank
+  // 0 takes them whole for the sample (the next step releases them again).
+  if (strategy_->agreement(step_).weights_sharded) {
+    const std::vector<float> whole = from_file_frame(whole_params());
+    if (rank_ == 0) transfer::from_host(model_->params(), whole);
+  }
   if (rank_ != 0) return;
   const SampleConfig& s = cfg_.sample;
   if (!decoder_) decoder_ = std::make_unique<Decoder>(*model_, cfg_.model.seq);

@@ -191,11 +191,15 @@ void Trainer::build_model() {
   owned_ = cfg_.shard.level == "off"      ? Ownership::whole(total)
            : cfg_.shard.level == "params" ? Ownership(units_, bucket, world_, rank_, holders)
                                           : Ownership({{0, total}}, bucket, world_, rank_, holders);
-  if (cfg_.shard.level == "gradients" || cfg_.shard.level == "params") {
-    std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};  // gradients: all the weights
-    if (cfg_.shard.level == "params") {
+  if (cfg_.shard.level != "off") {
+    // A rank writes only the weights it keeps: all of them; or its pieces (and
+    // below params the runs the model reads in fp32, which every rank keeps).
+    std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};
+    if (fp32_weights_in_pieces(cfg_, world_)) {
       mine.clear();
       for (const auto& p : owned_.pieces()) mine.emplace_back(p.begin, p.end);
+      if (cfg_.shard.level != "params")
+        for (const auto& run : model_->layout().fp32_read_runs()) mine.push_back(run);
     }
     model_->init_sharded(cfg_.seed, mine);
   } else {
@@ -253,9 +257,14 @@ void Trainer::enter_phase(size_t phase) {
                         },
                         owned_, units_, ExpertRuns{model_->layout().expert_runs(), expert_holders_},
                         model_->grads_in_huge_pages()};
-    model_->set_weight_gate(nullptr);  // the old strategy's gate goes with it
+    buffers.half_params = model_->half_params();
+    buffers.half_type = model_->gemm_type();
+    buffers.fp32_read = model_->layout().fp32_read_runs();
+    model_->set_weight_gate(nullptr);  // the old strategy's gate and source go with it
+    model_->set_half_weight_source(nullptr);
     strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
     model_->set_weight_gate(strategy_->weight_gate());
+    model_->set_half_weight_source(strategy_->half_weight_source());
     strategy_state_ = StateRegistry();
     strategy_->register_state(strategy_state_);
     if (log_ && phase > 0) log_->console(fmt::format("{}: sync {}", p.where, strategy_report_));

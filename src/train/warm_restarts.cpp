@@ -89,9 +89,10 @@ void WarmRestarts::register_state(StateRegistry& registry) {
     best_.step = int64_t(b.at(0)), best_.val_loss = b.at(1), best_.adam_steps = int64_t(b.at(2));
   };
   registry.add(std::move(best));
-  // Under shard params each rank's copy holds its own pieces of the weights: gathered whole on save.
+  // Where a rank's fp32 weights are its pieces (shard params; optimizer and
+  // gradients under 16-bit precision), so is its copy: gathered whole on save.
   StateEntry params = buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params);
-  if (program_.phases.front().config.shard.level == "params")
+  if (fp32_weights_in_pieces(program_.phases.front().config, optimizer_.owned().ranks()))
     params.save_floats = [this, b = best_.params] {
       std::vector<float> v = to_host(b);
       gather_in_place(v, optimizer_.owned(), comm_);
