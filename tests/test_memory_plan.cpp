@@ -78,6 +78,18 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   REQUIRE(4 * L > bucket);  // the case this model is for: a bucket is a part of a layer
   REQUIRE(b.sync_buffers == 0);  // dense over the full topology: in place
 
+  // Under 16-bit precision at W > 1, optimizer and gradients keep the fp32
+  // master of their pieces and of the M weights the model reads in fp32 (the
+  // embedding, the norms, the router gates), all-gathered beside the whole 16-bit copy.
+  double M = 0;
+  for (const auto& ti : layout.tensors()) {
+    const bool gate = ti.name.size() >= 8 && ti.name.compare(ti.name.size() - 8, 8, "ffn.gate") == 0;
+    M += (ti.is_norm || ti.name == "embed" || gate) ? double(ti.size) : 0;
+  }
+  REQUIRE(b.fp32_read == int64_t(M));
+  const bool pieces = half && W > 1;
+  const double below_params = pieces ? c * P + 4 * S + 4 * M * (W - 1) / W : (4 + c) * P;
+  const double gathered = pieces ? 4 * M : 0;
   const auto off = plan_level(b, Shard::off), opt = plan_level(b, Shard::optimizer),
              grad = plan_level(b, Shard::gradients), par = plan_level(b, Shard::params);
   // off: everything whole; the all-reduce works in place.
@@ -85,16 +97,16 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   CHECK(off.gradients == 4 * P);
   CHECK(off.optimizer == 8 * P);
   CHECK(off.communication == 0);
-  // optimizer: the moments owned 1/W; the weights whole (the fp32 master too).
+  // optimizer: the moments owned 1/W; the weights whole (but the fp32 master of a 16-bit run).
   CHECK(opt.optimizer == 8 * S);
-  CHECK(opt.weights == (4 + c) * P);
+  CHECK(opt.weights == Approx(below_params));
   CHECK(opt.gradients == 4 * P);
-  CHECK(opt.communication == 0);
+  CHECK(opt.communication == gathered);
   // gradients: also the gradients; in flight the unit written and two buckets reducing, each twice.
   CHECK(grad.gradients == 4 * S);
   CHECK(grad.weights == opt.weights);
   CHECK(grad.optimizer == 8 * S);
-  CHECK(grad.communication == 4 * L + 2 * 2 * bucket);
+  CHECK(grad.communication == 4 * L + 2 * 2 * bucket + gathered);
   // params: also the weights; units gathered in fp32 with their 16-bit copy.
   CHECK(par.weights == (4 + c) * S);
   CHECK(par.gradients == 4 * S);
@@ -109,10 +121,10 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   } else {
     CHECK(off.total() >= opt.total());
     CHECK(opt.total() >= grad.total());
-    // params trades the weights' whole copy (and gradients' buckets in
-    // flight) for units in flight and gathered: it pays when (4 + c)(P - S)
-    // outweighs them (not always on a model this small).
-    CHECK((grad.total() >= par.total()) == ((4 + c) * (P - S) >= held * (4 + c) * L));
+    // params trades the weights' copies below it (and the fp32-read runs
+    // gathered) for units in flight and gathered: it pays when those outweigh
+    // them (not always on a model this small).
+    CHECK((grad.total() >= par.total()) == (below_params - (4 + c) * S + gathered >= held * (4 + c) * L));
   }
 }
 
@@ -189,8 +201,11 @@ TEST_CASE("under ep the experts divide by ep, and sharding divides them by their
   for (Shard level : kShardLevels) {
     CAPTURE(shard_name(level));
     const MemoryPlan p = plan_level(b, level), p1 = plan_level(b1, level);
-    // The formulas of every level, with P and S as above.
-    CHECK(p.weights == (4 + c) * (level == Shard::params ? S : P));
+    // The formulas of every level, with P and S as above (and below params
+    // in 16 bits the fp32 master of S and of the M fp32-read weights).
+    const double M = double(b.fp32_read), master_pieces = c * P + 4 * S + 4 * M * (W - 1) / W;
+    const bool pieces = c > 0 && (level == Shard::optimizer || level == Shard::gradients);
+    CHECK(p.weights == Approx(pieces ? master_pieces : (4 + c) * (level == Shard::params ? S : P)));
     CHECK(p.gradients == 4 * (level == Shard::gradients || level == Shard::params ? S : P));
     CHECK(p.optimizer == 8 * (level == Shard::off ? P : S));
     CHECK(p.activations == b.activations);
