@@ -11,7 +11,9 @@ WarmRestarts::WarmRestarts(MPI_Comm comm, const Program& program, Transformer<fl
   for (const auto& p : program.phases)
     if (Schedule(p.config.optimizer, p.config.schedule, p.config.seed).restart_from_best() &&
         best_.params.extent(0) == 0) {
-      const int64_t P = model.layout().total();
+      // Where the fp32 weights are this rank's pieces, so is the copy: laid out as AdamW's moments.
+      pieces_ = fp32_weights_in_pieces(p.config, optimizer_.owned().ranks());
+      const int64_t P = pieces_ ? optimizer_.owned().shard_size() : model.layout().total();
       best_.params = Buffer<float>("WarmRestarts::best_params", P);
       best_.adam_m = Buffer<float>("WarmRestarts::best_adam_m", optimizer_.m().extent(0));  // the shard, under shard
       best_.adam_v = Buffer<float>("WarmRestarts::best_adam_v", optimizer_.v().extent(0));
@@ -34,11 +36,23 @@ void WarmRestarts::note_validation(double val, int64_t step) {
   const auto current = schedule_of(step);
   if (!current || !current->restart_from_best()) return;
   if (best_.step >= 0 && !(val < best_.val_loss)) return;
-  Kokkos::deep_copy(best_.params, model_.params());
+  copy_best_weights(true);
   Kokkos::deep_copy(best_.adam_m, optimizer_.m());
   Kokkos::deep_copy(best_.adam_v, optimizer_.v());
   for (auto& [prefix, ffn] : model_.moe_layers()) best_.gate_bias[prefix] = to_host(ffn->bias());
   best_.step = step, best_.val_loss = val, best_.adam_steps = optimizer_.steps_taken();
+}
+
+// Between the weights and the best copy: whole, or this rank's pieces (the
+// copy in shard order, the weights at their places). `keep`: into the copy.
+void WarmRestarts::copy_best_weights(bool keep) {
+  if (!pieces_) return keep ? Kokkos::deep_copy(best_.params, model_.params()) : Kokkos::deep_copy(model_.params(), best_.params);
+  for (const auto& p : optimizer_.owned().pieces()) {
+    const auto copy = Kokkos::subview(best_.params, std::pair(p.at, p.at + p.size()));
+    const auto weights = Kokkos::subview(model_.params(), std::pair(p.begin, p.end));
+    if (keep) Kokkos::deep_copy(copy, weights);
+    else Kokkos::deep_copy(weights, copy);
+  }
 }
 
 void WarmRestarts::restart(int64_t next, double val, RunLog& log) {
@@ -47,7 +61,7 @@ void WarmRestarts::restart(int64_t next, double val, RunLog& log) {
   Record r;
   r.step = next, r.lr = schedule.lr(next), r.val_loss = val, r.cycle = schedule.cycle(next);
   if (schedule.restart_from_best() && best_.step >= 0 && best_.step != step) {
-    Kokkos::deep_copy(model_.params(), best_.params);
+    copy_best_weights(false);
     Kokkos::deep_copy(optimizer_.m(), best_.adam_m);
     Kokkos::deep_copy(optimizer_.v(), best_.adam_v);
     for (auto& [prefix, ffn] : model_.moe_layers()) from_host(ffn->bias(), best_.gate_bias[prefix]);
@@ -89,20 +103,17 @@ void WarmRestarts::register_state(StateRegistry& registry) {
     best_.step = int64_t(b.at(0)), best_.val_loss = b.at(1), best_.adam_steps = int64_t(b.at(2));
   };
   registry.add(std::move(best));
-  // Where a rank's fp32 weights are its pieces (shard params; optimizer and
-  // gradients under 16-bit precision), so is its copy: gathered whole on save.
-  StateEntry params = buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params);
-  if (fp32_weights_in_pieces(program_.phases.front().config, optimizer_.owned().ranks()))
-    params.save_floats = [this, b = best_.params] {
-      std::vector<float> v = to_host(b);
-      gather_in_place(v, optimizer_.owned(), comm_);
-      return v;
-    };
-  registry.add(std::move(params));
   // The best moments are laid out like AdamW's: under shard this rank's
   // pieces. The file holds them whole, as it holds AdamW's (gathered: every
-  // rank saves, collectively), and each rank takes its pieces back.
-  for (auto [name, shard] : {std::pair{"restart_best.adam_m", best_.adam_m}, std::pair{"restart_best.adam_v", best_.adam_v}}) {
+  // rank saves, collectively), and each rank takes its pieces back. So are
+  // the best weights where a rank's fp32 weights are its pieces (shard params;
+  // optimizer and gradients under 16-bit precision).
+  if (!pieces_) registry.add(buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params));
+  std::vector<std::pair<const char*, Buffer<float>>> sharded;
+  if (pieces_) sharded.emplace_back("restart_best.params", best_.params);
+  sharded.emplace_back("restart_best.adam_m", best_.adam_m);
+  sharded.emplace_back("restart_best.adam_v", best_.adam_v);
+  for (auto [name, shard] : sharded) {
     StateEntry e{name, StatePlace::shared_buffer, optimizer_.owned().total()};
     e.save_floats = [this, shard] { return gather_whole(shard, optimizer_.owned(), comm_); };
     e.load_floats = [this, shard](const std::vector<float>& v) mutable { from_host(shard, owned_part(v, optimizer_.owned())); };

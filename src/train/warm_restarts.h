@@ -58,6 +58,8 @@ class WarmRestarts {
   AdamW<float>& optimizer_;
   std::vector<Record> records_;
   Best best_;
+  bool pieces_ = false;  // the fp32 weights, and so the best copy, are this rank's pieces (fp32_weights_in_pieces)
+  void copy_best_weights(bool keep);
 };
 
 }  // namespace xx
