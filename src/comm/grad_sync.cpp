@@ -1,6 +1,7 @@
 #include "comm/grad_sync.h"
 #include "core/ownership.h"
 #include <algorithm>
+#include "comm/ops.h"
 #include "kernels/elementwise.h"
 
 namespace xx {
@@ -32,10 +33,11 @@ void GradientSync::begin(MPI_Comm comm) {
 void GradientSync::start(Bucket& b) {
   b.started = true;
   if (world_ == 1) return;
-  ExecSpace().fence();  // the gradients must be written before MPI reads them
   if (b.expert && holders_size_ == 1) return;  // the only holder: its sum is the sum
   const MPI_Comm group = b.expert ? holders_ : comm_;
-  if (device_op_) return device_op_(grads_.data() + b.begin, b.end - b.begin, group, stats_);
+  if (device_op_ && device_op_->queues()) return device_op_->start(grads_.data() + b.begin, b.end - b.begin, group, stats_);
+  ExecSpace().fence();  // the gradients must be written before MPI reads them
+  if (device_op_) return device_op_->execute(grads_.data() + b.begin, b.end - b.begin, group, stats_);
   const double t0 = MPI_Wtime();
   MPI_Iallreduce(MPI_IN_PLACE, grads_.data() + b.begin, int(b.end - b.begin), MPI_FLOAT, MPI_SUM, group, &b.request);
   stats_.seconds += MPI_Wtime() - t0;
@@ -67,6 +69,7 @@ void GradientSync::finish(int micro_steps) {
   for (auto& b : buckets_)
     if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
   stats_.seconds += MPI_Wtime() - t0;
+  if (device_op_) device_op_->finish(stats_);  // the kernels below wait for the queued sums
   // A sum over ranks (and micro-steps) of mean gradients becomes their mean.
   if (world_ * micro_steps > 1)
     kernels::scale_inplace<float>(Vec<float>(grads_.data(), grads_.extent(0)), 1.0f / float(world_ * micro_steps));

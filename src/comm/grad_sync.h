@@ -9,6 +9,10 @@
 //      and the ones in flight are poked with MPI_Testall so they progress.
 //   3. finish(K): start what is left, wait for all, divide by the world size
 //      (and by K when the gradients summed K micro-steps).
+// On a device (DenseAllreduce that queues: NCCL) step 2 queues each bucket's
+// sum on the transport's stream behind an event of the backward's kernels,
+// and step 3 makes the kernels that follow wait for the sums: the host never
+// waits for the backward, and the sums overlap it.
 // Every rank gets the same bits: each bucket is reduced by one collective.
 #pragma once
 #include <mpi.h>
@@ -16,6 +20,10 @@
 #include <functional>
 #include <vector>
 #include "core/views.h"
+
+namespace xx {
+class DenseAllreduce;
+}
 
 namespace xx {
 
@@ -41,9 +49,9 @@ struct ExpertRuns {
 class GradientSync {
  public:
   GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb, const ExpertRuns& experts = {});
-  // A blocking all-reduce for buffers MPI cannot read (NCCL on device
-  // memory); each bucket then goes through it as soon as it is final.
-  void use_device_allreduce(std::function<void(float*, int64_t, MPI_Comm, CommStats&)> op) { device_op_ = std::move(op); }
+  // The all-reduce for buffers MPI cannot read (NCCL on device memory); each
+  // bucket then goes through it as soon as it is final.
+  void use_device_allreduce(DenseAllreduce& op) { device_op_ = &op; }
 
   void begin(MPI_Comm comm);  // comm: the group that averages this step
   void ready(int64_t offset);
@@ -64,7 +72,7 @@ class GradientSync {
   Buffer<float> grads_;
   std::vector<Bucket> buckets_;  // buckets_[0] ends at the end of the buffer
   CommStats stats_;
-  std::function<void(float*, int64_t, MPI_Comm, CommStats&)> device_op_;
+  DenseAllreduce* device_op_ = nullptr;
 };
 
 }  // namespace xx

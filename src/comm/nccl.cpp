@@ -41,6 +41,24 @@ void NcclContext::allreduce_sum(float* device_buffer, size_t n) {
   cuda_check(cudaStreamSynchronize(handles_->stream), "cudaStreamSynchronize");
 }
 
+// An event per hand-over between the streams: destroying it once the wait is
+// queued is allowed (CUDA frees it when the work it marks has run).
+static void hand_over(cudaStream_t from, cudaStream_t to) {
+  cudaEvent_t event = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda_check(cudaEventRecord(event, from), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(to, event, 0), "cudaStreamWaitEvent");
+  cuda_check(cudaEventDestroy(event), "cudaEventDestroy");
+}
+
+void NcclContext::allreduce_sum_after(float* device_buffer, size_t n, void* compute_stream) {
+  hand_over(static_cast<cudaStream_t>(compute_stream), handles_->stream);
+  nccl_check(ncclAllReduce(device_buffer, device_buffer, n, ncclFloat, ncclSum, handles_->comm, handles_->stream),
+             "ncclAllReduce");
+}
+
+void NcclContext::join(void* compute_stream) { hand_over(handles_->stream, static_cast<cudaStream_t>(compute_stream)); }
+
 std::string NcclContext::async_error() const {
   ncclResult_t state = ncclSuccess;
   if (ncclCommGetAsyncError(handles_->comm, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";

@@ -17,6 +17,11 @@ class NcclContext {
 
   // In-place sum of n floats that live on this rank's GPU; waits for completion.
   void allreduce_sum(float* device_buffer, size_t n);
+  // The same sum queued on this context's own stream once the work queued so
+  // far on `compute_stream` (a cudaStream_t) has run; returns at once.
+  void allreduce_sum_after(float* device_buffer, size_t n, void* compute_stream);
+  // The work queued on `compute_stream` from now on waits for every sum queued here.
+  void join(void* compute_stream);
   // Empty when healthy, else NCCL's description of the asynchronous error.
   std::string async_error() const;
 

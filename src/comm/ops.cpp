@@ -1,5 +1,7 @@
 #include "comm/ops.h"
+#include <algorithm>
 #include <climits>
+#include <type_traits>
 #include <map>
 #include <fmt/format.h>
 #include "core/error.h"
@@ -13,6 +15,15 @@ namespace {
 
 // Gradients live where Kokkos allocates them; NCCL wants device memory.
 constexpr bool kDeviceBuffers = !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+
+// The CUDA stream the kernels run on, which queued sums wait for and which
+// waits for them; null where the kernels are not CUDA's (then sums block).
+void* kernel_stream() {
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) return static_cast<void*>(ExecSpace().cuda_stream());
+#endif
+  return nullptr;
+}
 
 class MpiAllreduce final : public DenseAllreduce {
  public:
@@ -46,21 +57,8 @@ class NcclAllreduce final : public DenseAllreduce {
   }
   void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
 #ifdef XX_HAVE_NCCL
-    // One NCCL communicator per distinct group of world ranks, made on first
-    // use (collective over the group, like the all-reduce itself).
-    MPI_Group world_group, g;
-    MPI_Comm_group(world_, &world_group);
-    MPI_Comm_group(group, &g);
-    int size = 0;
-    MPI_Group_size(g, &size);
-    std::vector<int> local(size), members(size);
-    for (int i = 0; i < size; ++i) local[i] = i;
-    MPI_Group_translate_ranks(g, size, local.data(), world_group, members.data());
-    MPI_Group_free(&g);
-    MPI_Group_free(&world_group);
-    if (size == 1 || n == 0) return;
-    auto& ctx = contexts_[members];
-    if (!ctx) ctx = std::make_unique<NcclContext>(group);
+    NcclContext* ctx = context(group);
+    if (!ctx || n == 0) return;
     const double t0 = MPI_Wtime();
     ctx->allreduce_sum(buffer, size_t(n));
     stats.seconds += MPI_Wtime() - t0;
@@ -68,6 +66,29 @@ class NcclAllreduce final : public DenseAllreduce {
     stats.bytes_sent += n * int64_t(sizeof(float));
 #else
     throw std::logic_error("nccl all-reduce called in a build without NCCL");
+#endif
+  }
+  bool queues() const override { return enabled() && kernel_stream() != nullptr; }
+  void start(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
+#ifdef XX_HAVE_NCCL
+    NcclContext* ctx = context(group);
+    if (!ctx || n == 0) return;
+    const double t0 = MPI_Wtime();
+    ctx->allreduce_sum_after(buffer, size_t(n), kernel_stream());
+    if (std::find(queued_.begin(), queued_.end(), ctx) == queued_.end()) queued_.push_back(ctx);
+    stats.seconds += MPI_Wtime() - t0;
+    stats.rounds += 1;
+    stats.bytes_sent += n * int64_t(sizeof(float));
+#else
+    execute(buffer, n, group, stats);
+#endif
+  }
+  void finish(CommStats& stats) override {
+#ifdef XX_HAVE_NCCL
+    const double t0 = MPI_Wtime();
+    for (NcclContext* ctx : queued_) ctx->join(kernel_stream());
+    queued_.clear();
+    stats.seconds += MPI_Wtime() - t0;
 #endif
   }
 
@@ -81,7 +102,27 @@ class NcclAllreduce final : public DenseAllreduce {
   }
   MPI_Comm world_;
 #ifdef XX_HAVE_NCCL
+  // One NCCL communicator per distinct group of world ranks, made on first
+  // use (collective over the group, like the all-reduce itself); null for a
+  // group of one.
+  NcclContext* context(MPI_Comm group) {
+    MPI_Group world_group, g;
+    MPI_Comm_group(world_, &world_group);
+    MPI_Comm_group(group, &g);
+    int size = 0;
+    MPI_Group_size(g, &size);
+    std::vector<int> local(size), members(size);
+    for (int i = 0; i < size; ++i) local[i] = i;
+    MPI_Group_translate_ranks(g, size, local.data(), world_group, members.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&world_group);
+    if (size == 1) return nullptr;
+    auto& ctx = contexts_[members];
+    if (!ctx) ctx = std::make_unique<NcclContext>(group);
+    return ctx.get();
+  }
   std::map<std::vector<int>, std::unique_ptr<NcclContext>> contexts_;
+  std::vector<NcclContext*> queued_;  // the contexts with sums queued since the last finish
 #endif
 };
 

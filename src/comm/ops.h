@@ -31,6 +31,13 @@ class DenseAllreduce {
   virtual std::string disabled_reason() const = 0;  // empty when enabled
   // group: a communicator holding this rank (the world, or a topology group).
   virtual void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) = 0;
+  // A device transport may queue instead (NCCL on its own stream): start()
+  // returns at once, the sum to begin when the kernels queued so far on the
+  // execution space have run (an event, not a host fence), and finish()
+  // makes the execution space wait for every sum started since the last.
+  virtual bool queues() const { return false; }
+  virtual void start(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) { execute(buffer, n, group, stats); }
+  virtual void finish(CommStats& stats) {}
 };
 
 class Communicator {

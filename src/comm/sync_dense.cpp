@@ -24,10 +24,7 @@ std::string micro_text(const SyncConfig& s) {
 class DenseSync final : public GroupSync {
  public:
   DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb, b.experts) {
-    if (std::string(b.ops->dense().name()) != "mpi")
-      sync_.use_device_allreduce([ops = b.ops](float* p, int64_t n, MPI_Comm g, CommStats& st) {
-        ops->dense().execute(p, n, g, st);
-      });
+    if (std::string(b.ops->dense().name()) != "mpi") sync_.use_device_allreduce(b.ops->dense());
   }
   std::string describe() const override {
     return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", sync_.buckets(),

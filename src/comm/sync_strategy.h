@@ -75,9 +75,9 @@ struct SyncBuffers {
   // (ParamLayout::fp32_read_runs). shard optimizer and gradients then keep the
   // fp32 master only of this rank's pieces and those runs, and gather the
   // 16-bit copy (core/weight_gate.h, HalfWeightSource).
-  Buffer<uint16_t> half_params;
+  Buffer<uint16_t> half_params{};
   kernels::Precision half_type = kernels::Precision::fp32;
-  std::vector<std::pair<int64_t, int64_t>> fp32_read;
+  std::vector<std::pair<int64_t, int64_t>> fp32_read{};
 };
 
 // The phase's settings a strategy reads.
