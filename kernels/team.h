@@ -22,6 +22,7 @@
 #pragma once
 #include <type_traits>
 #include "core/views.h"
+#include "kernels/math.h"
 
 namespace xx::kernels {
 
@@ -103,8 +104,8 @@ KOKKOS_FORCEINLINE_FUNCTION auto row_sum_ordered(const Member& m, int64_t n, con
   return s;
 }
 
-// max of f(j) over j in [0, n), n >= 1, seeded with f(0) (so a row of -inf
-// gives -inf); every lane gets it.
+// max of f(j) over j in [0, n), n >= 1 (a row of -inf gives -inf); every
+// lane gets it. The host seeds it with f(0), as the kernels did.
 template <class Member, class F>
 KOKKOS_FORCEINLINE_FUNCTION auto row_max(const Member& m, int64_t n, const F& f) {
   using T = std::remove_cv_t<decltype(f(int64_t(0)))>;
@@ -116,15 +117,19 @@ KOKKOS_FORCEINLINE_FUNCTION auto row_max(const Member& m, int64_t n, const F& f)
       mx = v > mx ? v : mx;
     }
   } else {
-    T rest = mx;
     Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, int64_t(1), n),
+        Kokkos::ThreadVectorRange(m, n),
         [&](int64_t j, T& acc) {
           const T v = f(j);
           acc = v > acc ? v : acc;
         },
-        Kokkos::Max<T>(rest));
-    mx = rest > mx ? rest : mx;
+        Kokkos::Max<T>(mx));
+    // Kokkos' identity for max is the lowest finite value, not -inf: a row
+    // of -inf reduces to it. Only then (warp-uniform, rare) count the
+    // values above -inf to tell the two apart.
+    if (mx == Kokkos::reduction_identity<T>::max() &&
+        row_sum(m, n, [&](int64_t j) { return int32_t(f(j) > -kmath::infinity<T>()); }) == 0)
+      mx = -kmath::infinity<T>();
   }
   return mx;
 }
