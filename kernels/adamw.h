@@ -3,6 +3,7 @@
 #pragma once
 #include "core/views.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -12,19 +13,17 @@ struct AdamWStep {
   float grad_scale;    // clipping factor (and 1 / world size where needed)
 };
 
-// param, m, v (n) updated from grad (n); in chunks with a vector loop inside
+// param, m, v (n) updated from grad (n); chunks of the flat arrays as team
+// rows (kernels/team.h), a vector loop inside each
 template <class T>
 void adamw_update(Vec<T> param, Vec<float> m, Vec<float> v, Vec<const T> grad, AdamWStep s) {
-  constexpr int64_t kChunk = 2048;
   const int64_t n = param.extent(0);
   T* p = param.data();
   float *pm = m.data(), *pv = v.data();
   const T* g = grad.data();
   Kokkos::parallel_for(
-      "adamw_update", Kokkos::RangePolicy<ExecSpace>(0, (n + kChunk - 1) / kChunk), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-#pragma omp simd
-        for (int64_t i = c * kChunk; i < end; ++i) {
+      "adamw::update", flat_policy(n), KOKKOS_LAMBDA(const TeamMember& member) {
+        for_flat(member, n, [&](int64_t i) {
           const float gi = float(g[i]) * s.grad_scale;
           const float mi = s.beta1 * pm[i] + (1.0f - s.beta1) * gi;
           const float vi = s.beta2 * pv[i] + (1.0f - s.beta2) * gi * gi;
@@ -33,7 +32,7 @@ void adamw_update(Vec<T> param, Vec<float> m, Vec<float> v, Vec<const T> grad, A
           const float mhat = mi / s.bias1, vhat = vi / s.bias2;
           const float pi = float(p[i]);
           p[i] = T(pi - s.lr * (mhat / (kmath::sqrt(vhat) + s.eps) + s.weight_decay * pi));
-        }
+        });
       });
 }
 

@@ -36,6 +36,7 @@
 #include <vector>
 #include "core/views.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels::compress {
 
@@ -259,11 +260,12 @@ inline void error_feedback(Vec<float> acc, Vec<const float> residual, Vec<const 
 // the state(1)-th largest key, and state(1) becomes its rank within that bin.
 inline void topk_choose_digit(Buffer<int64_t> hist, Buffer<int64_t> state, Buffer<int32_t> chunk_hist,
                               int64_t chunks, int shift) {
+  // column sums of (chunks, kBins), a team per block of bins (kernels/team.h)
   Kokkos::parallel_for(
-      "compress::topk_bins", Kokkos::RangePolicy<ExecSpace>(0, kBins), KOKKOS_LAMBDA(int64_t b) {
-        int64_t s = 0;
-        for (int64_t c = 0; c < chunks; ++c) s += chunk_hist(c * kBins + b);
-        hist(b) = s;
+      "compress::topk_bins", column_sum_policy<int64_t>(kBins), KOKKOS_LAMBDA(const TeamMember& m) {
+        column_sums(
+            m, chunks, kBins, [&](int64_t c, int64_t b) { return int64_t(chunk_hist(c * kBins + b)); },
+            [&](int64_t b, int64_t s) { hist(b) = s; });
       });
   Kokkos::parallel_for(
       "compress::topk_digit", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int64_t) {

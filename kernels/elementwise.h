@@ -2,11 +2,14 @@
 #pragma once
 #include "core/views.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
 // Flat loops run in chunks: one Kokkos work item per chunk, a vector loop
 // inside it (a work item per element keeps the host compiler from vectorizing).
+// The kernels here take kernels/team.h's flat chunks (the same 2048); these
+// two remain for the loops elsewhere that make their own.
 constexpr int64_t kChunk = 2048;
 inline int64_t chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
@@ -17,11 +20,8 @@ void add_inplace(Vec<T> y, Vec<const T> x) {
   T* py = y.data();
   const T* px = x.data();
   Kokkos::parallel_for(
-      "add_inplace", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-#pragma omp simd
-        for (int64_t i = c * kChunk; i < end; ++i) py[i] += px[i];
-      });
+      "elementwise::add_inplace", flat_policy(n),
+      KOKKOS_LAMBDA(const TeamMember& m) { for_flat(m, n, [&](int64_t i) { py[i] += px[i]; }); });
 }
 
 // x *= a
@@ -30,46 +30,45 @@ void scale_inplace(Vec<T> x, T a) {
   const int64_t n = x.extent(0);
   T* px = x.data();
   Kokkos::parallel_for(
-      "scale_inplace", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-#pragma omp simd
-        for (int64_t i = c * kChunk; i < end; ++i) px[i] *= a;
-      });
+      "elementwise::scale_inplace", flat_policy(n),
+      KOKKOS_LAMBDA(const TeamMember& m) { for_flat(m, n, [&](int64_t i) { px[i] *= a; }); });
 }
 
-// sum of x, accumulated in double (fixed chunks, fixed order: deterministic).
+// sum of x, accumulated in double: each chunk's vector sum, the chunks
+// added in chunk order (fixed chunks, fixed order: deterministic; on a
+// device the team reduction's fixed tree over the chunks).
 template <class T>
 double sum(Vec<const T> x) {
   const int64_t n = x.extent(0);
   const T* px = x.data();
   double s = 0;
   Kokkos::parallel_reduce(
-      "sum", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)),
-      KOKKOS_LAMBDA(int64_t c, double& acc) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        double part = 0;
-#pragma omp simd reduction(+ : part)
-        for (int64_t i = c * kChunk; i < end; ++i) part += double(px[i]);
-        acc += part;
+      "elementwise::sum", flat_policy(n),
+      KOKKOS_LAMBDA(const TeamMember& m, double& acc) {
+        for_rows(m, flat_chunks(n), [&](int64_t c) {
+          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
+          const double part = row_sum(m, len, [&](int64_t k) { return double(px[i0 + k]); });
+          row_single(m, [&] { acc += part; });
+        });
       },
       s);
   return s;
 }
 
-// sum of x^2, accumulated in double.
+// sum of x^2, accumulated in double, as sum.
 template <class T>
 double sum_squares(Vec<const T> x) {
   const int64_t n = x.extent(0);
   const T* px = x.data();
   double s = 0;
   Kokkos::parallel_reduce(
-      "sum_squares", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)),
-      KOKKOS_LAMBDA(int64_t c, double& acc) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        double part = 0;
-#pragma omp simd reduction(+ : part)
-        for (int64_t i = c * kChunk; i < end; ++i) part += double(px[i]) * double(px[i]);
-        acc += part;
+      "elementwise::sum_squares", flat_policy(n),
+      KOKKOS_LAMBDA(const TeamMember& m, double& acc) {
+        for_rows(m, flat_chunks(n), [&](int64_t c) {
+          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
+          const double part = row_sum(m, len, [&](int64_t k) { return double(px[i0 + k]) * double(px[i0 + k]); });
+          row_single(m, [&] { acc += part; });
+        });
       },
       s);
   return s;
@@ -79,13 +78,14 @@ double sum_squares(Vec<const T> x) {
 // dispatch are both this gather; index is any integer view.
 template <class T, class Index>
 void gather_rows(const char* label, Mat<T> out, Mat<const T> table, Index index) {
-  const int64_t C = out.extent(1);
+  const int64_t N = out.extent(0), C = out.extent(1);
   Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace>(0, out.extent(0)), KOKKOS_LAMBDA(int64_t i) {
-        const T* src = &table(index(i), 0);
-        T* dst = &out(i, 0);
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) dst[c] = src[c];
+      label, row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t i) {
+          const T* src = &table(index(i), 0);
+          T* dst = &out(i, 0);
+          row_for(m, C, [&](int64_t c) { dst[c] = src[c]; });
+        });
       });
 }
 

@@ -1,33 +1,28 @@
 // Token embedding lookup. The backward is a scatter-add made deterministic
-// without atomics: each thread owns a block of channels and walks the tokens in order.
+// without atomics: each team owns a block of channels and walks the tokens in order.
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include "core/views.h"
 #include "kernels/elementwise.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
 // out (N, C) = wte[tokens];   wte (V, C)
 template <class T>
 void embedding_forward(Mat<T> out, Tokens tokens, Mat<const T> wte) {
-  gather_rows<T>("embedding_forward", out, wte, tokens);
+  gather_rows<T>("embedding::forward", out, wte, tokens);
 }
 
 // dwte (V, C) += sum over i with tokens(i) = v of dout(i, :)
-// One thread per block of channels walks the tokens in order.
+// A team per block of channels walks the tokens in order (kernels/team.h,
+// column_rows): each entry of dwte gets its tokens' rows in token order.
 template <class T>
 void embedding_backward(Mat<T> dwte, Mat<const T> dout, Tokens tokens) {
   const int64_t N = dout.extent(0), C = dout.extent(1);
-  constexpr int64_t kChunk = 32;
   Kokkos::parallel_for(
-      "embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, (C + kChunk - 1) / kChunk), KOKKOS_LAMBDA(int64_t chunk) {
-        const int64_t c0 = chunk * kChunk, n = C - c0 < kChunk ? C - c0 : kChunk;
-        for (int64_t i = 0; i < N; ++i) {
-          T* dst = &dwte(tokens(i), c0);
-          const T* src = &dout(i, c0);
-#pragma omp simd
-          for (int64_t c = 0; c < n; ++c) dst[c] += src[c];
-        }
+      "embedding::backward", column_policy(C), KOKKOS_LAMBDA(const TeamMember& m) {
+        column_rows(m, N, C, [&](int64_t i, int64_t c) { dwte(tokens(i), c) += dout(i, c); });
       });
 }
 

@@ -4,10 +4,15 @@
 // are assigned expert by expert in token order, and every token gathers its
 // own k contributions in slot order, so results are deterministic.
 // Activation gradients are written (=).
+// Team-shaped (kernels/team.h): the positions (a team row per expert), the
+// dispatch and combine (a row per token, channels in its vector lanes), the
+// score means (column sums). The router kernels stay one thread per token:
+// their work per token is over E experts and k slots, small and sequential.
 #pragma once
 #include "core/views.h"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -69,13 +74,15 @@ void router_topk(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const floa
 // counts (E), offsets (E+1), pos (N, k): where slot (t, j) lands in the
 // expert-sorted batch, token_of (N*k): the token at each position.
 inline void route_positions(Index1 counts, Index1 offsets, Index2 pos, Index1 token_of, Index2 idx) {
-  const int64_t N = idx.extent(0), K = idx.extent(1), E = counts.extent(0);
+  const int64_t N = idx.extent(0), K = idx.extent(1), E = counts.extent(0), S = N * K;
+  const int32_t* slot = idx.data();  // (N*k) slot t*k + j
+  // A team row per expert; its lanes count, then scan, the slots in token order.
   Kokkos::parallel_for(
-      "moe::count", Kokkos::RangePolicy<ExecSpace>(0, E), KOKKOS_LAMBDA(int64_t e) {
-        int32_t c = 0;
-        for (int64_t t = 0; t < N; ++t)
-          for (int64_t j = 0; j < K; ++j) c += idx(t, j) == e;
-        counts(e) = c;
+      "moe::count", row_policy(E), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, E, [&](int64_t e) {
+          const int32_t c = row_sum(m, S, [&](int64_t s) { return int32_t(slot[s] == e); });
+          row_single(m, [&] { counts(e) = c; });
+        });
       });
   Kokkos::parallel_scan(
       "moe::offsets", Kokkos::RangePolicy<ExecSpace>(0, E + 1), KOKKOS_LAMBDA(int64_t e, int32_t& acc, bool final) {
@@ -83,14 +90,18 @@ inline void route_positions(Index1 counts, Index1 offsets, Index2 pos, Index1 to
         if (e < E) acc += counts(e);
       });
   Kokkos::parallel_for(
-      "moe::positions", Kokkos::RangePolicy<ExecSpace>(0, E), KOKKOS_LAMBDA(int64_t e) {
-        int32_t p = offsets(e);
-        for (int64_t t = 0; t < N; ++t)
-          for (int64_t j = 0; j < K; ++j)
-            if (idx(t, j) == e) {
-              pos(t, j) = p;
-              token_of(p++) = int32_t(t);
+      "moe::positions", row_policy(E), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, E, [&](int64_t e) {
+          const int32_t base = offsets(e);
+          row_scan<int32_t>(m, S, [&](int64_t s, int32_t& before, bool final) {
+            if (slot[s] != e) return;
+            if (final) {
+              pos(s / K, s % K) = base + before;
+              token_of(base + before) = int32_t(s / K);
             }
+            ++before;
+          });
+        });
       });
 }
 
@@ -103,26 +114,32 @@ void dispatch_forward(Mat<T> xe, Mat<const T> x, Index1 token_of) {
 // dx (N, C) = sum over the token's slots of dxe(pos(t, j)), in slot order
 template <class T>
 void dispatch_backward(Mat<T> dx, Mat<const T> dxe, Index2 pos) {
-  const int64_t C = dx.extent(1), K = pos.extent(1);
+  const int64_t N = dx.extent(0), C = dx.extent(1), K = pos.extent(1);
   Kokkos::parallel_for(
-      "moe::dispatch_backward", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(dx.extent(0)), C}),
-      KOKKOS_LAMBDA(int64_t t, int64_t c) {
-        T acc = 0;
-        for (int64_t j = 0; j < K; ++j) acc += dxe(pos(t, j), c);
-        dx(t, c) = acc;
+      "moe::dispatch_backward", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          row_for(m, C, [&](int64_t c) {
+            T acc = 0;
+            for (int64_t j = 0; j < K; ++j) acc += dxe(pos(t, j), c);
+            dx(t, c) = acc;
+          });
+        });
       });
 }
 
 // out (N, C) += sum_j weights(t, j) * ye(pos(t, j))
 template <class T>
 void combine_forward(Mat<T> out, Mat<const T> ye, Mat<const T> weights, Index2 pos) {
-  const int64_t C = out.extent(1), K = pos.extent(1);
+  const int64_t N = out.extent(0), C = out.extent(1), K = pos.extent(1);
   Kokkos::parallel_for(
-      "moe::combine", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {int64_t(out.extent(0)), C}),
-      KOKKOS_LAMBDA(int64_t t, int64_t c) {
-        T acc = 0;
-        for (int64_t j = 0; j < K; ++j) acc += weights(t, j) * ye(pos(t, j), c);
-        out(t, c) += acc;
+      "moe::combine", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          row_for(m, C, [&](int64_t c) {
+            T acc = 0;
+            for (int64_t j = 0; j < K; ++j) acc += weights(t, j) * ye(pos(t, j), c);
+            out(t, c) += acc;
+          });
+        });
       });
 }
 
@@ -130,18 +147,21 @@ void combine_forward(Mat<T> out, Mat<const T> ye, Mat<const T> weights, Index2 p
 template <class T>
 void combine_backward(Mat<T> dye, Mat<T> dweights, Mat<const T> dout, Mat<const T> ye, Mat<const T> weights,
                       Index2 pos) {
-  const int64_t C = dout.extent(1), K = pos.extent(1);
+  const int64_t N = dout.extent(0), C = dout.extent(1), K = pos.extent(1);
   Kokkos::parallel_for(
-      "moe::combine_backward", Kokkos::RangePolicy<ExecSpace>(0, dout.extent(0)), KOKKOS_LAMBDA(int64_t t) {
-        for (int64_t j = 0; j < K; ++j) {
-          const int64_t p = pos(t, j);
-          T dot = 0;
-          for (int64_t c = 0; c < C; ++c) {
-            dot += dout(t, c) * ye(p, c);
-            dye(p, c) = weights(t, j) * dout(t, c);
+      "moe::combine_backward", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t p = pos(t, j);
+            // in channel order on the host, as the scalar loop this replaced
+            const T dot = row_sum_ordered(m, C, [&](int64_t c) {
+              const T d = dout(t, c) * ye(p, c);
+              dye(p, c) = weights(t, j) * dout(t, c);
+              return d;
+            });
+            row_single(m, [&] { dweights(t, j) = dot; });
           }
-          dweights(t, j) = dot;
-        }
+        });
       });
 }
 
@@ -173,15 +193,15 @@ void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores,
       });
 }
 
-// mean (E) = column means of scores (N, E): P_i of the balance loss
+// mean (E) = column means of scores (N, E): P_i of the balance loss; each
+// expert's tokens summed in order
 template <class T>
 void score_means(Vec<T> mean, Mat<const T> scores) {
-  const int64_t N = scores.extent(0);
+  const int64_t N = scores.extent(0), E = scores.extent(1);
   Kokkos::parallel_for(
-      "moe::score_means", Kokkos::RangePolicy<ExecSpace>(0, scores.extent(1)), KOKKOS_LAMBDA(int64_t e) {
-        T acc = 0;
-        for (int64_t t = 0; t < N; ++t) acc += scores(t, e);
-        mean(e) = acc / T(N);
+      "moe::score_means", column_sum_policy<T>(E), KOKKOS_LAMBDA(const TeamMember& m) {
+        column_sums(
+            m, N, E, [&](int64_t t, int64_t e) { return scores(t, e); }, [&](int64_t e, T s) { mean(e) = s / T(N); });
       });
 }
 

@@ -2,9 +2,11 @@
 // heads. Pairs (2i, 2i+1) of each head are rotated by angle t * theta^(-2i/D),
 // the interleaved convention of the DeepSeek and Llama reference models.
 // Activation gradients are written (=).
+// Team-shaped (kernels/team.h): a row per team thread, the pairs its vector lanes.
 #pragma once
 #include <cmath>
 #include "core/views.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -25,27 +27,27 @@ void rope_tables(Mat<T> cos_t, Mat<T> sin_t, double theta) {
 }
 
 // q, k, v (B*H*T, D) head-major; qkv (B*T, 3*H*D) as [q | k | v] per token.
-// One (batch, head, position) row per work item, pairs in a vector loop.
+// One (batch, head, position) row per team thread, pairs in its vector lanes.
 template <class T>
 void split_heads_rope_forward(Mat<T> q, Mat<T> k, Mat<T> v, Mat<const T> qkv, Mat<const T> cos_t,
                               Mat<const T> sin_t, int64_t B, int64_t Tn, int64_t H) {
-  const int64_t D = q.extent(1), C = H * D;
+  const int64_t D = q.extent(1), C = H * D, rows = B * H * Tn;
   Kokkos::parallel_for(
-      "split_heads_rope_forward", Kokkos::RangePolicy<ExecSpace>(0, B * H * Tn), KOKKOS_LAMBDA(int64_t row) {
-        const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
-        const T* src = &qkv(b * Tn + t, h * D);
-        const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
-        T *qr = &q(row, 0), *kr = &k(row, 0), *vr = &v(row, 0);
-#pragma omp simd
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const T q0 = src[2 * i], q1 = src[2 * i + 1], k0 = src[C + 2 * i], k1 = src[C + 2 * i + 1];
-          qr[2 * i] = q0 * c[i] - q1 * s[i];
-          qr[2 * i + 1] = q0 * s[i] + q1 * c[i];
-          kr[2 * i] = k0 * c[i] - k1 * s[i];
-          kr[2 * i + 1] = k0 * s[i] + k1 * c[i];
-        }
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) vr[d] = src[2 * C + d];
+      "rope::split_heads_forward", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, rows, [&](int64_t row) {
+          const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
+          const T* src = &qkv(b * Tn + t, h * D);
+          const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
+          T *qr = &q(row, 0), *kr = &k(row, 0), *vr = &v(row, 0);
+          row_for(m, D / 2, [&](int64_t i) {
+            const T q0 = src[2 * i], q1 = src[2 * i + 1], k0 = src[C + 2 * i], k1 = src[C + 2 * i + 1];
+            qr[2 * i] = q0 * c[i] - q1 * s[i];
+            qr[2 * i + 1] = q0 * s[i] + q1 * c[i];
+            kr[2 * i] = k0 * c[i] - k1 * s[i];
+            kr[2 * i + 1] = k0 * s[i] + k1 * c[i];
+          });
+          row_for(m, D, [&](int64_t d) { vr[d] = src[2 * C + d]; });
+        });
       });
 }
 
@@ -53,23 +55,23 @@ void split_heads_rope_forward(Mat<T> q, Mat<T> k, Mat<T> v, Mat<const T> qkv, Ma
 template <class T>
 void split_heads_rope_backward(Mat<T> dqkv, Mat<const T> dq, Mat<const T> dk, Mat<const T> dv,
                                Mat<const T> cos_t, Mat<const T> sin_t, int64_t B, int64_t Tn, int64_t H) {
-  const int64_t D = dq.extent(1), C = H * D;
+  const int64_t D = dq.extent(1), C = H * D, rows = B * H * Tn;
   Kokkos::parallel_for(
-      "split_heads_rope_backward", Kokkos::RangePolicy<ExecSpace>(0, B * H * Tn), KOKKOS_LAMBDA(int64_t row) {
-        const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
-        T* dst = &dqkv(b * Tn + t, h * D);
-        const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
-        const T *qr = &dq(row, 0), *kr = &dk(row, 0), *vr = &dv(row, 0);
-#pragma omp simd
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const T q0 = qr[2 * i], q1 = qr[2 * i + 1], k0 = kr[2 * i], k1 = kr[2 * i + 1];
-          dst[2 * i] = q0 * c[i] + q1 * s[i];
-          dst[2 * i + 1] = -q0 * s[i] + q1 * c[i];
-          dst[C + 2 * i] = k0 * c[i] + k1 * s[i];
-          dst[C + 2 * i + 1] = -k0 * s[i] + k1 * c[i];
-        }
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) dst[2 * C + d] = vr[d];
+      "rope::split_heads_backward", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, rows, [&](int64_t row) {
+          const int64_t t = row % Tn, h = (row / Tn) % H, b = row / (Tn * H);
+          T* dst = &dqkv(b * Tn + t, h * D);
+          const T *c = &cos_t(t, 0), *s = &sin_t(t, 0);
+          const T *qr = &dq(row, 0), *kr = &dk(row, 0), *vr = &dv(row, 0);
+          row_for(m, D / 2, [&](int64_t i) {
+            const T q0 = qr[2 * i], q1 = qr[2 * i + 1], k0 = kr[2 * i], k1 = kr[2 * i + 1];
+            dst[2 * i] = q0 * c[i] + q1 * s[i];
+            dst[2 * i + 1] = -q0 * s[i] + q1 * c[i];
+            dst[C + 2 * i] = k0 * c[i] + k1 * s[i];
+            dst[C + 2 * i + 1] = -k0 * s[i] + k1 * c[i];
+          });
+          row_for(m, D, [&](int64_t d) { dst[2 * C + d] = vr[d]; });
+        });
       });
 }
 
