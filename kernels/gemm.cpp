@@ -46,10 +46,11 @@ Buffer<uint16_t>& half_buffer(int slot) {
 
 Buffer<float>& widened_buffer(int slot) { return scratch().widened[slot]; }
 
-// The float values of a 16-bit operand, in `slot`'s scratch.
-GemmOperand widened(const GemmOperand& m, int slot) {
+// The float values of a 16-bit operand, in `slot`'s scratch; of a batch's
+// operands, the whole span from the first to the last.
+GemmOperand widened(const GemmOperand& m, int slot, int64_t count = 1, int64_t stride = 0) {
   if (m.type == Precision::fp32) return m;
-  const int64_t n = m.rows * m.cols;
+  const int64_t n = (count - 1) * stride + m.rows * m.cols;
   auto& b = widened_buffer(slot);
   if (int64_t(b.extent(0)) < n) b = Buffer<float>("gemm::widened", n);
   unpack_half(b.data(), static_cast<const uint16_t*>(m.data), n, m.type);
@@ -57,6 +58,13 @@ GemmOperand widened(const GemmOperand& m, int slot) {
   w.data = b.data();
   w.type = Precision::fp32;
   return w;
+}
+
+// Product n's operand of a batch: `elements` further along the storage.
+GemmOperand shifted(const GemmOperand& m, int64_t elements) {
+  GemmOperand s = m;
+  s.data = static_cast<const char*>(m.data) + elements * (m.type == Precision::fp32 ? 4 : 2);
+  return s;
 }
 
 }  // namespace
@@ -132,6 +140,34 @@ void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, M
     return;
   }
   backend.run(widened(a, 0), widened(b, 1), alpha, beta, c.data());
+}
+
+void GemmBackend::run_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c,
+                              const GemmBatch& batch) {
+  for (int64_t n = 0; n < batch.count; ++n)
+    run(shifted(a, n * batch.a), shifted(b, n * batch.b), alpha, beta, c + n * batch.c);
+}
+
+void gemm_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c,
+                  const GemmBatch& batch) {
+  if (a.op_cols() != b.op_rows() || int64_t(c.extent(0)) != a.op_rows() || int64_t(c.extent(1)) != b.op_cols())
+    throw std::logic_error(fmt::format("gemm_batched: shapes ({}x{}) . ({}x{}) -> ({}x{}) do not match",
+                                       a.op_rows(), a.op_cols(), b.op_rows(), b.op_cols(), c.extent(0), c.extent(1)));
+  if (batch.count <= 0 || c.extent(0) == 0 || c.extent(1) == 0) return;
+  if (batch.count == 1 || a.op_cols() == 0) {  // one product, or empty sums: the single GEMM's rules
+    for (int64_t n = 0; n < batch.count; ++n)
+      gemm(shifted(a, n * batch.a), shifted(b, n * batch.b), alpha, beta,
+           Mat<float>(c.data() + n * batch.c, c.extent(0), c.extent(1)));
+    return;
+  }
+  auto& backend = gemm_backend();
+  if (a.type == b.type && runs_natively(backend, a.type)) {
+    backend.run_batched(a, b, alpha, beta, c.data(), batch);
+    return;
+  }
+  // Widened operands are dense copies of the same spans: the strides stay.
+  backend.run_batched(widened(a, 0, batch.count, batch.a), widened(b, 1, batch.count, batch.b), alpha, beta,
+                      c.data(), batch);
 }
 
 uint16_t* half_scratch(int slot, int64_t n) {

@@ -11,7 +11,9 @@
 //
 // Which exist depends on the Kokkos the binary was built against: a host
 // Kokkos has onednn and blas, a CUDA Kokkos has cublas (and no KokkosKernels).
-// Only gemm_*.cpp know; the kernels call gemm() below.
+// Only gemm_*.cpp know; the kernels call gemm() below, or gemm_batched() for
+// a batch of equal products at fixed strides (one call for a block of every
+// head: oneDNN's batched matmul, cuBLAS' strided-batched GEMM, or a loop).
 //
 // Operands are stored fp32, or in 16 bits (bf16, fp16) under mixed precision;
 // products accumulate in fp32 into an fp32 result. A 16-bit type the backend
@@ -42,6 +44,14 @@ struct GemmOperand {
   int64_t op_cols() const { return transposed ? rows : cols; }
 };
 
+// A batch of equal products: operand and result n start n strides (in
+// elements) after operand and result 0. The heads of a (B*H*T, D) matrix
+// lie T*D apart.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t a = 0, b = 0, c = 0;  // strides of a, b and c
+};
+
 // c (M, N), float, row-major = alpha op(a) op(b) + beta c; a and b of one type.
 class GemmBackend {
  public:
@@ -58,6 +68,10 @@ class GemmBackend {
   // names what runs any type: what a GEMM peak is measured on (io/peak_file.h).
   virtual std::string kernel(Precision type) const = 0;
   virtual void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) = 0;
+  // c_n = alpha op(a_n) op(b_n) + beta c_n for n < batch.count, each c_n
+  // (M, N) row-major. This one runs them one by one through run().
+  virtual void run_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c,
+                           const GemmBatch& batch);
 };
 
 std::unique_ptr<GemmBackend> make_onednn_gemm();  // gemm_onednn.cpp (null when built without oneDNN)
@@ -87,6 +101,9 @@ std::string gemm_report(Precision type);
 
 // The float entry: widens 16-bit operands the backend cannot run natively.
 void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c);
+// The same for a batch: c is product 0's result, a and b its operands.
+void gemm_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c,
+                  const GemmBatch& batch);
 
 // ---------------------------------------------------------------------------
 // 16-bit copies of float values (round to nearest even), and back
@@ -156,6 +173,13 @@ struct GemmIn {
     in.rows = n;
     return in;
   }
+  // The same shape, `elements` further along the storage (a batch's next product).
+  GemmIn shifted(int64_t elements) const {
+    GemmIn in = *this;
+    if (half) in.half = half + elements;
+    else in.values = values + elements;
+    return in;
+  }
   GemmIn varying_rows() const {
     GemmIn in = *this;
     in.varying = true;
@@ -175,6 +199,21 @@ void gemm(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T b
     gemm(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
   } else {
     gemm_f64(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
+  }
+}
+
+// c_n = alpha op(a_n) op(b_n) + beta c_n, n < batch.count: a, b and c are
+// product 0's, the others `batch`'s strides further. double loops on gemm_f64.
+template <class T>
+void gemm_batched(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T beta, Mat<T> c,
+                  const GemmBatch& batch) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "gemm_batched: float or double");
+  if constexpr (std::is_same_v<T, float>) {
+    gemm_batched(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c, batch);
+  } else {
+    for (int64_t n = 0; n < batch.count; ++n)
+      gemm<T>(ta, a.shifted(n * batch.a), tb, b.shifted(n * batch.b), alpha, beta,
+              Mat<T>(c.data() + n * batch.c, c.extent(0), c.extent(1)));
   }
 }
 

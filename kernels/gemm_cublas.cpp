@@ -7,6 +7,8 @@
 //                 CUBLAS_COMPUTE_32F: the tensor cores multiply the 16-bit
 //                 values and accumulate in fp32, as onednn does on the host
 //   double        cublasDgemm (gemm_f64: the gradient checks)
+//   batched       cublasSgemmStridedBatched, cublasGemmStridedBatchedEx: the
+//                 same types and modes, one call for the whole batch
 //
 // Row-major to column-major: cuBLAS reads a row-major (r, c) matrix as its
 // column-major (c, r) transpose, so row-major C = op(A) op(B) is computed as
@@ -142,6 +144,26 @@ class CublasGemm : public GemmBackend {
     check(cublasGemmEx(h, op_of(b), op_of(a), m, n, k, &alpha, b.data, type, ldb, a.data, type, lda, &beta, c,
                        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
+  }
+  // The batch as run() does one product (swapped operands, transposed
+  // result), each operand stepping by its own stride.
+  void run_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c,
+                   const GemmBatch& batch) override {
+    const int m = as_int(b.op_cols(), "N"), n = as_int(a.op_rows(), "M"), k = as_int(a.op_cols(), "K");
+    const int lda = as_int(a.cols, "lda"), ldb = as_int(b.cols, "ldb"), ldc = m, count = as_int(batch.count, "count");
+    const long long sa = batch.a, sb = batch.b, sc = batch.c;
+    cublasHandle_t h = handle().get();
+    if (a.type == Precision::fp32) {
+      check(cublasSgemmStridedBatched(h, op_of(b), op_of(a), m, n, k, &alpha, static_cast<const float*>(b.data), ldb,
+                                      sb, static_cast<const float*>(a.data), lda, sa, &beta, c, ldc, sc, count),
+            "cublasSgemmStridedBatched");
+      return;
+    }
+    const cudaDataType type = a.type == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    check(cublasGemmStridedBatchedEx(h, op_of(b), op_of(a), m, n, k, &alpha, b.data, type, ldb, sb, a.data, type,
+                                     lda, sa, &beta, c, CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
   }
 
  private:

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <bit>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 
@@ -43,6 +44,21 @@ struct ShapeHash {
                                                                           uint64_t(s.type) << 2,
                        uint64_t(s.alpha) << 32 | s.beta})
       h = (h ^ v) * 0x100000001b3ull;
+    return size_t(h);
+  }
+};
+
+// A batched product: its shape and the batch's count and strides.
+struct BatchKey {
+  ShapeKey shape;
+  int64_t count, sa, sb, sc;
+  bool operator==(const BatchKey&) const = default;
+};
+
+struct BatchHash {
+  size_t operator()(const BatchKey& k) const {
+    uint64_t h = ShapeHash()(k.shape);
+    for (uint64_t v : {uint64_t(k.count), uint64_t(k.sa), uint64_t(k.sb), uint64_t(k.sc)}) h = (h ^ v) * 0x100000001b3ull;
     return size_t(h);
   }
 };
@@ -117,6 +133,29 @@ class OnednnGemm : public GemmBackend {
     stream_.wait();
   }
 
+  // One 3-D matmul per batch shape, its batch dimension stepping by the
+  // strides. Where oneDNN has only its reference loops for such strides, the
+  // products run one by one on the 2-D primitives instead.
+  void run_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c,
+                   const GemmBatch& batch) override {
+    const BatchKey key{{a.op_rows(), b.op_cols(), a.op_cols(), a.transposed, b.transposed, a.type,
+                        std::bit_cast<uint32_t>(alpha), std::bit_cast<uint32_t>(beta)},
+                       batch.count, batch.a, batch.b, batch.c};
+    auto it = batched_.find(key);
+    if (it == batched_.end()) {
+      if (batched_.size() >= kMaxShapes) batched_.clear();
+      it = batched_.emplace(key, build_batched(key)).first;
+    }
+    if (!it->second) {
+      GemmBackend::run_batched(a, b, alpha, beta, c, batch);
+      return;
+    }
+    const Primitive& p = *it->second;
+    memory ma(p.a, engine_, const_cast<void*>(a.data)), mb(p.b, engine_, const_cast<void*>(b.data)), mc(p.c, engine_, c);
+    p.matmul.execute(stream_, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream_.wait();
+  }
+
  private:
   static constexpr size_t kMaxShapes = 1024;
 
@@ -136,8 +175,7 @@ class OnednnGemm : public GemmBackend {
             memory::desc({M, N}, memory::data_type::f32, Dims{N, 1})};
   }
 
-  Primitive build(const ShapeKey& s) const {
-    const auto [a, b, c] = descs(s);
+  static dnnl::primitive_attr attributes(const ShapeKey& s) {
     dnnl::primitive_attr attr;
     const float alpha = std::bit_cast<float>(s.alpha), beta = std::bit_cast<float>(s.beta);
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -146,8 +184,27 @@ class OnednnGemm : public GemmBackend {
       ops.append_sum(beta);  // c = alpha a b + beta c
       attr.set_post_ops(ops);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
+    return attr;
+  }
+
+  Primitive build(const ShapeKey& s) const {
+    const auto [a, b, c] = descs(s);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attributes(s), engine_);
     return {dnnl::matmul(pd), a, b, c};
+  }
+
+  // (count, M, K) . (count, K, N) -> (count, M, N), each product's matrices
+  // laid out as descs() says, product n at n strides; none if only "ref" runs it.
+  std::optional<Primitive> build_batched(const BatchKey& k) const {
+    const ShapeKey& s = k.shape;
+    const auto t = dnnl_type(s.type);
+    const memory::dim B = k.count, M = s.m, K = s.k, N = s.n;
+    memory::desc a({B, M, K}, t, s.ta ? Dims{k.sa, 1, M} : Dims{k.sa, K, 1});
+    memory::desc b({B, K, N}, t, s.tb ? Dims{k.sb, 1, K} : Dims{k.sb, N, 1});
+    memory::desc c({B, M, N}, memory::data_type::f32, Dims{k.sc, N, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attributes(s), engine_);
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return std::nullopt;
+    return Primitive{dnnl::matmul(pd), a, b, c};
   }
 
   // The kernel oneDNN picks for a model-sized product of `p`, "" if none.
@@ -169,6 +226,7 @@ class OnednnGemm : public GemmBackend {
   dnnl::stream stream_;
   std::string impl_[3];  // by Precision
   std::unordered_map<ShapeKey, Primitive, ShapeHash> cache_;
+  std::unordered_map<BatchKey, std::optional<Primitive>, BatchHash> batched_;
 };
 
 }  // namespace
