@@ -148,3 +148,79 @@ TEST_CASE("gemm: the start-up line names the backend and says how 16-bit product
   CHECK(k::gemm_report(k::Precision::bf16).find("bf16 is EMULATED") != std::string::npos);
   CHECK_FALSE(k::gemm_backend().native(k::Precision::bf16));
 }
+
+// A batch at strides with gaps (as attention's heads lie T rows apart): each
+// product equals the single GEMM on the same operands within fp32 rounding
+// (oneDNN's batched kernel may block differently; the loop of blas is the
+// single GEMM, bit for bit), the gaps of c stay untouched, and a rerun gives
+// the same bits.
+TEST_CASE("gemm_batched: every backend, transpose and type matches the single GEMM per product", "[gemm]") {
+  const int64_t count = 5;
+  for (const auto& name : backends()) {
+    BackendChoice choice(name);
+    for (k::Precision type : {k::Precision::fp32, k::Precision::bf16, k::Precision::fp16})
+      for (bool widened : {false, true})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true})
+            for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{37, 19, 53}, {64, 48, 16}, {64, 64, 24}}) {
+              if (type == k::Precision::fp32 && widened) continue;
+              k::set_widened_products(widened);
+              CAPTURE(name, int(type), widened, ta, tb, M, N, K);
+              const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+              const k::GemmBatch batch{count, ar * ac + 13, br * bc + 3 * bc, M * N + 7};
+              const auto a = random_values(count * batch.a, 6), b = random_values(count * batch.b, 7);
+              const auto c0 = random_values(count * batch.c, 8);
+              std::vector<uint16_t> a16(a.size()), b16(b.size());
+              if (type != k::Precision::fp32) {
+                k::pack_half(a16.data(), a.data(), int64_t(a.size()), type);
+                k::pack_half(b16.data(), b.data(), int64_t(b.size()), type);
+              }
+              const void* pa = type == k::Precision::fp32 ? static_cast<const void*>(a.data()) : a16.data();
+              const void* pb = type == k::Precision::fp32 ? static_cast<const void*>(b.data()) : b16.data();
+              const k::GemmOperand A{pa, ar, ac, type, ta}, B{pb, br, bc, type, tb};
+              for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {0.5f, 1}}) {
+                std::vector<float> c = c0, again = c0, single = c0;
+                k::gemm_batched(A, B, alpha, beta, Mat<float>(c.data(), M, N), batch);
+                k::gemm_batched(A, B, alpha, beta, Mat<float>(again.data(), M, N), batch);
+                const int64_t size = type == k::Precision::fp32 ? 4 : 2;
+                for (int64_t n = 0; n < count; ++n) {
+                  k::GemmOperand An = A, Bn = B;
+                  An.data = static_cast<const char*>(pa) + n * batch.a * size;
+                  Bn.data = static_cast<const char*>(pb) + n * batch.b * size;
+                  k::gemm(An, Bn, alpha, beta, Mat<float>(single.data() + n * batch.c, M, N));
+                }
+                REQUIRE(c == again);
+                for (size_t i = 0; i < c.size(); ++i) {
+                  const bool gap = int64_t(i) % batch.c >= M * N;
+                  if (gap) REQUIRE(std::bit_cast<uint32_t>(c[i]) == std::bit_cast<uint32_t>(c0[i]));
+                  else if (name == "blas") REQUIRE(std::bit_cast<uint32_t>(c[i]) == std::bit_cast<uint32_t>(single[i]));
+                  else REQUIRE(c[i] == Approx(single[i]).epsilon(1e-5).margin(1e-5));
+                }
+              }
+              k::set_widened_products(false);
+            }
+  }
+}
+
+TEST_CASE("gemm_batched: double loops on gemm_f64; a batch of one is the single GEMM", "[gemm]") {
+  const int64_t M = 5, N = 4, K = 3, count = 3;
+  std::vector<double> a(count * M * K), b(count * K * N), c(count * M * N, 0.0);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = double(i % 7) - 3;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = double(i % 5) - 2;
+  k::gemm_batched<double>("N", k::GemmIn<double>(Mat<const double>(a.data(), M, K)), "N",
+                          k::GemmIn<double>(Mat<const double>(b.data(), K, N)), 1.0, 0.0,
+                          Mat<double>(c.data(), M, N), {count, M * K, K * N, M * N});
+  for (int64_t n = 0; n < count; ++n)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < K; ++p) s += a[n * M * K + i * K + p] * b[n * K * N + p * N + j];
+        REQUIRE(c[n * M * N + i * N + j] == s);  // small integers: exact
+      }
+  const auto fa = random_values(M * K, 9), fb = random_values(K * N, 10);
+  std::vector<float> one(M * N), single(M * N);
+  const k::GemmOperand A{fa.data(), M, K}, B{fb.data(), K, N};
+  k::gemm_batched(A, B, 1.0f, 0.0f, Mat<float>(one.data(), M, N), {1, 0, 0, 0});
+  k::gemm(A, B, 1.0f, 0.0f, Mat<float>(single.data(), M, N));
+  CHECK(one == single);
+}

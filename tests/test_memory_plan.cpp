@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "core/units.h"
+#include "core/views.h"
 #include "deck/deck.h"
+#include "kernels/attention.h"
 #include "model/estimate.h"
 #include "model/params.h"
 #include "temp_dir.h"
@@ -272,4 +274,41 @@ TEST_CASE("a plan under ep needs whole expert-parallel groups", "[model][plan]")
   const PlanBasis b = plan_basis(program, 4);
   CHECK_THAT(memory_refusal(program, 4, {plan_level(b, Shard::off).total() / 2, "-device-gb 1"}),
              Catch::Contains("per rank at 4 rank(s), ep 4 ("));
+}
+
+// At long contexts the packed kernel's probabilities (B H T^2/2 per layer)
+// dominate the activations; the flash kernel keeps B H T values and a
+// scratch of B H 64 (2*64 + 2), whatever T. The dry run says which it counts.
+TEST_CASE("the plan with attention_kernel flash is smaller at long T and says which kernel it counts",
+          "[model][plan][flash]") {
+  TempDir t;
+  const std::string precision = GENERATE("fp32", "bf16");
+  CAPTURE(precision);
+  auto program_with = [&](const std::string& kernel, int seq) {
+    const std::string deck = fmt::format(
+        "model deepseek vocab 256 dim 64 layers 4 heads 4 ffn 128 seq {}\n"
+        "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16\n"
+        "attention_kernel {}\n"
+        "data bytes /dev/null batch 2\n"
+        "precision {}\n"
+        "run 1\n", seq, kernel, precision);
+    return build_program(read_deck(t.write("plan.deck", deck), {}), false);
+  };
+  const Program packed = program_with("packed", 2048), flash = program_with("flash", 2048);
+  const PlanBasis bp = plan_basis(packed, 1), bf = plan_basis(flash, 1);
+  CAPTURE(bp.activations, bf.activations);
+  // The triangle: 4 layers x B*H = 8 x 2048^2/2 values, less the flash kernel's scratch and log-sum-exps.
+  const double triangle = (precision == std::string("fp32") ? 4.0 : 2.0) * 4 * 8 * xx::kernels::CausalBlocks(2048, 64).per_head();
+  CHECK(bp.activations - bf.activations > 0.9 * triangle);
+  CHECK(bf.activations < bp.activations / 2);
+  CHECK(bf.params == bp.params);
+  // At short T the flash scratch can outweigh what it saves: the plan says so too.
+  const PlanBasis sp = plan_basis(program_with("packed", 16), 1), sf = plan_basis(program_with("flash", 16), 1);
+  CHECK(sf.activations != sp.activations);
+  const MemoryLimit none{0, "test"};
+  CHECK_THAT(dry_run_report(flash, 1, none), Catch::Contains("attention: the flash kernel"));
+  CHECK_THAT(dry_run_report(packed, 1, none), Catch::Contains("attention: the packed kernel"));
+  // auto: packed where the kernels' memory is the host's, flash on a device.
+  const bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+  CHECK(plan_basis(program_with("auto", 2048), 1).activations == (host ? bp : bf).activations);
 }

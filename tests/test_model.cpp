@@ -287,3 +287,25 @@ TEST_CASE("under ep the activation estimate is what a rank allocates at first", 
   const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
   for (int ep_rank : {0, ep - 1}) CHECK(kept_by(cfg, B, type, ep_rank) == gemm_bytes + 4 * est.other_elements);
 }
+
+// The flash kernel keeps a log-sum-exp per (batch, head, row) in fp32 instead
+// of the probabilities' packed triangle: the estimate follows, and still
+// equals what the model allocates.
+TEST_CASE("with attention_kernel flash the activation estimate is what the model allocates, the probabilities gone",
+          "[model][flash]") {
+  const std::string name = GENERATE("dense", "mla", "deepseek-mtp");
+  const auto type = GENERATE(kernels::Precision::fp32, kernels::Precision::bf16);
+  CAPTURE(name, int(type));
+  auto cfg = architecture(name);
+  cfg.attention.kernel = "flash";
+  const int B = 2;
+  const auto est = estimate_memory(cfg, B);
+  const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
+  CHECK(kept_by(cfg, B, type) == gemm_bytes + 4 * est.other_elements);
+  cfg.attention.kernel = "packed";
+  const auto packed = estimate_memory(cfg, B);
+  const int64_t blocks = cfg.layers + cfg.mtp.depth, BH = int64_t(B) * cfg.heads;
+  CHECK(packed.halvable_elements - est.halvable_elements ==
+        blocks * BH * kernels::CausalBlocks(cfg.seq, kAttentionBlock).per_head());
+  CHECK(est.other_elements - packed.other_elements == blocks * BH * cfg.seq);
+}

@@ -288,6 +288,11 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
              input_error("{}: 'rope_dim' {} is odd (expected an even rope_dim, for rotary embeddings)", where, a.rope_dim);
          }}},
        "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V", Scope::job},
+      {"attention_kernel",
+       &a.kernel,
+       "kernel",
+       {{"auto", {}, {}, {}, {}}, {"packed", {}, {}, {}, {}}, {"flash", {}, {}, {}, {}}},
+       "attention_kernel auto | packed | flash", Scope::job},
       {"moe",
        &moe.mode,
        "mode",

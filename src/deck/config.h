@@ -15,6 +15,9 @@ struct AttentionConfig {
   int qk_nope_dim = 0;       // per-head query/key width without rotary embedding
   int rope_dim = 0;          // per-head rotary width; the rope key is shared by all heads
   int v_dim = 0;             // per-head value width
+  // attention_kernel auto | packed | flash: the causal-attention kernel
+  // (model/attention.h: uses_flash_attention says which auto picks)
+  std::string kernel = "auto";
   bool mla() const { return kind == "mla"; }
 };
 

@@ -1,22 +1,35 @@
 #include "model/attention.h"
 #include "kernels/elementwise.h"
+#include "kernels/flash_attention.h"
 #include "kernels/linear.h"
 #include "kernels/mla.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include <fmt/format.h>
 
 namespace xx {
 namespace k = kernels;
 
-// Query block of the causal attention: big enough for BLAS to run near its
-// peak, small enough that the diagonal blocks waste little.
-constexpr int64_t kAttentionBlock = 64;
+bool uses_flash_attention(const AttentionConfig& a) {
+  if (a.kernel != "auto") return a.kernel == "flash";
+  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+}
+
+std::string attention_kernel_report(const AttentionConfig& a) {
+  const std::string chose = uses_flash_attention(a)
+                                ? "flash: tiled online softmax, a log-sum-exp per row kept, probabilities recomputed"
+                                : "packed: the lower block triangle of probabilities kept for the backward";
+  const std::string why = a.kernel != "auto" ? "as the deck asks"
+                          : uses_flash_attention(a) ? "auto: the kernels run on a device"
+                                                    : "auto: the kernels' memory is the host's";
+  return chose + fmt::format(", blocks of {} ({})", kAttentionBlock, why);
+}
 
 template <class T>
 Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& p, int64_t batch,
                         Workspace<T>& ws)
     : m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
-      blocks_(m.seq, kAttentionBlock), ws_(ws) {
+      blocks_(m.seq, kAttentionBlock), ws_(ws), flash_(uses_flash_attention(m.attention)) {
   const auto& a = m.attention;
   wo_ = store(p + "attn.wo");
   if (!a.mla()) {
@@ -47,7 +60,8 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
   q_ = KeptActivation<T>("q", B_ * H_ * T_, qk_, store.type, ws, 0);  // written together: three slots
   k_ = KeptActivation<T>("k", B_ * H_ * T_, qk_, store.type, ws, 1);
   v_ = KeptActivation<T>("v", B_ * H_ * T_, vd_, store.type, ws, 2);
-  if (store.type == kernels::Precision::fp32) att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
+  if (flash_) lse_ = activation<T>("lse", B_ * H_ * T_);
+  else if (store.type == kernels::Precision::fp32) att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
   else att_half_ = Buffer<uint16_t>("Activation::att(16-bit)", B_ * H_ * blocks_.per_head());
   o_ = KeptActivation<T>("o", N_, H_ * vd_, store.type, ws);
 }
@@ -71,8 +85,13 @@ template <class T>
 void Attention<T>::attend_forward(Mat<T> out) {
   const int64_t BHT = B_ * H_ * T_;
   auto heads = ws_.mat("attn_heads", BHT, vd_);
-  k::attention_forward<T>(heads, probabilities(), q_.in(), k_.in(), v_.in(), ws_.vec("attn_p", kAttentionBlock * T_),
-                          blocks_, B_ * H_);
+  if (flash_)
+    k::flash_attention_forward<T>(heads, Vec<T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(),
+                                  ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, kAttentionBlock)), blocks_,
+                                  B_ * H_);
+  else
+    k::attention_forward<T>(heads, probabilities(), q_.in(), k_.in(), v_.in(),
+                            ws_.vec("attn_p", kAttentionBlock * T_), blocks_, B_ * H_);
   k::merge_heads_forward<T>(o_.target(), heads, B_, T_, H_);
   o_.keep();
   k::linear_forward<T>(out, o_.in(), wo_.in(C_, H_ * vd_), T(1));
@@ -86,6 +105,15 @@ void Attention<T>::attend_backward(Mat<const T> dout) {
   k::linear_backward<T>(dO, wo_.dmat(C_, H_ * vd_), dout, o_.in(), wo_.in(C_, H_ * vd_));
   auto dheads = ws_.mat("attn_heads", BHT, vd_);
   k::merge_heads_backward<T>(dheads, dO, B_, T_, H_);
+  if (flash_) {
+    auto delta = ws_.vec("attn_delta", BHT);  // rowsum(dO o O), from the merged output kept
+    k::flash_attention_delta<T>(delta, dO, o_.in(), B_, T_, H_);
+    k::flash_attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_),
+                                   ws_.mat("attn_dv", BHT, vd_),
+                                   ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, kAttentionBlock)), dheads,
+                                   delta, Vec<const T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(), blocks_, B_ * H_);
+    return;
+  }
   k::attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_), ws_.mat("attn_dv", BHT, vd_),
                            ws_.vec("attn_dp", kAttentionBlock * T_), dheads, probabilities(), q_.in(), k_.in(),
                            v_.in(), blocks_, B_ * H_);

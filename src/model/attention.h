@@ -9,6 +9,18 @@
 
 namespace xx {
 
+// The causal-attention kernel a deck's `attention_kernel` runs here: packed
+// (kernels/attention.h: keeps the probabilities, BH T^2/2 values) or flash
+// (kernels/flash_attention.h: keeps a log-sum-exp per row, recomputes the
+// rest). auto: packed where the kernels' memory is the host's, so every CPU
+// curve stays what it was; flash on a device, whose memory is the scarcer.
+bool uses_flash_attention(const AttentionConfig& a);
+// The backends table's line: which runs and why.
+std::string attention_kernel_report(const AttentionConfig& a);
+// Query and key block of both kernels: big enough for the GEMMs to run near
+// their peak, small enough that the diagonal blocks waste little.
+constexpr int64_t kAttentionBlock = 64;
+
 template <class T>
 class Attention {
  public:
@@ -35,8 +47,10 @@ class Attention {
   Buffer<T> rope_cos_, rope_sin_;                                      // (T, rope width / 2)
   // kept for backward
   KeptActivation<T> q_, k_, v_, o_;    // heads (B*H*T, qk | v), merged output (N, H*v)
-  Buffer<T> att_;                 // probabilities: T values, or
+  bool flash_;                    // which kernel (uses_flash_attention)
+  Buffer<T> att_;                 // packed: probabilities, T values, or
   Buffer<uint16_t> att_half_;     //   their 16-bit copy under mixed precision
+  Buffer<T> lse_;                 // flash: log-sum-exp of each row's scores (B*H*T)
   Buffer<T> qa_, rstd_q_;         // MLA query latent (q_lora_rank > 0) ...
   KeptActivation<T> qan_;              //   and its norm
   Buffer<T> c_, rstd_c_, krope_;  // MLA key/value latent and shared rope key ...

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "kernels/attention.h"
+#include "kernels/flash_attention.h"
+#include "model/attention.h"
 #include "model/params.h"
 
 namespace xx {
@@ -30,10 +32,12 @@ static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) 
 static Kept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t rows) {
   const int64_t T = m.seq, N = B * T, C = m.dim, H = m.heads, qk = m.qk_dim(), vd = m.v_dim();
   const auto& a = m.attention;
-  kernels::CausalBlocks blocks(T, 64);
+  kernels::CausalBlocks blocks(T, kAttentionBlock);
   Kept k;
   k.half = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
-  k.half += B * H * T * (2 * qk + vd) + B * H * blocks.per_head() + N * H * vd;  // q, k, v, probabilities, o
+  k.half += B * H * T * (2 * qk + vd) + N * H * vd;                             // q, k, v, o
+  if (uses_flash_attention(a)) k.other += B * H * T;                            // flash: a log-sum-exp per row
+  else k.half += B * H * blocks.per_head();                                     // packed: the probabilities
   k.other += T * (a.mla() ? a.rope_dim : qk);                                    // rope tables
   if (a.mla()) {
     k.half += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
@@ -73,14 +77,20 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   // they travel home.
   const int64_t Fm = moe ? m.moe.ffn : 0, run = std::max(NK, rows);
   const int64_t swiglu = std::max<int64_t>(m.ffn, int64_t(m.moe.shared) * Fm);
-  est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * swiglu) + 64 * T +
+  // Attention's own: packed, one block row of dp (Bk T); flash, its block
+  // scratch for all heads and the rows' delta.
+  const bool flash = uses_flash_attention(m.attention);
+  const int64_t BH = B * m.heads, Bk = kAttentionBlock;
+  const int64_t attention = flash ? kernels::flash_scratch_size(BH, Bk) + BH * T : Bk * T;
+  est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * swiglu) + attention +
                          run * 3 * Fm + 2 * NK * C + (ep ? rows * C : 0);
   est.expert_rows = rows;
   est.exchange_elements = ep ? 2 * rows * C : 0;  // outputs going home, output gradients arriving
   // Mixed precision: the 32-bit targets KeptActivations are written through
   // (slot 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and
   // with slot 2 for k and v), the 16-bit copies of output gradients (half an
-  // element each) and a softmax block.
+  // element each) and a softmax block (packed: Bk T; flash: the 16-bit copies
+  // of a P and a dS block of every head, half an element each).
   const int64_t BHT = B * m.heads * T;
   const int64_t slot0 = std::max({N * 2 * C * (m.mtp.depth > 0), BHT * m.qk_dim(), N * m.heads * m.v_dim(), N * m.ffn,
                                   run * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
@@ -88,7 +98,8 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   const int64_t widest = std::max(N * std::max({3 * C, 2 * swiglu, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())}),
                                   run * 2 * Fm);  // rows x width of the widest output gradient
   const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * run * Fm, 2 * N * int64_t(m.moe.shared) * Fm});
-  est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + 64 * T;
+  const int64_t softmax = flash ? BH * Bk * Bk : Bk * T;
+  est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + softmax;
   return est;
 }
 
@@ -340,6 +351,13 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      "+{} scratch under bf16/fp16\n",
                      format_bytes(4.0 * est.halvable_elements), format_bytes(4.0 * est.other_elements),
                      format_bytes(4.0 * est.scratch_elements), format_bytes(4.0 * est.mixed_scratch_elements));
+  out += uses_flash_attention(c.model.attention)
+             ? fmt::format("  attention: the flash kernel: a log-sum-exp per row kept ({} x {} rows per layer), the "
+                           "probabilities recomputed block by block\n", c.data.batch * c.model.heads, c.model.seq)
+             : fmt::format("  attention: the packed kernel: its probabilities kept ({} x {} per layer; "
+                           "attention_kernel flash keeps {} x {})\n", c.data.batch * c.model.heads,
+                           kernels::CausalBlocks(c.model.seq, kAttentionBlock).per_head(),
+                           c.data.batch * c.model.heads, c.model.seq);
 
   const auto plans = all_levels(deck_basis);
   const bool known = limit.bytes > 0;

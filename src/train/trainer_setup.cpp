@@ -7,6 +7,7 @@
 #include "data/seeding.h"
 #include "kernels/gemm.h"
 #include "kernels/precision.h"
+#include "model/attention.h"
 #include "train/trainer.h"
 #include "core/host_memory.h"
 #include "train/transfer.h"
@@ -313,6 +314,7 @@ std::string Trainer::backends() const {
   auto row = [&out](const char* what, const std::string& value) { out += fmt::format("  {:<18} {}\n", what, value); };
   row("kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
   row("gemm", kernels::gemm_report(precision_->type()));
+  row("attention", attention_kernel_report(cfg_.model.attention));
   row("control", mpi_name);
   row("sync strategy", strategy_report_);
   out += comm_ops_->report() + "\n";

@@ -60,6 +60,9 @@ bad_deck "malformed real" 's/^peak_gflops 50$/peak_gflops fast/' \
 bad_deck "bad choice: checkpoint's writer" 's/^run /checkpoint every 2 writer rank1\nrun /' \
   "$D:11: bad value 'rank1' for 'writer'" "(expected one of: collective, rank0)"
 
+bad_deck "bad choice: attention_kernel" 's/^run /attention_kernel fast\nrun /' \
+  "$D:11: unknown kind 'fast' for 'attention_kernel'" "(expected one of: auto, packed, flash)"
+
 bad_deck "out-of-range value" 's/ valid 0.1 / valid 0.9 /' \
   "$D:7: value 0.9 for 'valid' is out of range" "(expected a fraction in (0, 0.5], or a validation shard)"
 
