@@ -74,19 +74,27 @@ KOKKOS_FORCEINLINE_FUNCTION void row_for(const Member& m, int64_t n, const F& f)
   }
 }
 
+// The device's sum over a row: the warp's lanes, a shuffle tree.
+template <class T, class Member, class F>
+KOKKOS_FORCEINLINE_FUNCTION T lanes_sum(const Member& m, int64_t n, const F& f) {
+  T s = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::ThreadVectorRange(m, n), [&](int64_t j, T& acc) { acc += f(j); }, s);
+  return s;
+}
+
 // sum of f(j) over j in [0, n), in the type f returns; every lane gets it.
 template <class Member, class F>
 KOKKOS_FORCEINLINE_FUNCTION auto row_sum(const Member& m, int64_t n, const F& f) {
   using T = std::remove_cv_t<decltype(f(int64_t(0)))>;
-  T s = 0;
-  if constexpr (host_member<Member>) {
+  if constexpr (!host_member<Member>) {
+    return lanes_sum<T>(m, n, f);
+  } else {
+    T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < n; ++j) s += f(j);
-  } else {
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, n), [&](int64_t j, T& acc) { acc += f(j); }, s);
+    return s;
   }
-  return s;
 }
 
 // row_sum, but on the host strictly in index order (no simd): for the loops
@@ -94,14 +102,13 @@ KOKKOS_FORCEINLINE_FUNCTION auto row_sum(const Member& m, int64_t n, const F& f)
 template <class Member, class F>
 KOKKOS_FORCEINLINE_FUNCTION auto row_sum_ordered(const Member& m, int64_t n, const F& f) {
   using T = std::remove_cv_t<decltype(f(int64_t(0)))>;
-  T s = 0;
-  if constexpr (host_member<Member>) {
-    for (int64_t j = 0; j < n; ++j) s += f(j);
+  if constexpr (!host_member<Member>) {
+    return lanes_sum<T>(m, n, f);
   } else {
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, n), [&](int64_t j, T& acc) { acc += f(j); }, s);
+    T s = 0;
+    for (int64_t j = 0; j < n; ++j) s += f(j);
+    return s;
   }
-  return s;
 }
 
 // max of f(j) over j in [0, n), n >= 1 (a row of -inf gives -inf); every

@@ -11,6 +11,13 @@
 
 namespace xx::test {
 
+// A view's values on the host, whatever its memory space.
+template <class View>
+std::vector<typename View::non_const_value_type> host(const View& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<typename View::non_const_value_type>(h.data(), h.data() + h.size());
+}
+
 inline Buffer<double> random_buffer(int64_t n, uint64_t seed, double scale = 1.0) {
   Buffer<double> b("test::random", n);
   auto h = Kokkos::create_mirror_view(b);

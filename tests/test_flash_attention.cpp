@@ -19,12 +19,6 @@ namespace k = xx::kernels;
 
 namespace {
 
-template <class View>
-std::vector<typename View::non_const_value_type> host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<typename View::non_const_value_type>(h.data(), h.data() + h.size());
-}
-
 Buffer<float> to_float(const Buffer<double>& d) {
   Buffer<float> f("test::float", d.extent(0));
   Kokkos::parallel_for("test::to_float", d.extent(0), KOKKOS_LAMBDA(int64_t i) { f(i) = float(d(i)); });

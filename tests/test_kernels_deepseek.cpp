@@ -32,12 +32,6 @@ namespace {
 // ---------------------------------------------------------------------------
 // host <-> device helpers
 
-template <class View>
-std::vector<typename View::non_const_value_type> host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<typename View::non_const_value_type>(h.data(), h.data() + h.size());
-}
-
 template <class View, class T>
 void fill_from(const View& v, const std::vector<T>& values) {
   REQUIRE(values.size() == v.size());
