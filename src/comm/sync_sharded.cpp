@@ -161,7 +161,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     for (size_t b = 0; b < buckets.size(); ++b) {
       // As the reductions: a bounded number in flight, so MPI's temporaries stay bounded too.
       if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
-      start_gather_bucket(b, gathers[b], stats);
+      start_gather_bucket(b, gathers[b], stats, buffers_.params.data());
     }
     MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
     stats.seconds += MPI_Wtime() - t0;
@@ -190,13 +190,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
-      const auto& bucket = buckets[b];
-      const int ranks = int(bucket.counts.size());
-      if (ranks == 1) continue;
-      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, half + bucket.begin, bucket.counts.data(),
-                      bucket.displs.data(), MPI_UINT16_T, group_of(bucket), &gathers[b]);
-      stats_.rounds += 1;
-      stats_.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(uint16_t)) * (ranks - 1);
+      start_gather_bucket(b, gathers[b], stats_, half);
     }
     gather_read_runs();
     MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
@@ -292,7 +286,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     if (world_ == 1) return;
     ExecSpace().fence();  // this rank's pieces are written (AdamW) before MPI reads them
     const double t0 = MPI_Wtime();
-    for (size_t b : unit_buckets_[unit]) start_gather_bucket(b, gathers_[b], stats_);
+    for (size_t b : unit_buckets_[unit]) start_gather_bucket(b, gathers_[b], stats_, buffers_.params.data());
     stats_.seconds += MPI_Wtime() - t0;
   }
 
@@ -301,15 +295,18 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     return bucket.expert ? buffers_.experts.holders : buffers_.world;
   }
 
-  // Every rank's piece of bucket b of the weights, to every rank, in place.
-  void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats) {
+  // Every rank's piece of bucket b of the weights (or of their 16-bit copy), to every rank, in place.
+  template <class Weight>
+  void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats, Weight* weights) {
+    static_assert(std::is_same_v<Weight, float> || std::is_same_v<Weight, uint16_t>);
     const auto& bucket = owned_.buckets()[b];
     const int ranks = int(bucket.counts.size());
     if (ranks == 1) return;  // (an expert's only holder)
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffers_.params.data() + bucket.begin, bucket.counts.data(),
-                    bucket.displs.data(), MPI_FLOAT, group_of(bucket), &request);
+    const MPI_Datatype type = std::is_same_v<Weight, float> ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, weights + bucket.begin, bucket.counts.data(),
+                    bucket.displs.data(), type, group_of(bucket), &request);
     stats.rounds += 1;
-    stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(float)) * (ranks - 1);
+    stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(Weight)) * (ranks - 1);
   }
 
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
