@@ -46,6 +46,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string_view>
+#include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/math.h"
 // topk_count, topk_select and its Workspace, block_scale, quant_code, magnitude_key
@@ -187,7 +188,7 @@ inline std::array<double, 4> byte_plane_entropy(Vec<const uint32_t> diff) {
         for (int64_t c = 0; c < chunks; ++c) s += rows(c * kBins + b);
         total(b) = s;
       });
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), total);
+  auto host = host_copy(total);
   for (int p = 0; p < 4; ++p)
     for (int b = 0; b < 256; ++b)
       if (const int64_t count = host(p * 256 + b)) {

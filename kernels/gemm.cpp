@@ -135,6 +135,7 @@ void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, M
     return;
   }
   auto& backend = gemm_backend();
+  DeviceWork device;  // the library reads and writes kernel memory
   if (a.type == b.type && runs_natively(backend, a.type)) {
     backend.run(a, b, alpha, beta, c.data());
     return;
@@ -161,6 +162,7 @@ void gemm_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float
     return;
   }
   auto& backend = gemm_backend();
+  DeviceWork device;
   if (a.type == b.type && runs_natively(backend, a.type)) {
     backend.run_batched(a, b, alpha, beta, c.data(), batch);
     return;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/precision.h"
 
@@ -198,6 +199,7 @@ void gemm(const char* ta, GemmIn<T> a, const char* tb, GemmIn<T> b, T alpha, T b
   if constexpr (std::is_same_v<T, float>) {
     gemm(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
   } else {
+    DeviceWork device;  // the library reads and writes kernel memory
     gemm_f64(a.op(ta[0] == 'T'), b.op(tb[0] == 'T'), alpha, beta, c);
   }
 }

@@ -5,6 +5,7 @@
 // Team-shaped (kernels/team.h): a row per team thread, the pairs its vector lanes.
 #pragma once
 #include <cmath>
+#include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/team.h"
 
@@ -14,8 +15,8 @@ namespace xx::kernels {
 template <class T>
 void rope_tables(Mat<T> cos_t, Mat<T> sin_t, double theta) {
   const int64_t Tn = cos_t.extent(0), half = cos_t.extent(1);
-  auto hc = Kokkos::create_mirror_view(cos_t);
-  auto hs = Kokkos::create_mirror_view(sin_t);
+  auto hc = host_staging(cos_t);
+  auto hs = host_staging(sin_t);
   for (int64_t t = 0; t < Tn; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = double(t) * std::pow(theta, -double(2 * i) / double(2 * half));

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 #include <Kokkos_Core.hpp>
+#include "core/device_memory.h"
 #include "app.h"
 #ifdef XX_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   int code = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
+    xx::start_device_emulation_if_asked();  // XX_EMULATE_DEVICE=1: core/device_memory.h
     code = xx::run_app(MPI_COMM_WORLD, argc, argv);
   }
   MPI_Finalize();

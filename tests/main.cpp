@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 #include <Kokkos_Core.hpp>
+#include "core/device_memory.h"
 #include <cstdio>
 
 // With several ranks, a failed assertion on one rank would leave the others
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   int result = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
+    xx::start_device_emulation_if_asked();  // XX_EMULATE_DEVICE=1: core/device_memory.h
     result = Catch::Session().run(argc, argv);
   }
   // A failure on one rank must fail the whole mpiexec.

@@ -607,7 +607,10 @@ TEST_CASE("restart_from best under shard: its best moments checkpointed whole, r
     INFO("shard " << level);
     const auto [run_dir, program, sharded] = run_level(at, arch, corpus, level, 12, extra, off);
     constexpr int kAt = 3;  // resumed from here
-    if (mpi_rank() == 0) {  // the set-up works: a restart after kAt goes back to a best state from before it
+    // The set-up works: a restart after kAt goes back to a best state from before it. Checked in fp32:
+    // bf16's trajectory depends on the CPU's bf16 GEMM kernel (on AMX cores each cycle's best is its
+    // last step, so nothing is restored); its best weights are still kept, checkpointed and compared below.
+    if (mpi_rank() == 0 && arch.name == kArchs.front().name) {
       std::ifstream in(run_dir + "/lr_history.jsonl");
       int from_file = 0;
       for (std::string line; std::getline(in, line);) {

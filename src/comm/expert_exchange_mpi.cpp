@@ -68,7 +68,7 @@ void MpiExpertExchange::wait() {
 }
 
 std::string MpiExpertExchange::describe() const {
-  return staged_ ? "MPI_Ialltoallv through host buffers (the kernels' memory is not the host's)" : "MPI_Ialltoallv";
+  return staged_ ? "MPI_Ialltoallv through host buffers (this MPI cannot read kernel memory)" : "MPI_Ialltoallv";
 }
 
 }  // namespace xx

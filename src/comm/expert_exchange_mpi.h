@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <vector>
+#include "comm/ops.h"
 #include "core/expert_exchange.h"
 #include "core/views.h"
 
@@ -17,9 +18,8 @@ namespace xx {
 
 class MpiExpertExchange final : public ExpertExchange {
  public:
-  // Not owned. `staged`: through host buffers (by default where the kernels' memory is not the host's).
-  explicit MpiExpertExchange(MPI_Comm group, bool staged = !kKernelMemoryOnHost);
-  static constexpr bool kKernelMemoryOnHost = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+  // Not owned. `staged`: through host buffers (by default where MPI cannot read kernel memory: comm/ops.h).
+  explicit MpiExpertExchange(MPI_Comm group, bool staged = !mpi_reaches_kernel_memory());
   ~MpiExpertExchange() override;
   int ranks() const override { return ranks_; }
   int rank() const override { return rank_; }

@@ -4,8 +4,12 @@
 #include <type_traits>
 #include <map>
 #include <fmt/format.h>
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/views.h"
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI: MPIX_CUDA_AWARE_SUPPORT
+#endif
 #ifdef XX_HAVE_NCCL
 #include "comm/nccl.h"
 #endif
@@ -35,14 +39,27 @@ class MpiAllreduce final : public DenseAllreduce {
     MPI_Comm_size(group, &size);
     if (size == 1 || n == 0) return;
     const double t0 = MPI_Wtime();
+    float* sum = buffer;
+    if (staged_) {  // MPI cannot read kernel memory here: the bucket goes through the host
+      if (int64_t(host_.size()) < n) host_.resize(size_t(n));
+      ExecSpace().fence();
+      Kokkos::deep_copy(HostVec(host_.data(), n), Vec<float>(buffer, n));
+      sum = host_.data();
+    }
     for (int64_t at = 0; at < n; at += INT_MAX) {  // MPI counts are int
       const int count = int(std::min<int64_t>(INT_MAX, n - at));
-      MPI_Allreduce(MPI_IN_PLACE, buffer + at, count, MPI_FLOAT, MPI_SUM, group);
+      MPI_Allreduce(MPI_IN_PLACE, sum + at, count, MPI_FLOAT, MPI_SUM, group);
       stats.rounds += 1;
     }
+    if (staged_) Kokkos::deep_copy(Vec<float>(buffer, n), HostVec(host_.data(), n));
     stats.seconds += MPI_Wtime() - t0;
     stats.bytes_sent += n * int64_t(sizeof(float));
   }
+
+ private:
+  using HostVec = Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>;
+  bool staged_ = !mpi_reaches_kernel_memory();
+  std::vector<float> host_;
 };
 
 class NcclAllreduce final : public DenseAllreduce {
@@ -145,6 +162,16 @@ std::string describe(const char* traffic, const std::vector<std::unique_ptr<Op>>
 
 }  // namespace
 
+bool mpi_reaches_kernel_memory() {
+  if (kernel_memory_on_host()) return true;
+  if (device_emulated()) return false;
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 Communicator::Communicator(MPI_Comm world, const std::string& sparse_transport) {
   dense_ops_.push_back(std::make_unique<NcclAllreduce>(world));
   dense_ops_.push_back(std::make_unique<MpiAllreduce>());
@@ -169,6 +196,8 @@ PayloadExchange& Communicator::sparse() {
 
 std::string Communicator::report() const {
   std::string out = describe("dense all-reduce", dense_ops_, static_cast<const DenseAllreduce*>(dense_));
+  if (dense_ && std::string(dense_->name()) == "mpi" && !mpi_reaches_kernel_memory())
+    out += "; each bucket staged through host memory (this MPI cannot read kernel memory)";
   // appended in two steps: "\n" + a temporary trips GCC 12's false -Wrestrict (its bug 105329)
   if (sparse_)
     out.append("\n").append(describe("sparse exchange", sparse_ops_, static_cast<const PayloadExchange*>(sparse_)));

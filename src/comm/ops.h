@@ -40,6 +40,12 @@ class DenseAllreduce {
   virtual void finish(CommStats& stats) {}
 };
 
+// Whether MPI may be handed kernel memory: yes where it is host memory, and
+// on a device where this MPI is CUDA-aware (Open MPI's MPIX_Query_cuda_support);
+// no under the device emulation (core/device_memory.h). Where not, the dense
+// all-reduce over MPI stages each bucket through host memory.
+bool mpi_reaches_kernel_memory();
+
 class Communicator {
  public:
   // Collective over world. sparse_transport: "" (no sparse traffic), "auto", "ucx" or "mpi".

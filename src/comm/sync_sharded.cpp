@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <type_traits>
 #include "comm/sync_group.h"
+#include "core/device_memory.h"
 #include "core/host_memory.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -41,13 +42,17 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       : buffers_(b), settings_(s), owned_(b.owned) {
     MPI_Comm_size(b.world, &world_);
     MPI_Comm_rank(b.world, &rank_);
+    if (!mpi_reaches_kernel_memory())
+      throw std::runtime_error(fmt::format("shard {}: the sharded collectives hand kernel memory to MPI, and this "
+                                           "MPI cannot read it (device memory without a CUDA-aware MPI{}); run "
+                                           "with shard off", s.shard, device_emulated() ? ": XX_EMULATE_DEVICE=1" : ""));
     if (std::string(b.ops->dense().name()) != "mpi")
       throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
                                            "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
     if (owned_.total() != int64_t(b.grads.extent(0)))
       throw std::logic_error("shard: the ownership does not cover the gradient buffer");
     if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
-    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>)
+    if (kernel_memory_on_host())
       grad_pages_ = PageReleaser(b.grads.data(), int64_t(b.grads.extent(0) * sizeof(float)), b.grads_in_huge_pages);
     requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
     started_.assign(owned_.buckets().size(), false);
@@ -106,7 +111,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
 
   void zero_gradients() override {
     auto& g = buffers_.grads;
-    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    if (kernel_memory_on_host()) {
       // Pages released after the last step's reductions stay released until the backward writes them.
       if (gradients_sharded()) {
         ExecSpace().fence();
@@ -274,7 +279,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
 
   // The other ranks' fp32 pieces go back to the kernel (init, a restore or a warm restart may have written them).
   void release_others_master() {
-    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    if (kernel_memory_on_host()) {
       ExecSpace().fence();
       for (const auto& [a, z] : others_)
         release_whole_pages(buffers_.params.data() + a, (z - a) * int64_t(sizeof(float)));
@@ -315,7 +320,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
     whole_[unit] = false, gathering_[unit] = false;
     if (world_ == 1) return;
-    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    if (kernel_memory_on_host()) {
       ExecSpace().fence();  // the kernels that read the unit are done
       for (size_t b : unit_buckets_[unit]) {
         const auto& bucket = owned_.buckets()[b];
@@ -374,7 +379,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                         Vec<float>(buffers_.grads.data() + mine.begin, mine.size()));
       ExecSpace().fence();
     }
-    if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+    if (kernel_memory_on_host()) {
       const auto& bucket = owned_.buckets()[b];
       grad_pages_.done(bucket.begin * int64_t(sizeof(float)), bucket.end * int64_t(sizeof(float)));
     }

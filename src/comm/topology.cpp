@@ -1,5 +1,6 @@
 #include "comm/topology.h"
 #include <algorithm>
+#include "core/device_memory.h"
 #include "core/permutation.h"
 #include "core/rng.h"
 #include "kernels/elementwise.h"
@@ -48,15 +49,25 @@ void Topology::update(const TopologyConfig& cfg, int64_t step, int64_t phase_sta
   MPI_Comm_split(world_, color, rank_, &group_);
 }
 
-void Topology::average(float* buf, int64_t n, CommStats& stats) {
+void Topology::average(float* kernel_buf, int64_t n, CommStats& stats) {
   ExecSpace().fence();
   const double t0 = MPI_Wtime();
+  // MPI and the ring's sums read the values on the host: a copy where kernel memory is not the host's.
+  using HostVec = Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>;
+  const bool staged = !kernel_memory_on_host();
+  float* buf = kernel_buf;
+  if (staged) {
+    staged_.resize(n);
+    Kokkos::deep_copy(HostVec(staged_.data(), n), Vec<float>(kernel_buf, n));
+    buf = staged_.data();
+  }
+  float scale = 1.0f;  // applied by a kernel, after
   if (!is_ring()) {
     int g = 1;
     MPI_Comm_size(group(), &g);
     if (g > 1) {
       MPI_Allreduce(MPI_IN_PLACE, buf, int(n), MPI_FLOAT, MPI_SUM, group());
-      kernels::scale_inplace<float>(Vec<float>(buf, n), 1.0f / float(g));
+      scale = 1.0f / float(g);
       stats.rounds += 1;
       stats.bytes_sent += n * int64_t(sizeof(float));
     }
@@ -80,6 +91,8 @@ void Topology::average(float* buf, int64_t n, CommStats& stats) {
       stats.bytes_sent += 2 * n * int64_t(sizeof(float));
     }
   }
+  if (staged) Kokkos::deep_copy(Vec<float>(kernel_buf, n), HostVec(staged_.data(), n));
+  if (scale != 1.0f) kernels::scale_inplace<float>(Vec<float>(kernel_buf, n), scale);
   stats.seconds += MPI_Wtime() - t0;
 }
 

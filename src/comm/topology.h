@@ -30,7 +30,7 @@ class Topology {
   MPI_Comm group() const { return group_ != MPI_COMM_NULL ? group_ : world_; }  // full and clusters
   const std::vector<int>& members() const { return members_; }                  // world ranks of my group
 
-  // In place: the mean of buf over my group (or ring neighbourhood). Blocking.
+  // In place: the mean of buf (kernel memory) over my group (or ring neighbourhood). Blocking.
   void average(float* buf, int64_t n, CommStats& stats);
 
   // Ranks of every group of the partition drawn for `draw` (for tests and logs).
@@ -44,7 +44,7 @@ class Topology {
   int64_t draw_ = -1;
   MPI_Comm group_ = MPI_COMM_NULL;
   std::vector<int> members_;
-  std::vector<float> left_, right_;
+  std::vector<float> left_, right_, staged_;  // staged_: buf's host copy where kernel memory is not the host's
 };
 
 }  // namespace xx

@@ -1,4 +1,5 @@
 #include "model/attention.h"
+#include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "kernels/flash_attention.h"
 #include "kernels/linear.h"
@@ -12,7 +13,7 @@ namespace k = kernels;
 
 bool uses_flash_attention(const AttentionConfig& a) {
   if (a.kernel != "auto") return a.kernel == "flash";
-  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+  return !kernel_memory_on_host();
 }
 
 std::string attention_kernel_report(const AttentionConfig& a) {

@@ -1,5 +1,6 @@
 // Decoding with a KV cache (decoder.h): the per-token forward of each block,
 // and the sampling of the next token.
+#include "core/device_memory.h"
 #include "model/decoder.h"
 #include <algorithm>
 #include <cmath>
@@ -144,7 +145,7 @@ std::vector<float> Decoder::step(int32_t token) {
   k::rmsnorm_forward<float>(xn, rstd, x, norm_.vec(C), m.norm_eps);
   k::linear_forward<float>(mat(logits_, 1, V), k::GemmIn<float>(xn), head_.in(V, C));
   ++len_;
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits_);
+  auto host = host_copy(logits_);
   return std::vector<float>(host.data(), host.data() + V);
 }
 

@@ -1,3 +1,4 @@
+#include "core/device_memory.h"
 #include "model/ffn.h"
 #include <algorithm>
 #include <cmath>
@@ -85,8 +86,8 @@ template <class T>
 std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const {
   std::vector<int32_t> out(E_, 0);
   if (!moe_) return out;
-  auto token_of = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), token_of_);
-  auto label = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), labels);
+  auto token_of = host_copy(token_of_);
+  auto label = host_copy(labels);
   for (int64_t x = 0; x < E_; ++x)
     for (int64_t r = offsets_host_[x]; r < offsets_host_[x] + counts_host_[x]; ++r) out[x] += label(token_of(r)) >= 0;
   return out;
@@ -129,12 +130,12 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
   // P_i = mean score; its gradient alpha f_i / N reaches every token's score i.
   aux_loss_ = 0;
-  auto grad = Kokkos::create_mirror_view(score_grad_);
+  auto grad = host_staging(score_grad_);
   for (int64_t x = 0; x < E_; ++x) grad(x) = T(0);
   if (e.balance == "aux" && e.balance_coef > 0) {
     auto mean = ws_.vec("moe_mean", E_);
     k::score_means<T>(mean, mat(scores_, N_, E_));
-    auto hmean = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mean);
+    auto hmean = host_copy(mean);
     for (int64_t x = 0; x < E_; ++x) {
       const double f = double(E_) / double(K_ * N_) * counts_host_[x];
       aux_loss_ += e.balance_coef * f * double(hmean(x));
@@ -316,7 +317,7 @@ template <class T>
 void FeedForward<T>::update_bias(const std::vector<double>& load, double gamma) {
   double mean = 0;
   for (double l : load) mean += l / double(load.size());
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bias_);
+  auto h = host_copy(bias_);
   for (int64_t x = 0; x < E_; ++x) h(x) += float(gamma * (load[x] < mean ? 1.0 : load[x] > mean ? -1.0 : 0.0));
   Kokkos::deep_copy(bias_, h);
 }

@@ -1,6 +1,7 @@
 #include "model/transformer.h"
 #include <algorithm>
 #include <type_traits>
+#include "core/device_memory.h"
 #include "core/host_memory.h"
 #include "core/rng.h"
 #include "kernels/cross_entropy.h"
@@ -66,7 +67,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   // Not touched here: init writes them, and under sharding a rank never
   // touches the pages it will not keep (host memory is taken at first write).
   params_ = Buffer<T>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Transformer::params"), layout_.total());
-  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+  if (kernel_memory_on_host()) {
     // In huge pages: shard gradients hands it back to the kernel every step (core/host_memory.h).
     grads_memory_ = huge_page_memory(layout_.total() * int64_t(sizeof(T)));
     grads_ = Buffer<T>(static_cast<T*>(grads_memory_.get()), layout_.total());
@@ -117,14 +118,17 @@ Vec<T> Transformer<T>::window(Buffer<T>& b, const std::string& name) {
 
 template <class T>
 void Transformer<T>::write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  auto host = Kokkos::create_mirror_view(params_);  // on the host: params_ itself
+  // On the host params_ itself: only the ranges' pages are touched (sharding).
+  auto host = host_staging(params_);
   for (const auto& t : layout_.tensors()) {
     const uint64_t stream = mix_seed(seed, 0x1217, uint64_t(t.full_offset));  // the same weights at any ep
     for (const auto& [begin, end] : ranges)
       for (int64_t i = std::max(begin, t.offset) - t.offset; i < std::min(end, t.offset + t.size) - t.offset; ++i)
         host(t.offset + i) = t.is_norm ? T(1) : T(t.init_std * normal(stream, uint64_t(i)));
   }
-  Kokkos::deep_copy(params_, host);
+  if (host.data() != params_.data())
+    for (const auto& [begin, end] : ranges)
+      Kokkos::deep_copy(Kokkos::subview(params_, std::pair(begin, end)), Kokkos::subview(host, std::pair(begin, end)));
 }
 
 template <class T>
@@ -137,7 +141,7 @@ void Transformer<T>::init(uint64_t seed) {
 template <class T>
 void Transformer<T>::init_sharded(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   write_weights(seed, ranges);
-  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>) {
+  if (kernel_memory_on_host()) {
     ExecSpace().fence();
     zero_and_release(grads_.data(), int64_t(grads_.extent(0) * sizeof(T)));
   } else {
@@ -178,11 +182,10 @@ template <class T>
 void Transformer<T>::let_go(int unit) {
   if (!gate_) return;
   const WeightUnit& u = units_[unit];
-  if constexpr (std::is_same_v<MemSpace, Kokkos::HostSpace>)
-    if (params_half_.extent(0) > 0) {
-      ExecSpace().fence();
-      release_whole_pages(params_half_.data() + u.begin, (u.end - u.begin) * int64_t(sizeof(uint16_t)));
-    }
+  if (kernel_memory_on_host() && params_half_.extent(0) > 0) {
+    ExecSpace().fence();
+    release_whole_pages(params_half_.data() + u.begin, (u.end - u.begin) * int64_t(sizeof(uint16_t)));
+  }
   gate_->done(unit);
 }
 

@@ -2,6 +2,7 @@
 // END), and the phases with what falls due after each step (run_phases).
 // Set-up is in trainer_setup.cpp, checkpoints in trainer_checkpoint.cpp,
 // health and signals in trainer_resilience.cpp.
+#include "core/device_memory.h"
 #include "train/trainer.h"
 #include <algorithm>
 #include <cmath>
@@ -237,7 +238,7 @@ Validation Trainer::evaluate() {
     sums[0] += loss, sums[1] += loss * double(N);
     for (int32_t t : batch.targets) sums[2] += tokenizer_->bytes_of(t);
     // next-token accuracy: the main head's argmax (the lowest id among equals) is the target
-    auto logits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model_->logits());
+    auto logits = host_copy(model_->logits());
     const int64_t V = cfg_.model.vocab;
     for (int64_t i = 0; i < N; ++i) {
       const float* row = &logits(i, 0);

@@ -3,6 +3,7 @@
 // gradients). The loop is in trainer.cpp.
 #include <unistd.h>
 #include <fmt/format.h>
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "data/seeding.h"
 #include "kernels/gemm.h"
@@ -313,6 +314,7 @@ std::string Trainer::backends() const {
   std::string out;
   auto row = [&out](const char* what, const std::string& value) { out += fmt::format("  {:<18} {}\n", what, value); };
   row("kernels", fmt::format("Kokkos {} ({})", KOKKOS_VERSION, ExecSpace::name()));
+  if (device_emulated()) row("kernel memory", device_emulation_report());
   row("gemm", kernels::gemm_report(precision_->type()));
   row("attention", attention_kernel_report(cfg_.model.attention));
   row("control", mpi_name);

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPU build's host/device traffic, checked on the host build
+# (XX_EMULATE_DEVICE=1, core/device_memory.h): every path takes its device
+# branch (host mirrors that are copies, MPI staged through host buffers,
+# flash attention by auto) and any host read or write of kernel memory
+# outside a kernel, a deep_copy or a GEMM stops the run, naming the buffer.
+#  - deepseek-tiny (MLA, MoE, MTP) at 2 ranks trains, validates, samples and
+#    checkpoints under the emulation in fp32, bf16, ep 2, compressed
+#    gradients and local SGD over a ring, and each curve equals the host
+#    run's with the same attention kernel bit for bit;
+#  - a run resumed under the emulation from its own checkpoint follows the
+#    uninterrupted run bit for bit;
+#  - shard (whose collectives hand kernel memory to MPI) refuses at start-up,
+#    saying why, instead of crashing.
+# That a host touch is caught is unit_tests "[device_emulation]".
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/lib.sh"
+root="$here/../.."
+"$root/tools/prepare-data" >/dev/null || { echo "tools/prepare-data failed" >&2; exit 1; }
+data="$root/data/fortunes.txt"
+export OMP_NUM_THREADS=1
+
+deck_with() {  # deck_with NAME LINE... : deepseek-tiny with LINEs before its run line
+  local name=$1
+  shift
+  grep -v '^run ' "$root/input/deepseek-tiny.deck" >"$T/$name.deck"
+  for line in "$@"; do printf '%s\n' "$line" >>"$T/$name.deck"; done
+  printf 'run ${steps}\n' >>"$T/$name.deck"
+}
+args=(-var data "$data" -var steps 4 -var log_every 1 -var eval_every 2 -var ckpt_every 2 -var attention_kernel flash)
+
+run_emulated() {  # run_emulated NP ARGS...: as run_xx, with XX_EMULATE_DEVICE=1 on every rank
+  local np=$1
+  shift
+  if [ "$np" -eq 1 ]; then
+    XX_EMULATE_DEVICE=1 timeout "$RUN_TIMEOUT" "$XX" "$@" >"$T/out" 2>"$T/err"
+  else
+    XX_EMULATE_DEVICE=1 timeout "$RUN_TIMEOUT" "$MPIEXEC" -x XX_EMULATE_DEVICE --oversubscribe --bind-to none \
+      -n "$np" "$XX" "$@" >"$T/out" 2>"$T/err"
+  fi
+  RC=$?
+}
+
+deck_with dense
+deck_with bf16 'precision bf16'
+deck_with compress 'compress topk 0.1 quant int8 transport mpi'
+deck_with ring 'sync local 2' 'topology ring'
+deck_with sample "sample every 2 prompt 'The ' tokens 8"
+for case in "dense 1" "dense 2" "bf16 2" "dense 2 -var ep 2" "compress 2" "ring 2" "sample 2"; do
+  set -- $case
+  name=$1 np=$2
+  shift 2
+  tag="$name-$np${1:+-ep}"
+  begin "$tag: trains under the emulation, the host run's curve bit for bit"
+  run_emulated "$np" -in "$T/$name.deck" "${args[@]}" -var run_dir "$T/$tag-em" "$@"
+  check [ "$RC" -eq 0 ] || { fail "emulated: exit code $RC"; tail -30 "$T/err" >&2; continue; }
+  check grep -q 'kernel memory .*emulated device' "$T/out" || fail "the start-up report does not say the device is emulated"
+  if [ "$np" -gt 1 ] && [ "$name" != compress ] && [ "$name" != ring ]; then
+    check grep -q 'each bucket staged through host memory' "$T/out" || fail "the dense all-reduce does not say it stages"
+  fi
+  run_xx "$np" -in "$T/$name.deck" "${args[@]}" -var run_dir "$T/$tag-host" "$@"
+  check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
+  curve "$T/$tag-em/metrics.jsonl" "$T/$tag-em.jsonl"
+  curve "$T/$tag-host/metrics.jsonl" "$T/$tag-host.jsonl"
+  check [ "$(grep -c '"step"' "$T/$tag-em.jsonl")" -ge 4 ] && check grep -q val_loss "$T/$tag-em.jsonl" ||
+    fail "expected 4 steps and a validation loss"
+  check cmp -s "$T/$tag-em.jsonl" "$T/$tag-host.jsonl" ||
+    { fail "the emulated curve differs from the host's"; diff "$T/$tag-em.jsonl" "$T/$tag-host.jsonl" | head -4 >&2; }
+  [ "$name" = sample ] && { check grep -q 'sample' "$T/out" || fail "no sample printed"; }
+done
+
+begin "a resume under the emulation from its own step-2 checkpoint follows the uninterrupted run"
+cp -r "$T/dense-2-em" "$T/resumed"
+rm -f "$T/resumed"/ckpt/step_00000004*
+echo step_00000002.h5 >"$T/resumed/ckpt/latest"
+/usr/bin/python3 - "$T/resumed/metrics.jsonl" <<'PY'  # what a run stopped after step 2 had logged
+import json, sys
+lines = [l for l in open(sys.argv[1]) if json.loads(l)["step"] <= 2]
+open(sys.argv[1], "w").writelines(lines)
+PY
+run_emulated 2 -in "$T/dense.deck" "${args[@]}" -var run_dir "$T/resumed" -resume auto
+check [ "$RC" -eq 0 ] || { fail "resume: exit code $RC"; tail -30 "$T/err" >&2; }
+check grep -q 'resumed from .*step_00000002.h5 at step 2' "$T/out" || fail "it did not resume from step 2"
+curve "$T/resumed/metrics.jsonl" "$T/resumed.jsonl" 2
+curve "$T/dense-2-em/metrics.jsonl" "$T/whole.jsonl" 2
+check [ -s "$T/resumed.jsonl" ] && check cmp -s "$T/resumed.jsonl" "$T/whole.jsonl" ||
+  fail "the resumed steps 3-4 differ from the uninterrupted run's"
+
+begin "shard under the emulation refuses at start-up, saying why"
+run_emulated 2 -in "$root/input/deepseek-tiny.deck" "${args[@]}" -var run_dir "$T/shard" \
+  -var shard optimizer
+check [ "$RC" -ne 0 ] || fail "expected a refusal, got exit code 0"
+check grep -q 'this MPI cannot read it' "$T/err" || { fail "no reason given"; tail -5 "$T/err" >&2; }
+refute grep -q 'XX_EMULATE_DEVICE: host code touched' "$T/err" || fail "it crashed instead of refusing"
+
+finish
