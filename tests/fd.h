@@ -7,6 +7,7 @@
 #include <functional>
 #include <random>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/views.h"
 
 namespace xx::test {
@@ -14,13 +15,13 @@ namespace xx::test {
 // A view's values on the host, whatever its memory space.
 template <class View>
 std::vector<typename View::non_const_value_type> host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  auto h = xx::host_copy(v);
   return std::vector<typename View::non_const_value_type>(h.data(), h.data() + h.size());
 }
 
 inline Buffer<double> random_buffer(int64_t n, uint64_t seed, double scale = 1.0) {
   Buffer<double> b("test::random", n);
-  auto h = Kokkos::create_mirror_view(b);
+  auto h = xx::host_staging(b);
   std::mt19937_64 gen(seed);
   std::normal_distribution<double> dist(0.0, scale);
   for (int64_t i = 0; i < n; ++i) h(i) = dist(gen);
@@ -36,8 +37,8 @@ inline double get(const Buffer<double>& b, int64_t i) {
 inline void set(const Buffer<double>& b, int64_t i, double v) { Kokkos::deep_copy(Kokkos::subview(b, i), v); }
 
 inline double dot(const Buffer<double>& a, const Buffer<double>& b) {
-  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
-  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  auto ha = xx::host_copy(a);
+  auto hb = xx::host_copy(b);
   double s = 0;
   for (size_t i = 0; i < ha.extent(0); ++i) s += ha(i) * hb(i);
   return s;

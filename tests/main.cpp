@@ -26,6 +26,11 @@ struct AbortOnFailure : Catch::TestEventListenerBase {
     }
     return true;
   }
+  // Catch installs its SIGSEGV handler per test case; the device emulation needs its own.
+  void sectionStarting(const Catch::SectionInfo& info) override {
+    if (xx::device_emulated()) xx::start_device_emulation_if_asked();
+    TestEventListenerBase::sectionStarting(info);
+  }
 };
 CATCH_REGISTER_LISTENER(AbortOnFailure)
 

@@ -3,6 +3,7 @@
 // batches of a fixed arithmetic pattern.
 #pragma once
 #include <string>
+#include "core/device_memory.h"
 #include "deck/config.h"
 #include "core/views.h"
 
@@ -14,7 +15,7 @@ namespace xx::test {
 // n tokens, token i = (mul * i + add) mod vocab.
 inline Kokkos::View<int32_t*, MemSpace> pattern_tokens(int64_t n, int vocab, int mul, int add) {
   Kokkos::View<int32_t*, MemSpace> t("test::tokens", n);
-  auto h = Kokkos::create_mirror_view(t);
+  auto h = xx::host_staging(t);
   for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * mul + add) % vocab);
   Kokkos::deep_copy(t, h);
   return t;

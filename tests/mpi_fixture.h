@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 #include <vector>
+#include "core/device_memory.h"
 #include "deck/deck.h"
 #include "train/trainer.h"
 
@@ -87,7 +88,7 @@ inline std::string small_deck(const std::string& corpus, const std::string& out_
 
 // FNV-1a over the bits of a buffer: equal fingerprints, equal bits.
 inline uint64_t fingerprint(const Buffer<float>& b) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  auto h = xx::host_copy(b);
   uint64_t x = 1469598103934665603ULL;
   const auto* bytes = reinterpret_cast<const unsigned char*>(h.data());
   for (size_t i = 0; i < h.extent(0) * sizeof(float); ++i) x = (x ^ bytes[i]) * 1099511628211ULL;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 #include <Kokkos_Core.hpp>
+#include "core/device_memory.h"
 #include "ckpt/checkpoint.h"
 #include "deck/deck.h"
 #include "kernels/elementwise.h"
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
     CheckpointData data;
     int layer_index = 0;
     for (auto& [prefix, ffn] : model.moe_layers()) {
-      auto bias = Kokkos::create_mirror_view(ffn->bias());
+      auto bias = xx::host_staging(ffn->bias());
       for (int64_t e = 0; e < int64_t(bias.extent(0)); ++e)
         bias(e) = m.moe.balance == "bias" ? float(0.004 * double((5 * e + 3 * layer_index) % 8) - 0.014) : 0.0f;
       Kokkos::deep_copy(ffn->bias(), bias);
@@ -133,14 +134,14 @@ int main(int argc, char** argv) {
     model.backward(ti, tt);
     if (scale != 1.0) kernels::scale_inplace<float>(Vec<float>(model.grads().data(), model.grads().extent(0)), float(1.0 / scale));
 
-    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+    auto hp = xx::host_copy(model.params());
     data.params.assign(hp.data(), hp.data() + hp.extent(0));
     data.adam_m.assign(data.params.size(), 0.0f);
     data.adam_v.assign(data.params.size(), 0.0f);
     data.deck = deck;
     const std::string ckpt = write_checkpoint(out + "/ckpt", model.layout(), data);
 
-    auto hg = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads());
+    auto hg = xx::host_copy(model.grads());
     hid_t f = H5Fcreate((out + "/grads.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     const std::vector<hsize_t> tok_dims = {hsize_t(B), hsize_t(m.seq)};
     write_dataset(f, "inputs", H5T_NATIVE_INT32, tok_dims, in.data());

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/views.h"
 #include "core/crc32c.h"
 #include "kernels/ckpt_codec.h"
@@ -31,7 +32,7 @@ namespace {
 template <class T>
 Buffer<T> to_device(const std::vector<T>& host) {
   Buffer<T> b("test::ckpt_codec", int64_t(host.size()));
-  auto m = Kokkos::create_mirror_view(b);
+  auto m = xx::host_staging(b);
   for (size_t i = 0; i < host.size(); ++i) m(i) = host[i];
   Kokkos::deep_copy(b, m);
   return b;
@@ -39,7 +40,7 @@ Buffer<T> to_device(const std::vector<T>& host) {
 
 template <class T>
 std::vector<T> to_host(const Buffer<T>& b) {
-  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  auto m = xx::host_copy(b);
   return std::vector<T>(m.data(), m.data() + m.extent(0));
 }
 

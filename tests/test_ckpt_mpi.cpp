@@ -6,6 +6,7 @@
 #include <hdf5.h>
 #include <cmath>
 #include <filesystem>
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "mpi_fixture.h"
 
@@ -187,7 +188,7 @@ TEST_CASE("resume on half and on twice the ranks: merged ranks average, new rank
       const auto s = read_rank_state(file, layout, base, r);
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += s.params[i];
     }
-    auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.model().params());
+    auto got = xx::host_copy(t.model().params());
     int64_t wrong = 0;
     for (size_t i = 0; i < sum.size(); ++i) wrong += got(i) != float(sum[i] / double(sources.size()));
     REQUIRE(wrong == 0);

@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/compress.h"
 
@@ -28,7 +29,7 @@ namespace {
 template <class T>
 Buffer<T> on_device(const std::vector<T>& h, const char* label = "test::buffer") {
   Buffer<T> b(std::string(label), int64_t(h.size()));
-  auto m = Kokkos::create_mirror_view(b);
+  auto m = xx::host_staging(b);
   for (size_t i = 0; i < h.size(); ++i) m(i) = h[i];
   Kokkos::deep_copy(b, m);
   return b;
@@ -37,7 +38,7 @@ Buffer<T> on_device(const std::vector<T>& h, const char* label = "test::buffer")
 template <class V>
 auto on_host(const V& v) {
   using T = std::remove_const_t<typename V::value_type>;
-  Kokkos::View<T*, Kokkos::HostSpace> m("test::mirror", v.extent(0));
+  Kokkos::View<T*, Kokkos::HostSpace> m("host::test::mirror", v.extent(0));
   Kokkos::deep_copy(m, v);
   return std::vector<T>(m.data(), m.data() + m.extent(0));
 }

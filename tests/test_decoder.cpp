@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include "core/device_memory.h"
 #include "core/rng.h"
 #include "model/decoder.h"
 #include "model_fixture.h"
@@ -27,7 +28,7 @@ TEST_CASE("decoder: greedy with the cache equals the argmax of the uncached forw
   model.init(11);
   // Balance biases that change the routing: the decoder must take them.
   for (auto& [prefix, ffn] : model.moe_layers()) {
-    auto h = Kokkos::create_mirror_view(ffn->bias());
+    auto h = xx::host_staging(ffn->bias());
     for (int64_t e = 0; e < int64_t(h.extent(0)); ++e) h(e) = float(0.3 * normal(17, uint64_t(e)));
     Kokkos::deep_copy(ffn->bias(), h);
   }
@@ -43,12 +44,12 @@ TEST_CASE("decoder: greedy with the cache equals the argmax of the uncached forw
 
   // The uncached forward of the whole sequence.
   Kokkos::View<int32_t*, MemSpace> in("in", T), tgt("tgt", T);
-  auto hin = Kokkos::create_mirror_view(in);
+  auto hin = xx::host_staging(in);
   for (int64_t i = 0; i < T; ++i) hin(i) = seq[size_t(i)];
   Kokkos::deep_copy(in, hin);
   Kokkos::deep_copy(tgt, 0);
   model.forward(Tokens(in.data(), T), Tokens(tgt.data(), T));
-  auto full = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.logits());
+  auto full = xx::host_copy(model.logits());
   for (int64_t i = int64_t(prompt.size()) - 1; i < T; ++i) {
     INFO("position " << i);
     CHECK(argmax(&full(i, 0), V) == out[size_t(i - int64_t(prompt.size()) + 1)]);

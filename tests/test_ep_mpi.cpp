@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "core/device_memory.h"
 #include "ckpt/checkpoint.h"
 #include "comm/expert_exchange_mpi.h"
 #include "core/error.h"
@@ -154,8 +155,8 @@ TEST_CASE("each expert's averaged gradient equals ep 1's", "[mpi][ep]") {
       int experts = 0;
       for (const auto& t : spread.model().layout().tensors()) {
         INFO(t.name);
-        auto mine = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), spread.model().grad(t.name));
-        auto want = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one.model().grad(t.name));
+        auto mine = xx::host_copy(spread.model().grad(t.name));
+        auto want = xx::host_copy(one.model().grad(t.name));
         std::vector<float> a(mine.data(), mine.data() + t.size), b(want.data(), want.data() + t.size);
         REQUIRE(relative(a, b) < 1e-6);
         experts += t.expert >= 0;
@@ -218,7 +219,7 @@ TEST_CASE("an ep checkpoint holds the whole model and resumes at another ep and 
       data.adam_m.resize(whole.total());
       if (mpi_rank() == 0) data = read_checkpoint(path, whole);
       MPI_Bcast(data.adam_m.data(), int(whole.total()), MPI_FLOAT, 0, comm);
-      auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), trainer.optimizer().m());
+      auto m = xx::host_copy(trainer.optimizer().m());
       for (const auto& t : trainer.model().layout().tensors()) {
         INFO(t.name);
         REQUIRE(std::equal(m.data() + t.offset, m.data() + t.offset + t.size, data.adam_m.begin() + t.full_offset));
@@ -383,7 +384,7 @@ TEST_CASE("the expert exchange delivers every row, directly and through host buf
                         Kokkos::subview(to, std::pair<size_t, size_t>(0, want.size())));
       REQUIRE(got == want);
     }
-    auto tail = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), to);
+    auto tail = xx::host_copy(to);
     REQUIRE(tail(want.size()) == -1.0f);  // nothing past the arrivals
   }
 }

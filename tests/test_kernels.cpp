@@ -1,4 +1,5 @@
 // Every kernel's backward against central finite differences, in double.
+#include "core/device_memory.h"
 #include "fd.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -40,7 +41,7 @@ TEST_CASE("embedding backward accumulates per token", "[kernels]") {
   const int64_t N = 9, C = 4, Vn = 5;
   std::vector<int32_t> host_tokens = {0, 3, 3, 1, 4, 0, 3, 2, 2};
   Kokkos::View<int32_t*, MemSpace> tok("tok", N);
-  auto ht = Kokkos::create_mirror_view(tok);
+  auto ht = xx::host_staging(tok);
   for (int64_t i = 0; i < N; ++i) ht(i) = host_tokens[i];
   Kokkos::deep_copy(tok, ht);
   auto w = random_buffer(Vn * C, 4), r = random_buffer(N * C, 5);
@@ -84,7 +85,7 @@ TEST_CASE("swiglu backward matches finite differences", "[kernels]") {
 TEST_CASE("cross entropy backward matches finite differences", "[kernels]") {
   const int64_t N = 4, Vn = 11;
   Kokkos::View<int32_t*, MemSpace> tgt("tgt", N);
-  auto ht = Kokkos::create_mirror_view(tgt);
+  auto ht = xx::host_staging(tgt);
   for (int64_t i = 0; i < N; ++i) ht(i) = int32_t((i * 7 + 3) % Vn);
   Kokkos::deep_copy(tgt, ht);
   auto logits = random_buffer(N * Vn, 11, 3.0), r = random_buffer(N, 12);
@@ -129,7 +130,7 @@ TEST_CASE("rope split backward matches finite differences and preserves norms", 
   check_gradient("rope dqkv", qkv, dqkv, loss, 200);
   // A rotation keeps the norm of q.
   double nq = dot(q, q), nqkv = 0;
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), qkv);
+  auto h = xx::host_copy(qkv);
   for (int64_t row = 0; row < B * T; ++row)
     for (int64_t c = 0; c < C; ++c) nqkv += h(row * 3 * C + c) * h(row * 3 * C + c);
   REQUIRE(nq == Approx(nqkv).epsilon(1e-12));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 // random_buffer, check_gradient, dot, get/set, M/V
+#include "core/device_memory.h"
 #include "fd.h"
 // attention_forward/backward with Dv != D, CausalBlocks
 #include "kernels/attention.h"
@@ -35,7 +36,7 @@ namespace {
 template <class View, class T>
 void fill_from(const View& v, const std::vector<T>& values) {
   REQUIRE(values.size() == v.size());
-  auto h = Kokkos::create_mirror_view(v);
+  auto h = xx::host_staging(v);
   std::copy(values.begin(), values.end(), h.data());
   Kokkos::deep_copy(v, h);
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "deck/deck.h"
 #include "kernels/lossagg.h"
@@ -19,7 +20,7 @@ namespace {
 template <class T>
 Buffer<T> device(const std::vector<double>& v) {
   Buffer<T> out("test::lossagg", v.size());
-  auto h = Kokkos::create_mirror_view(out);
+  auto h = xx::host_staging(out);
   for (size_t i = 0; i < v.size(); ++i) h(i) = T(v[i]);
   Kokkos::deep_copy(out, h);
   return out;
@@ -27,7 +28,7 @@ Buffer<T> device(const std::vector<double>& v) {
 
 template <class T>
 std::vector<double> host(const Buffer<T>& b) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  auto h = xx::host_copy(b);
   return std::vector<double>(h.data(), h.data() + h.extent(0));
 }
 
@@ -190,7 +191,7 @@ TEST_CASE("LossWeights scale each loss's seed apart: main, MTP and aux", "[lossa
     REQUIRE(parts.aux > 0);
     REQUIRE(parts.mtp > 0);
     model.backward(in, tgt);
-    auto copy = Kokkos::create_mirror(Kokkos::HostSpace(), model.grads());
+    auto copy = xx::host_mirror(model.grads());
     Kokkos::deep_copy(copy, model.grads());
     return copy;
   };

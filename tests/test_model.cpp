@@ -1,5 +1,6 @@
 // The whole model's gradient against central finite differences, in double,
 // on a tiny configuration; and the properties the trainer relies on.
+#include "core/device_memory.h"
 #include "fd.h"
 #include "model_fixture.h"
 #include "model/transformer.h"
@@ -26,7 +27,7 @@ ModelConfig tiny_model() {
 
 Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
   Kokkos::View<int32_t*, MemSpace> t("tokens", n);
-  auto h = Kokkos::create_mirror_view(t);
+  auto h = xx::host_staging(t);
   for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + seed * 3 + (i * i) % 5) % vocab);
   Kokkos::deep_copy(t, h);
   return t;
@@ -101,9 +102,9 @@ TEST_CASE("initialisation is deterministic and seed dependent", "[model]") {
   a.init(7);
   b.init(7);
   c.init(8);
-  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.params());
-  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.params());
-  auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c.params());
+  auto ha = xx::host_copy(a.params());
+  auto hb = xx::host_copy(b.params());
+  auto hc = xx::host_copy(c.params());
   REQUIRE(std::equal(ha.data(), ha.data() + ha.extent(0), hb.data()));
   REQUIRE_FALSE(std::equal(ha.data(), ha.data() + ha.extent(0), hc.data()));
   // Norm weights start at one, and are not decayed.
@@ -181,7 +182,7 @@ TEST_CASE("idle experts are excused from the missing-gradient check, real misses
   model.init(5);
   // A large negative selection bias keeps expert 0 of every MoE layer idle.
   for (auto& [prefix, ffn] : model.moe_layers()) {
-    auto h = Kokkos::create_mirror_view(ffn->bias());
+    auto h = xx::host_staging(ffn->bias());
     for (size_t e = 0; e < h.extent(0); ++e) h(e) = e == 0 ? -100.0f : 0.0f;
     Kokkos::deep_copy(ffn->bias(), h);
   }
@@ -237,7 +238,9 @@ namespace {
 // Bytes the model allocates for what it keeps between forward and backward,
 // counted through Kokkos's allocation hook while it is set.
 int64_t kept_bytes = 0;
-void count_kept(Kokkos::Profiling::SpaceHandle, const char* label, const void*, uint64_t size) {
+decltype(Kokkos::Tools::Experimental::get_callbacks().allocate_data) previous_hook = nullptr;  // the device emulation's, if on
+void count_kept(Kokkos::Profiling::SpaceHandle space, const char* label, const void* ptr, uint64_t size) {
+  if (previous_hook) previous_hook(space, label, ptr, size);
   const std::string l = label;
   const bool kept = l.rfind("Activation::", 0) == 0 || l == "Moe::idx" || l == "Moe::pos" || l == "Moe::token_of" ||
                     l == "mtp_in" || l == "mtp_target";
@@ -248,11 +251,12 @@ void count_kept(Kokkos::Profiling::SpaceHandle, const char* label, const void*, 
 // What building the model allocates that it keeps for the backward.
 int64_t kept_by(const ModelConfig& cfg, int B, kernels::Precision type, int ep_rank = 0) {
   kept_bytes = 0;
+  previous_hook = Kokkos::Tools::Experimental::get_callbacks().allocate_data;
   Kokkos::Tools::Experimental::set_allocate_data_callback(count_kept);
   {
     Transformer<float> model(cfg, B, type, ep_rank);
   }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  Kokkos::Tools::Experimental::set_allocate_data_callback(previous_hook);
   return kept_bytes;
 }
 }  // namespace

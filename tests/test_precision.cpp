@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <vector>
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "deck/deck.h"
 #include "kernels/elementwise.h"
@@ -256,7 +257,7 @@ TEST_CASE("unscale-then-clip equals clipping the unscaled gradients", "[precisio
   ParamLayout layout(m);
   const int64_t P = layout.total();
   Buffer<float> grads("g", P), scaled("gs", P);
-  auto h = Kokkos::create_mirror_view(grads);
+  auto h = xx::host_staging(grads);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.3f);
   for (int64_t i = 0; i < P; ++i) h(i) = normal(rng);
@@ -269,7 +270,7 @@ TEST_CASE("unscale-then-clip equals clipping the unscaled gradients", "[precisio
     AdamW<float> adam(layout);
     const double norm = std::sqrt(k::sum_squares<float>(Vec<const float>(g.data(), P)));
     adam.step(params, g, opt, 1e-2, clip_factor(norm, opt.clip));
-    return std::make_pair(norm, Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), params));
+    return std::make_pair(norm, xx::host_copy(params));
   };
   const auto [norm32, params32] = clipped_step(grads);
   REQUIRE(norm32 > 10 * opt.clip);
@@ -304,7 +305,7 @@ TEST_CASE("a power-of-two loss scale multiplies every gradient exactly (main, MT
       model.zero_grads();
       model.forward(in, tgt);
       model.backward(in, tgt);
-      auto copy = Kokkos::create_mirror(Kokkos::HostSpace(), model.grads());  // a copy, even on the host
+      auto copy = xx::host_mirror(model.grads());  // a copy, even on the host
       Kokkos::deep_copy(copy, model.grads());
       return copy;
     };

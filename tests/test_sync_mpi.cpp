@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
+#include "core/device_memory.h"
 #include "comm/sync_strategy.h"
 #include "mpi_fixture.h"
 
@@ -30,7 +31,7 @@ struct Fixture {
   Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)}, m{"m", size_t(P)}, v{"v", size_t(P)};
   Fixture() { fill(params, 0), fill(grads, 0), fill(m, 10), fill(v, 20); }
   void fill(Buffer<float>& b, int offset) {
-    auto h = Kokkos::create_mirror_view(b);
+    auto h = xx::host_staging(b);
     for (int64_t i = 0; i < P; ++i) h(i) = value(mpi_rank() + offset, i);
     Kokkos::deep_copy(b, h);
   }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <vector>
+#include "core/device_memory.h"
 #include "kernels/team.h"
 
 using namespace xx;
@@ -17,7 +18,7 @@ namespace {
 // (rows, cols) floats in [-1, 1), a fixed draw.
 Buffer<float> random_floats(int64_t n, uint64_t seed) {
   Buffer<float> b("test::team_floats", n);
-  auto h = Kokkos::create_mirror_view(b);
+  auto h = xx::host_staging(b);
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (int64_t i = 0; i < n; ++i) h(i) = dist(gen);
@@ -27,7 +28,7 @@ Buffer<float> random_floats(int64_t n, uint64_t seed) {
 
 template <class V>
 auto host(const V& v) {
-  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return xx::host_copy(v);
 }
 
 }  // namespace
@@ -82,7 +83,7 @@ TEST_CASE("team rows: every row once, sums and maxima of any length", "[kernels]
 TEST_CASE("team rows: the maximum wherever it sits, and a row of -inf", "[kernels][team]") {
   const int64_t n = 45;
   Buffer<float> x("test::x", 3 * n), maxes("test::maxes", 3);
-  auto hx = Kokkos::create_mirror_view(x);
+  auto hx = xx::host_staging(x);
   for (int64_t j = 0; j < n; ++j) {
     hx(j) = -float(j);     // row 0: largest first
     hx(n + j) = float(j);  // row 1: largest last

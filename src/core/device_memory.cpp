@@ -12,9 +12,7 @@
 // Only whole pages inside an allocation are protected: an allocation smaller
 // than a page, and the partial pages at its ends, go unchecked. Kokkos keeps
 // an allocation's label in a header before its data, which it reads and
-// writes from the host: a touch of the header opens its page like a kernel's
-// touch, until the next kernel or copy ends (the first page's data goes
-// unchecked that long).
+// writes from the host: the pages protected begin after it.
 #include "core/device_memory.h"
 #include <execinfo.h>
 #include <signal.h>
@@ -42,12 +40,12 @@ struct Region {
 };
 
 std::atomic<bool> g_emulated{false};
-std::atomic<int> g_scopes{0};  // kernels, deep_copies and DeviceWork open now
+std::atomic<int> g_scopes{0};
+bool g_report_only = false;    // XX_EMULATE_DEVICE=report: say each touch, go on  // kernels, deep_copies and DeviceWork open now
 std::mutex g_mutex;            // the maps, outside the fault handler
 std::map<uintptr_t, Region>* g_regions = nullptr;
 std::vector<uintptr_t>* g_opened = nullptr;  // regions the open scopes touched
 uintptr_t g_page = 4096;
-struct sigaction g_previous {};
 
 void protect(uintptr_t begin, const Region& r, int prot) {
   if (mprotect(reinterpret_cast<void*>(begin), r.end - begin, prot) != 0) {
@@ -56,7 +54,24 @@ void protect(uintptr_t begin, const Region& r, int prot) {
   }
 }
 
-void open_scope() { g_scopes.fetch_add(1); }
+void on_fault(int sig, siginfo_t* info, void* context);
+
+// The fault handler, installed again where someone replaced it (a test
+// framework installs its own per test case).
+void own_the_fault_handler() {
+  struct sigaction current {};
+  sigaction(SIGSEGV, nullptr, &current);
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault) return;
+  struct sigaction act {};
+  act.sa_sigaction = on_fault;
+  act.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&act.sa_mask);
+  sigaction(SIGSEGV, &act, nullptr);
+}
+
+void open_scope() {
+  if (g_scopes.fetch_add(1) == 0) own_the_fault_handler();
+}
 
 void close_scope() {
   if (g_scopes.fetch_sub(1) != 1) return;
@@ -72,6 +87,18 @@ void close_scope() {
 
 void say(const char* s) { [[maybe_unused]] auto n = write(STDERR_FILENO, s, std::strlen(s)); }
 
+void report(const Region& r, uintptr_t addr) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "xuanxue: XX_EMULATE_DEVICE: host code touched kernel memory outside a kernel or deep_copy: "
+                "'%s', byte %llu (a %llu-byte allocation); on a GPU this reads device memory from the host. Call "
+                "stack:\n",
+                r.label, static_cast<unsigned long long>(addr - r.data), static_cast<unsigned long long>(r.bytes));
+  say(line);
+  void* frames[48];
+  backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+}
+
 // Not async-signal-safe in the lookup (the map may be changing on another
 // thread); the emulation is a debugging mode and the bad case aborts anyway.
 void on_fault(int sig, siginfo_t* info, void* context) {
@@ -81,39 +108,37 @@ void on_fault(int sig, siginfo_t* info, void* context) {
     --it;
     Region& r = it->second;
     if (addr < r.end) {
-      if (g_scopes.load() > 0 || addr < r.data) {  // a kernel's (or a device library's) first touch, or the header
+      if (g_scopes.load() == 0) report(r, addr);  // report only: go on
+      if (g_scopes.load() > 0 || g_report_only) {  // a kernel's (or a device library's) first touch
         protect(it->first, r, PROT_READ | PROT_WRITE);
         r.open = true;
         g_opened->push_back(it->first);
         return;
       }
-      char line[320];
-      std::snprintf(line, sizeof line,
-                    "xuanxue: XX_EMULATE_DEVICE: host code touched kernel memory outside a kernel or deep_copy: "
-                    "'%s', byte %llu (a %llu-byte allocation); on a GPU this reads device memory from the host. Call stack:\n",
-                    r.label, static_cast<unsigned long long>(addr - r.data),
-                    static_cast<unsigned long long>(r.bytes));
-      say(line);
-      void* frames[48];
-      backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
       signal(SIGABRT, SIG_DFL);
       abort();
     }
   }
-  // Not ours: what would have happened without the emulation.
-  if (g_previous.sa_flags & SA_SIGINFO && g_previous.sa_sigaction) return g_previous.sa_sigaction(sig, info, context);
-  if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) return g_previous.sa_handler(sig);
+  // Not ours: a crash, as without the emulation (not handed to a handler it
+  // replaced: a test framework's re-raises, which would come back here).
   signal(SIGSEGV, SIG_DFL);
   raise(SIGSEGV);
 }
 
+// The first whole page of an allocation's data (Kokkos reports the
+// allocation, header first).
+uintptr_t first_page(uintptr_t alloc) {
+  const uintptr_t data = alloc + sizeof(Kokkos::Impl::SharedAllocationHeader);
+  return (data + g_page - 1) / g_page * g_page;
+}
+
 void on_allocate(Kokkos_Profiling_SpaceHandle, const char* label, const void* ptr, uint64_t bytes) {
   if (std::strncmp(label, kHostLabel, std::strlen(kHostLabel)) == 0) return;
-  const auto data = reinterpret_cast<uintptr_t>(ptr);
-  const uintptr_t begin = (data + g_page - 1) / g_page * g_page, end = (data + bytes) / g_page * g_page;
+  const auto alloc = reinterpret_cast<uintptr_t>(ptr), data = alloc + sizeof(Kokkos::Impl::SharedAllocationHeader);
+  const uintptr_t begin = first_page(alloc), end = (data + bytes) / g_page * g_page;
   if (end <= begin) return;  // no whole page inside
   Region r;
-  r.end = end, r.alloc = data, r.data = data + sizeof(Kokkos::Impl::SharedAllocationHeader), r.bytes = bytes;
+  r.end = end, r.alloc = alloc, r.data = data, r.bytes = bytes;
   std::snprintf(r.label, sizeof r.label, "%s", label);
   std::lock_guard lock(g_mutex);
   r.open = g_scopes.load() > 0;
@@ -123,12 +148,11 @@ void on_allocate(Kokkos_Profiling_SpaceHandle, const char* label, const void* pt
 }
 
 void on_deallocate(Kokkos_Profiling_SpaceHandle, const char*, const void* ptr, uint64_t) {
-  const auto data = reinterpret_cast<uintptr_t>(ptr);
-  const uintptr_t begin = (data + g_page - 1) / g_page * g_page;
+  const auto alloc = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(g_mutex);
-  auto it = g_regions->find(begin);
-  if (it == g_regions->end() || it->second.alloc != data) return;  // not one it protects
-  protect(begin, it->second, PROT_READ | PROT_WRITE);  // before the allocator writes to it
+  auto it = g_regions->find(first_page(alloc));
+  if (it == g_regions->end() || it->second.alloc != alloc) return;  // not one it protects
+  protect(it->first, it->second, PROT_READ | PROT_WRITE);  // before the allocator writes to it
   g_regions->erase(it);
 }
 
@@ -150,12 +174,13 @@ bool kernel_memory_on_host() {
 
 bool start_device_emulation_if_asked() {
   const char* asked = std::getenv("XX_EMULATE_DEVICE");
-  if (!asked || std::strcmp(asked, "1") != 0) return false;
+  if (!asked || (std::strcmp(asked, "1") != 0 && std::strcmp(asked, "report") != 0)) return false;
+  g_report_only = std::strcmp(asked, "report") == 0;
   if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
     std::fprintf(stderr, "xuanxue: XX_EMULATE_DEVICE=1 is for host builds: this build's kernels run on a device\n");
     std::exit(2);
   }
-  if (device_emulated()) return true;
+  if (device_emulated()) return own_the_fault_handler(), true;
   g_page = uintptr_t(sysconf(_SC_PAGESIZE));
   g_regions = new std::map<uintptr_t, Region>;  // never freed: the callbacks may outlive static destructors
   g_opened = new std::vector<uintptr_t>;
@@ -166,11 +191,7 @@ bool start_device_emulation_if_asked() {
   alt.ss_size = size_t(1) << 20;
   alt.ss_sp = std::malloc(alt.ss_size);
   sigaltstack(&alt, nullptr);
-  struct sigaction act {};
-  act.sa_sigaction = on_fault;
-  act.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-  sigemptyset(&act.sa_mask);
-  sigaction(SIGSEGV, &act, &g_previous);
+  own_the_fault_handler();
   namespace tools = Kokkos::Tools::Experimental;
   tools::set_allocate_data_callback(on_allocate);
   tools::set_deallocate_data_callback(on_deallocate);

@@ -9,8 +9,9 @@
 // kernel_memory_on_host() is false, every path takes its device branch, and
 // any host read or write of kernel memory outside a kernel, a deep_copy or a
 // DeviceWork scope stops the process, naming the buffer and the call stack
-// (device_memory.cpp). That is how the GPU build's host/device traffic is
-// checked without a GPU. Host-side Views (HostSpace) are labelled "host::".
+// (device_memory.cpp); XX_EMULATE_DEVICE=report says each such touch and goes
+// on. That is how the GPU build's host/device traffic is checked without a
+// GPU. Host-side Views (HostSpace) are labelled "host::".
 #pragma once
 #include <string>
 #include "core/views.h"
@@ -23,7 +24,9 @@ bool kernel_memory_on_host();
 
 // Under XX_EMULATE_DEVICE=1 on a host build: starts the emulation (after
 // Kokkos::initialize, before any kernel memory is allocated) and returns
-// true. A GPU build with it set exits 2, saying so.
+// true. A GPU build with it set exits 2, saying so. Called again, it takes
+// back the SIGSEGV handler it needs (a test framework installs its own for
+// each test case).
 bool start_device_emulation_if_asked();
 bool device_emulated();
 // What the start-up report says of it; empty when off.
