@@ -27,6 +27,7 @@
 // gradient already sums its group's tokens; all are divided by the world).
 #include <fmt/format.h>
 #include <type_traits>
+#include "comm/kernel_memory_mpi.h"
 #include "comm/sync_group.h"
 #include "core/device_memory.h"
 #include "core/host_memory.h"
@@ -42,10 +43,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       : buffers_(b), settings_(s), owned_(b.owned) {
     MPI_Comm_size(b.world, &world_);
     MPI_Comm_rank(b.world, &rank_);
-    if (!mpi_reaches_kernel_memory())
-      throw std::runtime_error(fmt::format("shard {}: the sharded collectives hand kernel memory to MPI, and this "
-                                           "MPI cannot read it (device memory without a CUDA-aware MPI{}); run "
-                                           "with shard off", s.shard, device_emulated() ? ": XX_EMULATE_DEVICE=1" : ""));
     if (std::string(b.ops->dense().name()) != "mpi")
       throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
                                            "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
@@ -69,11 +66,15 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     if (master_sharded()) plan_master_pieces();
   }
   ~ShardedSync() override {
-    for (auto& r : gathers_)
-      if (r != MPI_REQUEST_NULL) MPI_Wait(&r, MPI_STATUS_IGNORE);
+    for (auto& r : gathers_) mpi_.wait(&r);
   }
 
   std::string describe() const override {
+    const std::string staged = mpi_.staged() ? "; each collective staged through host memory (this MPI cannot "
+                                               "read kernel memory)" : "";
+    return describe_level() + staged;
+  }
+  std::string describe_level() const {
     const std::string micro = settings_.sync.kind == "accumulate"
                                   ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
     const std::string gather =
@@ -134,7 +135,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     for (auto r : requests_) in_flight += r != MPI_REQUEST_NULL;
     const double t0 = MPI_Wtime();
     for (size_t b = 0; b < requests_.size() && in_flight > size_t(kShardBucketsInFlight); ++b)  // the oldest first
-      if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b), --in_flight;
+      if (requests_[b] != MPI_REQUEST_NULL) mpi_.wait(&requests_[b]), release(b), --in_flight;
     stats_.seconds += MPI_Wtime() - t0;
   }
 
@@ -143,7 +144,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       if (!started_[b]) start_reduce(b);
     const double t0 = MPI_Wtime();
     for (size_t b = 0; b < requests_.size(); ++b)
-      if (requests_[b] != MPI_REQUEST_NULL) MPI_Wait(&requests_[b], MPI_STATUS_IGNORE), release(b);
+      if (requests_[b] != MPI_REQUEST_NULL) mpi_.wait(&requests_[b]), release(b);
     stats_.seconds += MPI_Wtime() - t0;
     // A sum over ranks (and micro-steps) of mean gradients becomes their mean, as sync dense's.
     if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients().values, 1.0f / float(world_ * micro_batches()));
@@ -165,10 +166,10 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
       // As the reductions: a bounded number in flight, so MPI's temporaries stay bounded too.
-      if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
+      if (b >= size_t(kShardBucketsInFlight)) mpi_.wait(&gathers[b - kShardBucketsInFlight]);
       start_gather_bucket(b, gathers[b], stats, buffers_.params.data());
     }
-    MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
+    mpi_.wait_all(gathers);
     stats.seconds += MPI_Wtime() - t0;
   }
 
@@ -194,11 +195,11 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     const auto& buckets = owned_.buckets();
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
-      if (b >= size_t(kShardBucketsInFlight)) MPI_Wait(&gathers[b - kShardBucketsInFlight], MPI_STATUS_IGNORE);
+      if (b >= size_t(kShardBucketsInFlight)) mpi_.wait(&gathers[b - kShardBucketsInFlight]);
       start_gather_bucket(b, gathers[b], stats_, half);
     }
     gather_read_runs();
-    MPI_Waitall(int(gathers.size()), gathers.data(), MPI_STATUSES_IGNORE);
+    mpi_.wait_all(gathers);
     stats_.seconds += MPI_Wtime() - t0;
   }
 
@@ -206,8 +207,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     if (!whole_[unit]) {
       if (!gathering_[unit]) start_gather(unit);
       const double t0 = MPI_Wtime();
-      for (size_t b : unit_buckets_[unit])
-        if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+      for (size_t b : unit_buckets_[unit]) mpi_.wait(&gathers_[b]);
       stats_.seconds += MPI_Wtime() - t0;
       whole_[unit] = true, gathering_[unit] = false;
     }
@@ -269,8 +269,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     };
     copy_parts(rank_, false);
     ExecSpace().fence();
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, read_values_.data(), read_counts_.data(), read_displs_.data(),
-                   MPI_FLOAT, buffers_.world);
+    mpi_.allgatherv(read_values_.data(), read_counts_.data(), read_displs_.data(), MPI_FLOAT, buffers_.world);
     for (int r = 0; r < world_; ++r)
       if (r != rank_) copy_parts(r, true);
     stats_.rounds += 1;
@@ -308,16 +307,15 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     const int ranks = int(bucket.counts.size());
     if (ranks == 1) return;  // (an expert's only holder)
     const MPI_Datatype type = std::is_same_v<Weight, float> ? MPI_FLOAT : MPI_UINT16_T;
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, weights + bucket.begin, bucket.counts.data(),
-                    bucket.displs.data(), type, group_of(bucket), &request);
+    mpi_.iallgatherv(weights + bucket.begin, bucket.counts.data(), bucket.displs.data(), type, group_of(bucket),
+                     &request);
     stats.rounds += 1;
     stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(Weight)) * (ranks - 1);
   }
 
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
   void release_weights(int unit) {
-    for (size_t b : unit_buckets_[unit])
-      if (gathers_[b] != MPI_REQUEST_NULL) MPI_Wait(&gathers_[b], MPI_STATUS_IGNORE);
+    for (size_t b : unit_buckets_[unit]) mpi_.wait(&gathers_[b]);
     whole_[unit] = false, gathering_[unit] = false;
     if (world_ == 1) return;
     if (kernel_memory_on_host()) {
@@ -349,8 +347,8 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     // measured 10x slower than the all-reduce at 16 MB (docs/SCALING.md). The
     // all-reduce is sync dense's, so the sums are its bits.
     const double t0 = MPI_Wtime();
-    MPI_Iallreduce(MPI_IN_PLACE, buffers_.grads.data() + bucket.begin, int(bucket.end - bucket.begin), MPI_FLOAT,
-                   MPI_SUM, group_of(bucket), &requests_[b]);
+    mpi_.iallreduce_sum(buffers_.grads.data() + bucket.begin, int(bucket.end - bucket.begin), group_of(bucket),
+                        &requests_[b]);
     stats_.seconds += MPI_Wtime() - t0;
     stats_.rounds += 1;
     stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
@@ -362,9 +360,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     const double t0 = MPI_Wtime();
     for (size_t b = 0; b < requests_.size(); ++b) {
       if (requests_[b] == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      MPI_Test(&requests_[b], &done, MPI_STATUS_IGNORE);
-      if (done) release(b);
+      if (mpi_.test(&requests_[b])) release(b);
     }
     stats_.seconds += MPI_Wtime() - t0;
   }
@@ -388,6 +384,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
   SyncBuffers buffers_;
   SyncSettings settings_;
   Ownership owned_;
+  KernelMemoryMpi mpi_;  // each collective through a host copy where MPI cannot read kernel memory
   int world_ = 1, rank_ = 0;
   Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
   PageReleaser grad_pages_;    // shard gradients: the buffer's pages, back to the kernel as their buckets are reduced

@@ -134,6 +134,7 @@ uintptr_t first_page(uintptr_t alloc) {
 
 void on_allocate(Kokkos_Profiling_SpaceHandle, const char* label, const void* ptr, uint64_t bytes) {
   if (std::strncmp(label, kHostLabel, std::strlen(kHostLabel)) == 0) return;
+  if (std::strncmp(label, "Kokkos::", 8) == 0) return;  // its own (scratch): freed without a callback
   const auto alloc = reinterpret_cast<uintptr_t>(ptr), data = alloc + sizeof(Kokkos::Impl::SharedAllocationHeader);
   const uintptr_t begin = first_page(alloc), end = (data + bytes) / g_page * g_page;
   if (end <= begin) return;  // no whole page inside
