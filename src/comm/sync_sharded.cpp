@@ -74,32 +74,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                                                "read kernel memory)" : "";
     return describe_level() + staged;
   }
-  std::string describe_level() const {
-    const std::string micro = settings_.sync.kind == "accumulate"
-                                  ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
-    const std::string gather =
-        master_sharded()
-            ? fmt::format("; each rank updates its 1/{} of AdamW's state and keeps the fp32 master weights of those "
-                          "pieces only (and the {} the model reads in fp32: embedding, norms, router gates), and the "
-                          "16-bit weights are all-gathered per bucket", world_, read_total_)
-            : fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every bucket it owns) and "
-                          "the weights are all-gathered per bucket", world_);
-    if (weights_sharded())
-      return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
-                         "forward and the backward use it (the next one prefetched) and released after, its "
-                         "gradients reduced bucket by bucket during the backward and kept as this rank's piece; "
-                         "each rank keeps {} of {} weights, gradients and moments{}",
-                         unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
-                         owned_.shard_size(), owned_.total(), micro);
-    if (!gradients_sharded())
-      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
-                         "at once{}{}",
-                         owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight, micro, gather);
-    return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
-                       "its piece of each ({} of {} gradients) and releasing the rest{}{}",
-                       owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
-                       gather);
-  }
   int micro_batches() const override { return settings_.sync.kind == "accumulate" ? settings_.sync.every : 1; }
 
   void begin_step(int64_t) override {
@@ -216,6 +190,34 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
   void done(int unit) override { release_weights(unit); }
 
  private:
+  // What the level does (describe adds the staging)
+  std::string describe_level() const {
+    const std::string micro = settings_.sync.kind == "accumulate"
+                                  ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
+    const std::string gather =
+        master_sharded()
+            ? fmt::format("; each rank updates its 1/{} of AdamW's state and keeps the fp32 master weights of those "
+                          "pieces only (and the {} the model reads in fp32: embedding, norms, router gates), and the "
+                          "16-bit weights are all-gathered per bucket", world_, read_total_)
+            : fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every bucket it owns) and "
+                          "the weights are all-gathered per bucket", world_);
+    if (weights_sharded())
+      return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
+                         "forward and the backward use it (the next one prefetched) and released after, its "
+                         "gradients reduced bucket by bucket during the backward and kept as this rank's piece; "
+                         "each rank keeps {} of {} weights, gradients and moments{}",
+                         unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
+                         owned_.shard_size(), owned_.total(), micro);
+    if (!gradients_sharded())
+      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
+                         "at once{}{}",
+                         owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight, micro, gather);
+    return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
+                       "its piece of each ({} of {} gradients) and releasing the rest{}{}",
+                       owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
+                       gather);
+  }
+
   bool gradients_sharded() const { return settings_.shard == "gradients" || settings_.shard == "params"; }
   bool weights_sharded() const { return settings_.shard == "params"; }
   // Below params under 16-bit precision: the fp32 master is this rank's pieces (and the fp32-read runs).
