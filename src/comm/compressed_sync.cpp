@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
+#include "core/device_memory.h"
 #include "kernels/elementwise.h"
 
 namespace xx {
@@ -135,9 +136,13 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
     }
   }
   payload_.resize(bytes);
+  const bool staged = !kernel_memory_on_host();
+  if (staged && int64_t(payload_kernel_.extent(0)) < bytes)
+    payload_kernel_ = Buffer<uint8_t>("CompressedSync::payload", bytes);
+  uint8_t* encoded = staged ? payload_kernel_.data() : reinterpret_cast<uint8_t*>(payload_.data());
   for (const auto& [bp, k, offset, size] : sparse) {
     const Bucket& b = *bp;
-    Vec<uint8_t> out(reinterpret_cast<uint8_t*>(payload_.data()) + offset, size);
+    Vec<uint8_t> out(encoded + offset, size);
     cx::compress(out, part(residual_, b.begin, b.end), part(send, b.begin, b.end), s, ws_);
     if (cfg_.momentum > 0) {
       Vec<float> u = part(momentum_, b.begin, b.end);
@@ -158,6 +163,8 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
     if (cfg_.momentum > 0) Kokkos::deep_copy(part(momentum_, b.begin, b.end), 0.0f);
   }
   ExecSpace().fence();
+  using HostBytes = Kokkos::View<uint8_t*, Kokkos::HostSpace, Unmanaged>;
+  if (staged) Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(payload_.data()), bytes), Vec<uint8_t>(encoded, bytes));
 
   // 3. exchange and decode
   if (!sparse.empty()) {
@@ -176,9 +183,18 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
         throw std::runtime_error(fmt::format("step {}: compressed gradients from rank {} are {} bytes, expected {} "
                                              "(do the ranks run the same deck?)",
                                              step + 1, members[r], got[r].size(), bytes));
+    // rank r's payloads: in got[r], or at r * bytes in kernel memory where that is not the host's
+    if (staged && int64_t(received_kernel_.extent(0)) < R * bytes)
+      received_kernel_ = Buffer<uint8_t>("CompressedSync::received", R * bytes);
+    for (int r = 0; r < R && staged; ++r)
+      Kokkos::deep_copy(Vec<uint8_t>(received_kernel_.data() + r * bytes, bytes),
+                        HostBytes(reinterpret_cast<uint8_t*>(got[r].data()), bytes));
+    auto received = [&](int r) {
+      return staged ? received_kernel_.data() + r * bytes : reinterpret_cast<const uint8_t*>(got[r].data());
+    };
     for (const auto& [bp, k, offset, size] : sparse) {
       std::vector<Vec<const uint8_t>> payloads;
-      for (int r = 0; r < R; ++r) payloads.emplace_back(reinterpret_cast<const uint8_t*>(got[r].data()) + offset, size);
+      for (int r = 0; r < R; ++r) payloads.emplace_back(received(r) + offset, size);
       try {
         cx::decode_sum(part(packed_, bp->begin, bp->end), payloads);
       } catch (const std::runtime_error& e) {  // decode_sum names the index in the group

@@ -73,6 +73,9 @@ class CompressedSync {
   Buffer<float> momentum_;       // (sparse_n_) momentum correction, when on
   kernels::compress::Workspace ws_;
   std::vector<std::byte> payload_;  // this rank's payloads, concatenated
+  // Where kernel memory is not the host's, the payloads are encoded and
+  // decoded there and copied to and from the host vectors the transports move.
+  Buffer<uint8_t> payload_kernel_, received_kernel_;
 };
 
 }  // namespace xx
