@@ -19,6 +19,7 @@
 #include <tuple>
 #include <fmt/format.h>
 #include "ckpt/slabs.h"
+#include "core/device_memory.h"
 #include "core/atomic_file.h"
 #include "core/crc32c.h"
 #include "core/error.h"
@@ -600,23 +601,29 @@ Encoded encode(const float* value, const float* base, int64_t n, const Checkpoin
     e.codec = "full", e.floats.assign(value, value + n);
     return e;
   }
-  // The codec kernels run in the default execution space: host here.
-  Vec<const float> v(value, n), b(base, n);
+  // The codec kernels read and write kernel memory; these arrays are the host's (KernelCopy).
+  const KernelCopy<const float> value_k(value, n), base_k(base, n);
+  const Vec<const float> v = value_k.vec(), b = base_k.vec();
   if (f.codec.kind == cc::Codec::int8 && !lossless) {
     e.codes.resize(n), e.floats.resize(cc::scale_count(n, f.codec.block));
-    const auto result = cc::int8_encode(Vec<int8_t>(e.codes.data(), n), Vec<float>(e.floats.data(), e.floats.size()),
-                                        v, b, f.codec.block);
-    if (result.ok()) return e.codec = "int8", e;
+    const KernelCopy<int8_t> codes(e.codes.data(), n, false);
+    const KernelCopy<float> scales(e.floats.data(), int64_t(e.floats.size()), false);
+    const auto result = cc::int8_encode(codes.vec(), scales.vec(), v, b, f.codec.block);
+    if (result.ok()) return codes.copy_back(), scales.copy_back(), e.codec = "int8", e;
     e.codes.clear(), e.floats.clear();  // a non-finite difference: this tensor goes lossless
   } else if (f.codec.kind == cc::Codec::topk && !lossless) {
     const int64_t k = cc::kept_count(n, f.codec.ratio);
     cc::TopkWorkspace ws(n, k);
     e.words.resize(k), e.floats.resize(k);
-    cc::topk_encode(Vec<uint32_t>(e.words.data(), k), Vec<float>(e.floats.data(), k), v, b, ws);
-    return e.codec = "topk", e;
+    const KernelCopy<uint32_t> index(e.words.data(), k, false);
+    const KernelCopy<float> kept(e.floats.data(), k, false);
+    cc::topk_encode(index.vec(), kept.vec(), v, b, ws);
+    return index.copy_back(), kept.copy_back(), e.codec = "topk", e;
   }
   e.words.resize(n);
-  cc::lossless_encode<float>(Vec<uint32_t>(e.words.data(), n), v, b);
+  const KernelCopy<uint32_t> words(e.words.data(), n, false);
+  cc::lossless_encode<float>(words.vec(), v, b);
+  words.copy_back();
   e.codec = "lossless";
   return e;
 }
@@ -624,16 +631,18 @@ Encoded encode(const float* value, const float* base, int64_t n, const Checkpoin
 // value = what `e` rebuilds against base: exactly what a reader of the file gets.
 void decode(float* value, const Encoded& e, const float* base, int64_t n, int64_t block) {
   namespace cc = kernels::ckpt_codec;
-  Vec<float> v(value, n);
-  Vec<const float> b(base, n);
-  if (e.codec == "full") std::copy(e.floats.begin(), e.floats.end(), value);
-  if (e.codec == "lossless") cc::lossless_decode<float>(v, Vec<const uint32_t>(e.words.data(), n), b);
+  if (e.codec == "full") return void(std::copy(e.floats.begin(), e.floats.end(), value));
+  // The codec kernels read and write kernel memory; these arrays are the host's (KernelCopy).
+  const KernelCopy<float> value_k(value, n, false);
+  const KernelCopy<const float> base_k(base, n), floats(e.floats.data(), int64_t(e.floats.size()));
+  const Vec<float> v = value_k.vec();
+  const Vec<const float> b = base_k.vec();
+  if (e.codec == "lossless") cc::lossless_decode<float>(v, KernelCopy<const uint32_t>(e.words.data(), n).vec(), b);
   if (e.codec == "int8")
-    cc::int8_decode(v, Vec<const int8_t>(e.codes.data(), n), Vec<const float>(e.floats.data(), e.floats.size()), b,
-                    block);
+    cc::int8_decode(v, KernelCopy<const int8_t>(e.codes.data(), n).vec(), floats.vec(), b, block);
   if (e.codec == "topk")
-    cc::topk_decode(v, Vec<const uint32_t>(e.words.data(), e.words.size()),
-                    Vec<const float>(e.floats.data(), e.floats.size()), b);
+    cc::topk_decode(v, KernelCopy<const uint32_t>(e.words.data(), int64_t(e.words.size())).vec(), floats.vec(), b);
+  value_k.copy_back();
 }
 
 // A dataset to write: `count` values of `type` from `data` (on the rank that owns it).
@@ -1136,12 +1145,15 @@ int64_t codec_block(hid_t file, const std::string& path) {
 void decode_stored(hid_t group, const std::string& name, const std::string& at, const std::string& codec,
                    float* value, const float* base, int64_t n, int64_t block, const std::string& path) {
   namespace cc = kernels::ckpt_codec;
-  Vec<float> v(value, n);
-  Vec<const float> bv(base, n);
+  // The codec kernels read and write kernel memory; these arrays are the host's (KernelCopy).
+  const KernelCopy<float> value_k(value, n, false);
+  const KernelCopy<const float> base_k(base, n);
+  const Vec<float> v = value_k.vec();
+  const Vec<const float> bv = base_k.vec();
   try {
     if (codec == "lossless") {
       const auto diff = read_vector<uint32_t>(group, name, H5T_NATIVE_UINT32, n, at, path);
-      cc::lossless_decode<float>(v, Vec<const uint32_t>(diff.data(), n), bv);
+      cc::lossless_decode<float>(v, KernelCopy<const uint32_t>(diff.data(), n).vec(), bv);
     } else if (codec == "int8") {
       const auto codes = read_vector<int8_t>(group, name + ".codes", H5T_NATIVE_INT8, n, at + ".codes", path);
       const auto scales = read_vector<float>(group, name + ".scales", H5T_NATIVE_FLOAT, -1, at + ".scales", path);
@@ -1149,17 +1161,18 @@ void decode_stored(hid_t group, const std::string& name, const std::string& at, 
       if (cc::scale_count(n, block) != int64_t(scales.size()))
         input_error("{}: dataset '{}.scales' has {} values (expected one per block of {} of its {} values)", path, at,
                     scales.size(), block, n);
-      cc::int8_decode(v, Vec<const int8_t>(codes.data(), n), Vec<const float>(scales.data(), scales.size()), bv,
-                      block);
+      cc::int8_decode(v, KernelCopy<const int8_t>(codes.data(), n).vec(),
+                      KernelCopy<const float>(scales.data(), int64_t(scales.size())).vec(), bv, block);
     } else if (codec == "topk") {
       const auto index = read_vector<uint32_t>(group, name + ".index", H5T_NATIVE_UINT32, -1, at + ".index", path);
       const auto kept =
           read_vector<float>(group, name + ".kept", H5T_NATIVE_FLOAT, int64_t(index.size()), at + ".kept", path);
-      cc::topk_decode(v, Vec<const uint32_t>(index.data(), index.size()), Vec<const float>(kept.data(), kept.size()),
-                      bv);
+      cc::topk_decode(v, KernelCopy<const uint32_t>(index.data(), int64_t(index.size())).vec(),
+                      KernelCopy<const float>(kept.data(), int64_t(kept.size())).vec(), bv);
     } else {
       input_error("{}: tensor '{}' is stored with codec '{}' (expected lossless, int8 or topk)", path, at, codec);
     }
+    value_k.copy_back();
   } catch (const std::runtime_error& e) {
     if (dynamic_cast<const InputError*>(&e)) throw;
     input_error("{}: dataset '{}' cannot be decoded ({})", path, at, e.what());

@@ -14,6 +14,7 @@
 // GPU. Host-side Views (HostSpace) are labelled "host::".
 #pragma once
 #include <string>
+#include <type_traits>
 #include "core/views.h"
 
 namespace xx {
@@ -78,5 +79,30 @@ template <class V>
 auto host_staging(const V& v) {
   return detail::host_view(v, false);
 }
+
+// A host array as kernels see it: the array itself where kernel memory is
+// the host's, else a copy in kernel memory (of the array's values when
+// `in`). copy_back() returns what a kernel wrote to the array.
+template <class T>
+class KernelCopy {
+ public:
+  KernelCopy(T* host, int64_t n, bool in = true) : host_(host), n_(n), data_(host) {
+    if (kernel_memory_on_host()) return;
+    copy_ = Buffer<std::remove_const_t<T>>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "KernelCopy"), n);
+    if (in) Kokkos::deep_copy(copy_, Kokkos::View<const std::remove_const_t<T>*, Kokkos::HostSpace, Unmanaged>(host, n));
+    data_ = copy_.data();
+  }
+  Vec<T> vec() const { return Vec<T>(data_, n_); }
+  void copy_back() const {
+    static_assert(!std::is_const_v<T>, "copy_back: an input");
+    if (copy_.data()) Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(host_, n_), copy_);
+  }
+
+ private:
+  T* host_;
+  int64_t n_;
+  T* data_;
+  Buffer<std::remove_const_t<T>> copy_;
+};
 
 }  // namespace xx
