@@ -122,6 +122,24 @@ std::string gemm_report(Precision type) {
   return line;
 }
 
+// A device library reads and writes kernel memory only: checked under the
+// device emulation (core/device_memory.h), where a host array is a test's
+// or a caller's mistake that a GPU would turn into a crash.
+static void require_kernel_memory(const GemmOperand& a, const GemmOperand& b, const float* c, int64_t c_count,
+                                  const GemmBatch& batch) {
+  auto operand = [&](const GemmOperand& m, int64_t stride, const char* name) {
+    const int64_t elements = (batch.count - 1) * stride + m.rows * m.cols;
+    if (!is_kernel_memory(m.data, elements * (m.type == Precision::fp32 ? 4 : 2)))
+      throw std::logic_error(fmt::format("gemm: operand {} ({}x{}) is not in kernel memory (a host array?); a "
+                                         "device's GEMM library cannot read it", name, m.rows, m.cols));
+  };
+  operand(a, batch.a, "a");
+  operand(b, batch.b, "b");
+  if (!is_kernel_memory(c, ((batch.count - 1) * batch.c + c_count) * int64_t(sizeof(float))))
+    throw std::logic_error("gemm: the result is not in kernel memory (a host array?); a device's GEMM library "
+                           "cannot write it");
+}
+
 void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, Mat<float> c) {
   if (a.op_cols() != b.op_rows() || int64_t(c.extent(0)) != a.op_rows() || int64_t(c.extent(1)) != b.op_cols())
     throw std::logic_error(fmt::format("gemm: shapes ({}x{}) . ({}x{}) -> ({}x{}) do not match", a.op_rows(),
@@ -134,6 +152,7 @@ void gemm(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, M
       });
     return;
   }
+  require_kernel_memory(a, b, c.data(), int64_t(c.extent(0) * c.extent(1)), {});
   auto& backend = gemm_backend();
   DeviceWork device;  // the library reads and writes kernel memory
   if (a.type == b.type && runs_natively(backend, a.type)) {
@@ -161,6 +180,7 @@ void gemm_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float
            Mat<float>(c.data() + n * batch.c, c.extent(0), c.extent(1)));
     return;
   }
+  require_kernel_memory(a, b, c.data(), int64_t(c.extent(0) * c.extent(1)), batch);
   auto& backend = gemm_backend();
   DeviceWork device;
   if (a.type == b.type && runs_natively(backend, a.type)) {

@@ -19,6 +19,14 @@ std::vector<typename View::non_const_value_type> host(const View& v) {
   return std::vector<typename View::non_const_value_type>(h.data(), h.data() + h.size());
 }
 
+// A host vector's values in kernel memory: what kernels and the GEMM seam take.
+template <class T>
+Buffer<T> in_kernel(const std::vector<T>& v) {
+  Buffer<T> b(Kokkos::view_alloc(Kokkos::WithoutInitializing, "test::values"), v.size());
+  Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
+  return b;
+}
+
 inline Buffer<double> random_buffer(int64_t n, uint64_t seed, double scale = 1.0) {
   Buffer<double> b("test::random", n);
   auto h = xx::host_staging(b);

@@ -8,9 +8,12 @@
 #include <random>
 #include <string>
 #include <vector>
+#include "fd.h"
 #include "kernels/gemm.h"
 
 using namespace xx;
+using test::host;
+using test::in_kernel;
 namespace k = xx::kernels;
 
 namespace {
@@ -74,11 +77,13 @@ TEST_CASE("gemm: every backend, transpose, alpha and beta matches a double refer
             CAPTURE(name, ta, tb, varying, M, N, K);
             const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
             const auto a = random_values(ar * ac, 1), b = random_values(br * bc, 2), c0 = random_values(M * N, 3);
+            const auto ka = in_kernel(a), kb = in_kernel(b);
             for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {0.5f, 1}, {2, -0.25f}}) {
-              std::vector<float> c = c0;
-              k::GemmOperand A{a.data(), ar, ac, k::Precision::fp32, ta, varying};
-              k::GemmOperand B{b.data(), br, bc, k::Precision::fp32, tb, false};
-              k::gemm(A, B, alpha, beta, Mat<float>(c.data(), M, N));
+              auto kc = in_kernel(c0);
+              k::GemmOperand A{ka.data(), ar, ac, k::Precision::fp32, ta, varying};
+              k::GemmOperand B{kb.data(), br, bc, k::Precision::fp32, tb, false};
+              k::gemm(A, B, alpha, beta, mat(kc, M, N));
+              const auto c = host(kc);
               const auto want = reference(a, ar, ac, ta, b, br, bc, tb, alpha, beta, c0);
               for (int64_t i = 0; i < M * N; ++i) REQUIRE(c[i] == Approx(want[i]).epsilon(1e-5).margin(1e-5));
             }
@@ -95,15 +100,17 @@ TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulat
       CAPTURE(name, widened, int(type), k::gemm_backend().native(type));
       const int64_t M = 33, N = 21, K = 70;
       auto a = random_values(M * K, 4), b = random_values(N * K, 5);
-      std::vector<uint16_t> a16(a.size()), b16(b.size());
-      k::pack_half(a16.data(), a.data(), int64_t(a.size()), type);
-      k::pack_half(b16.data(), b.data(), int64_t(b.size()), type);
+      Buffer<uint16_t> ka16("test::a16", a.size()), kb16("test::b16", b.size());
+      k::pack_half(ka16.data(), in_kernel(a).data(), int64_t(a.size()), type);
+      k::pack_half(kb16.data(), in_kernel(b).data(), int64_t(b.size()), type);
+      const auto a16 = host(ka16), b16 = host(kb16);
       for (size_t i = 0; i < a.size(); ++i) a[i] = k::half_bits_to_float(a16[i], type);  // the values multiplied
       for (size_t i = 0; i < b.size(); ++i) b[i] = k::half_bits_to_float(b16[i], type);
-      std::vector<float> c(M * N, 0.0f), c_again(M * N, 0.0f);
-      k::GemmOperand A{a16.data(), M, K, type, false}, B{b16.data(), N, K, type, true};  // c = a b^T, as linear
-      k::gemm(A, B, 1.0f, 0.0f, Mat<float>(c.data(), M, N));
-      k::gemm(A, B, 1.0f, 0.0f, Mat<float>(c_again.data(), M, N));
+      Buffer<float> kc("test::c", M * N), kc_again("test::c_again", M * N);
+      k::GemmOperand A{ka16.data(), M, K, type, false}, B{kb16.data(), N, K, type, true};  // c = a b^T, as linear
+      k::gemm(A, B, 1.0f, 0.0f, mat(kc, M, N));
+      k::gemm(A, B, 1.0f, 0.0f, mat(kc_again, M, N));
+      const auto c = host(kc), c_again = host(kc_again);
       const auto want = reference(a, M, K, false, b, N, K, true, 1, 0, std::vector<float>(M * N, 0.0f));
       for (int64_t i = 0; i < M * N; ++i) {
         REQUIRE(c[i] == Approx(want[i]).epsilon(1e-5).margin(1e-5));  // fp32 accumulation, not 16-bit
@@ -115,12 +122,13 @@ TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulat
 }
 
 TEST_CASE("gemm: an empty sum scales c by beta; mismatched shapes are refused", "[gemm]") {
-  std::vector<float> c = {1, 2, 3, 4}, a(1), b(1);
+  auto c = in_kernel(std::vector<float>{1, 2, 3, 4});
+  const Buffer<float> a("test::a", 1), b("test::b", 1);
   k::gemm({a.data(), 2, 0, k::Precision::fp32, false}, {b.data(), 0, 2, k::Precision::fp32, false}, 1.0f, 0.5f,
-          Mat<float>(c.data(), 2, 2));
-  CHECK(c == std::vector<float>{0.5f, 1, 1.5f, 2});
+          mat(c, 2, 2));
+  CHECK(host(c) == std::vector<float>{0.5f, 1, 1.5f, 2});
   CHECK_THROWS_AS(k::gemm({a.data(), 2, 3, k::Precision::fp32, false}, {b.data(), 2, 2, k::Precision::fp32, false},
-                          1.0f, 0.0f, Mat<float>(c.data(), 2, 2)),
+                          1.0f, 0.0f, mat(c, 2, 2)),
                   std::logic_error);
 #ifdef KOKKOS_ENABLE_CUDA
   const char* absent = "blas";  // KokkosKernels is not part of a CUDA build
@@ -170,25 +178,27 @@ TEST_CASE("gemm_batched: every backend, transpose and type matches the single GE
               const k::GemmBatch batch{count, ar * ac + 13, br * bc + 3 * bc, M * N + 7};
               const auto a = random_values(count * batch.a, 6), b = random_values(count * batch.b, 7);
               const auto c0 = random_values(count * batch.c, 8);
-              std::vector<uint16_t> a16(a.size()), b16(b.size());
+              const auto ka = in_kernel(a), kb = in_kernel(b);
+              Buffer<uint16_t> ka16("test::a16", a.size()), kb16("test::b16", b.size());
               if (type != k::Precision::fp32) {
-                k::pack_half(a16.data(), a.data(), int64_t(a.size()), type);
-                k::pack_half(b16.data(), b.data(), int64_t(b.size()), type);
+                k::pack_half(ka16.data(), ka.data(), int64_t(a.size()), type);
+                k::pack_half(kb16.data(), kb.data(), int64_t(b.size()), type);
               }
-              const void* pa = type == k::Precision::fp32 ? static_cast<const void*>(a.data()) : a16.data();
-              const void* pb = type == k::Precision::fp32 ? static_cast<const void*>(b.data()) : b16.data();
+              const void* pa = type == k::Precision::fp32 ? static_cast<const void*>(ka.data()) : ka16.data();
+              const void* pb = type == k::Precision::fp32 ? static_cast<const void*>(kb.data()) : kb16.data();
               const k::GemmOperand A{pa, ar, ac, type, ta}, B{pb, br, bc, type, tb};
               for (auto [alpha, beta] : {std::pair<float, float>{1, 0}, {0.5f, 1}}) {
-                std::vector<float> c = c0, again = c0, single = c0;
-                k::gemm_batched(A, B, alpha, beta, Mat<float>(c.data(), M, N), batch);
-                k::gemm_batched(A, B, alpha, beta, Mat<float>(again.data(), M, N), batch);
+                auto kc = in_kernel(c0), kagain = in_kernel(c0), ksingle = in_kernel(c0);
+                k::gemm_batched(A, B, alpha, beta, mat(kc, M, N), batch);
+                k::gemm_batched(A, B, alpha, beta, mat(kagain, M, N), batch);
                 const int64_t size = type == k::Precision::fp32 ? 4 : 2;
                 for (int64_t n = 0; n < count; ++n) {
                   k::GemmOperand An = A, Bn = B;
                   An.data = static_cast<const char*>(pa) + n * batch.a * size;
                   Bn.data = static_cast<const char*>(pb) + n * batch.b * size;
-                  k::gemm(An, Bn, alpha, beta, Mat<float>(single.data() + n * batch.c, M, N));
+                  k::gemm(An, Bn, alpha, beta, Mat<float>(ksingle.data() + n * batch.c, M, N));
                 }
+                const auto c = host(kc), again = host(kagain), single = host(ksingle);
                 REQUIRE(c == again);
                 for (size_t i = 0; i < c.size(); ++i) {
                   const bool gap = int64_t(i) % batch.c >= M * N;
@@ -207,9 +217,14 @@ TEST_CASE("gemm_batched: double loops on gemm_f64; a batch of one is the single 
   std::vector<double> a(count * M * K), b(count * K * N), c(count * M * N, 0.0);
   for (size_t i = 0; i < a.size(); ++i) a[i] = double(i % 7) - 3;
   for (size_t i = 0; i < b.size(); ++i) b[i] = double(i % 5) - 2;
-  k::gemm_batched<double>("N", k::GemmIn<double>(Mat<const double>(a.data(), M, K)), "N",
-                          k::GemmIn<double>(Mat<const double>(b.data(), K, N)), 1.0, 0.0,
-                          Mat<double>(c.data(), M, N), {count, M * K, K * N, M * N});
+  {
+    const auto ka = in_kernel(a), kb = in_kernel(b);
+    auto kc = in_kernel(c);
+    k::gemm_batched<double>("N", k::GemmIn<double>(Mat<const double>(ka.data(), M, K)), "N",
+                            k::GemmIn<double>(Mat<const double>(kb.data(), K, N)), 1.0, 0.0,
+                            Mat<double>(kc.data(), M, N), {count, M * K, K * N, M * N});
+    c = host(kc);
+  }
   for (int64_t n = 0; n < count; ++n)
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
@@ -217,10 +232,10 @@ TEST_CASE("gemm_batched: double loops on gemm_f64; a batch of one is the single 
         for (int64_t p = 0; p < K; ++p) s += a[n * M * K + i * K + p] * b[n * K * N + p * N + j];
         REQUIRE(c[n * M * N + i * N + j] == s);  // small integers: exact
       }
-  const auto fa = random_values(M * K, 9), fb = random_values(K * N, 10);
-  std::vector<float> one(M * N), single(M * N);
+  const auto fa = in_kernel(random_values(M * K, 9)), fb = in_kernel(random_values(K * N, 10));
+  Buffer<float> one("test::one", M * N), single("test::single", M * N);
   const k::GemmOperand A{fa.data(), M, K}, B{fb.data(), K, N};
-  k::gemm_batched(A, B, 1.0f, 0.0f, Mat<float>(one.data(), M, N), {1, 0, 0, 0});
-  k::gemm(A, B, 1.0f, 0.0f, Mat<float>(single.data(), M, N));
-  CHECK(one == single);
+  k::gemm_batched(A, B, 1.0f, 0.0f, mat(one, M, N), {1, 0, 0, 0});
+  k::gemm(A, B, 1.0f, 0.0f, mat(single, M, N));
+  CHECK(host(one) == host(single));
 }

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -45,6 +46,7 @@ bool g_report_only = false;    // XX_EMULATE_DEVICE=report: say each touch, go o
 std::mutex g_mutex;            // the maps, outside the fault handler
 std::map<uintptr_t, Region>* g_regions = nullptr;
 std::vector<uintptr_t>* g_opened = nullptr;  // regions the open scopes touched
+std::map<uintptr_t, uintptr_t>* g_allocations = nullptr;  // every kernel allocation's data: begin -> end
 uintptr_t g_page = 4096;
 
 void protect(uintptr_t begin, const Region& r, int prot) {
@@ -136,6 +138,10 @@ void on_allocate(Kokkos_Profiling_SpaceHandle, const char* label, const void* pt
   if (std::strncmp(label, kHostLabel, std::strlen(kHostLabel)) == 0) return;
   if (std::strncmp(label, "Kokkos::", 8) == 0) return;  // its own (scratch): freed without a callback
   const auto alloc = reinterpret_cast<uintptr_t>(ptr), data = alloc + sizeof(Kokkos::Impl::SharedAllocationHeader);
+  {
+    std::lock_guard lock(g_mutex);
+    (*g_allocations)[data] = data + bytes;
+  }
   const uintptr_t begin = first_page(alloc), end = (data + bytes) / g_page * g_page;
   if (end <= begin) return;  // no whole page inside
   Region r;
@@ -151,6 +157,7 @@ void on_allocate(Kokkos_Profiling_SpaceHandle, const char* label, const void* pt
 void on_deallocate(Kokkos_Profiling_SpaceHandle, const char*, const void* ptr, uint64_t) {
   const auto alloc = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard lock(g_mutex);
+  g_allocations->erase(alloc + sizeof(Kokkos::Impl::SharedAllocationHeader));
   auto it = g_regions->find(first_page(alloc));
   if (it == g_regions->end() || it->second.alloc != alloc) return;  // not one it protects
   protect(it->first, it->second, PROT_READ | PROT_WRITE);  // before the allocator writes to it
@@ -185,6 +192,7 @@ bool start_device_emulation_if_asked() {
   g_page = uintptr_t(sysconf(_SC_PAGESIZE));
   g_regions = new std::map<uintptr_t, Region>;  // never freed: the callbacks may outlive static destructors
   g_opened = new std::vector<uintptr_t>;
+  g_allocations = new std::map<uintptr_t, uintptr_t>;
   g_opened->reserve(4096);
   // The handler runs on a stack of its own: JIT-compiled GEMM kernels (oneDNN)
   // keep data below their stack pointer, where a signal frame would land.
@@ -211,6 +219,16 @@ bool start_device_emulation_if_asked() {
 std::string device_emulation_report() {
   if (!device_emulated()) return "";
   return "emulated device (XX_EMULATE_DEVICE=1): device-side paths, kernel memory trapped outside kernels";
+}
+
+bool is_kernel_memory(const void* p, int64_t bytes) {
+  if (!device_emulated()) return true;  // (a GPU build would ask CUDA; a host build cannot tell)
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(g_mutex);
+  auto it = g_allocations->upper_bound(begin);
+  if (it == g_allocations->begin()) return false;
+  --it;
+  return begin >= it->first && begin + uintptr_t(std::max<int64_t>(bytes, 0)) <= it->second;
 }
 
 DeviceWork::DeviceWork() {

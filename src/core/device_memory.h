@@ -44,6 +44,10 @@ class DeviceWork {
   DeviceWork& operator=(const DeviceWork&) = delete;
 };
 
+// Under the emulation: whether [p, p + bytes) lies in one kernel allocation
+// (what a device library such as cuBLAS may be handed); true otherwise.
+bool is_kernel_memory(const void* p, int64_t bytes);
+
 inline constexpr const char* kHostLabel = "host::";
 
 // A host View with v's shape, uninitialised (its values to be written).
