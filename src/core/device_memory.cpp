@@ -7,7 +7,10 @@
 // and lets the access through, and the scope's end closes them again. So the
 // cost is one fault per buffer a kernel touches, not an mprotect of every
 // buffer per kernel. A fault outside every scope is the bug it looks for: it
-// prints the buffer's label, the byte and the call stack, and aborts.
+// prints the buffer's label, the byte and the call stack, and aborts (or,
+// under XX_EMULATE_DEVICE=report, opens the buffer until the next scope ends
+// and goes on). The handler runs on its own signal stack: oneDNN's JIT
+// kernels keep data below their stack pointer, where a signal frame lands.
 //
 // Only whole pages inside an allocation are protected: an allocation smaller
 // than a page, and the partial pages at its ends, go unchecked. Kokkos keeps
@@ -41,8 +44,8 @@ struct Region {
 };
 
 std::atomic<bool> g_emulated{false};
-std::atomic<int> g_scopes{0};
-bool g_report_only = false;    // XX_EMULATE_DEVICE=report: say each touch, go on  // kernels, deep_copies and DeviceWork open now
+std::atomic<int> g_scopes{0};  // kernels, deep_copies and DeviceWork open now
+bool g_report_only = false;    // XX_EMULATE_DEVICE=report: say each touch, go on
 std::mutex g_mutex;            // the maps, outside the fault handler
 std::map<uintptr_t, Region>* g_regions = nullptr;
 std::vector<uintptr_t>* g_opened = nullptr;  // regions the open scopes touched
@@ -194,9 +197,7 @@ bool start_device_emulation_if_asked() {
   g_opened = new std::vector<uintptr_t>;
   g_allocations = new std::map<uintptr_t, uintptr_t>;
   g_opened->reserve(4096);
-  // The handler runs on a stack of its own: JIT-compiled GEMM kernels (oneDNN)
-  // keep data below their stack pointer, where a signal frame would land.
-  stack_t alt{};
+  stack_t alt{};  // (the main thread's: the kernels and GEMMs run on it)
   alt.ss_size = size_t(1) << 20;
   alt.ss_sp = std::malloc(alt.ss_size);
   sigaltstack(&alt, nullptr);
