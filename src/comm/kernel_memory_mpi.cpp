@@ -1,5 +1,6 @@
 #include "comm/kernel_memory_mpi.h"
 #include <algorithm>
+#include <exception>
 #include "comm/ops.h"
 #include "core/views.h"
 
@@ -24,6 +25,9 @@ int64_t gathered_bytes(const int* counts, const int* displs, MPI_Datatype type, 
 KernelMemoryMpi::KernelMemoryMpi() : staged_(!mpi_reaches_kernel_memory()) {}
 
 KernelMemoryMpi::~KernelMemoryMpi() {
+  // Unwinding a failure: the job is ending, and a collective the other
+  // ranks never joined would hang here.
+  if (std::uncaught_exceptions() > 0) return;
   while (!in_flight_.empty()) {
     MPI_Request r = in_flight_.begin()->first;
     wait(&r);

@@ -16,7 +16,7 @@ namespace xx {
 class KernelMemoryMpi {
  public:
   KernelMemoryMpi();  // decides staging once (comm/ops.h)
-  ~KernelMemoryMpi();  // waits for what is in flight
+  ~KernelMemoryMpi();  // waits for what is in flight (not while an exception unwinds)
   KernelMemoryMpi(const KernelMemoryMpi&) = delete;
   KernelMemoryMpi& operator=(const KernelMemoryMpi&) = delete;
   bool staged() const { return staged_; }
