@@ -43,13 +43,16 @@ KernelMemoryMpi::Staging& KernelMemoryMpi::stage(void* kernel, int64_t bytes) {
   return pending_;
 }
 
-void KernelMemoryMpi::finish(MPI_Request key) {
-  auto it = in_flight_.find(key);
-  if (it == in_flight_.end()) return;
-  Staging& s = it->second;
+void KernelMemoryMpi::copy_back(Staging& s) {
   const int64_t bytes = int64_t(s.host.size());
   Kokkos::deep_copy(KernelBytes(static_cast<char*>(s.kernel), bytes),
                     HostBytes(reinterpret_cast<char*>(s.host.data()), bytes));
+}
+
+void KernelMemoryMpi::finish(MPI_Request key) {
+  auto it = in_flight_.find(key);
+  if (it == in_flight_.end()) return;
+  copy_back(it->second);
   in_flight_.erase(it);
 }
 
@@ -61,6 +64,16 @@ void KernelMemoryMpi::iallreduce_sum(float* data, int n, MPI_Comm comm, MPI_Requ
   Staging& s = stage(data, int64_t(n) * int64_t(sizeof(float)));
   MPI_Iallreduce(MPI_IN_PLACE, s.host.data(), n, MPI_FLOAT, MPI_SUM, comm, request);
   in_flight_[*request] = std::move(s);
+}
+
+void KernelMemoryMpi::allreduce_sum(float* data, int n, MPI_Comm comm) {
+  if (!staged_) {
+    MPI_Allreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm);
+    return;
+  }
+  Staging& s = stage(data, int64_t(n) * int64_t(sizeof(float)));
+  MPI_Allreduce(MPI_IN_PLACE, s.host.data(), n, MPI_FLOAT, MPI_SUM, comm);
+  copy_back(s);
 }
 
 void KernelMemoryMpi::iallgatherv(void* base, const int* counts, const int* displs, MPI_Datatype type,

@@ -21,8 +21,9 @@ class KernelMemoryMpi {
   KernelMemoryMpi& operator=(const KernelMemoryMpi&) = delete;
   bool staged() const { return staged_; }
 
-  // MPI_Iallreduce(MPI_IN_PLACE, data[0, n)), a float sum.
+  // MPI_Iallreduce(MPI_IN_PLACE, data[0, n)), a float sum; and MPI_Allreduce, blocking.
   void iallreduce_sum(float* data, int n, MPI_Comm comm, MPI_Request* request);
+  void allreduce_sum(float* data, int n, MPI_Comm comm);
   // MPI_Iallgatherv(MPI_IN_PLACE) into base: rank r's piece at base + displs[r].
   void iallgatherv(void* base, const int* counts, const int* displs, MPI_Datatype type, MPI_Comm comm,
                    MPI_Request* request);
@@ -38,7 +39,8 @@ class KernelMemoryMpi {
     std::vector<std::byte> host;
   };
   Staging& stage(void* kernel, int64_t bytes);  // copies the span out
-  void finish(MPI_Request key);                  // copies a completed one back
+  static void copy_back(Staging& s);
+  void finish(MPI_Request key);  // copies a completed one back
   bool staged_ = false;
   Staging pending_;                          // the one being started
   std::map<MPI_Request, Staging> in_flight_;  // by request, while it runs

@@ -1,4 +1,5 @@
 #include "comm/ops.h"
+#include "comm/kernel_memory_mpi.h"
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -39,27 +40,17 @@ class MpiAllreduce final : public DenseAllreduce {
     MPI_Comm_size(group, &size);
     if (size == 1 || n == 0) return;
     const double t0 = MPI_Wtime();
-    float* sum = buffer;
-    if (staged_) {  // MPI cannot read kernel memory here: the bucket goes through the host
-      if (int64_t(host_.size()) < n) host_.resize(size_t(n));
-      ExecSpace().fence();
-      Kokkos::deep_copy(HostVec(host_.data(), n), Vec<float>(buffer, n));
-      sum = host_.data();
-    }
     for (int64_t at = 0; at < n; at += INT_MAX) {  // MPI counts are int
       const int count = int(std::min<int64_t>(INT_MAX, n - at));
-      MPI_Allreduce(MPI_IN_PLACE, sum + at, count, MPI_FLOAT, MPI_SUM, group);
+      mpi_.allreduce_sum(buffer + at, count, group);  // through the host where MPI cannot read kernel memory
       stats.rounds += 1;
     }
-    if (staged_) Kokkos::deep_copy(Vec<float>(buffer, n), HostVec(host_.data(), n));
     stats.seconds += MPI_Wtime() - t0;
     stats.bytes_sent += n * int64_t(sizeof(float));
   }
 
  private:
-  using HostVec = Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>;
-  bool staged_ = !mpi_reaches_kernel_memory();
-  std::vector<float> host_;
+  KernelMemoryMpi mpi_;
 };
 
 class NcclAllreduce final : public DenseAllreduce {
