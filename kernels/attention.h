@@ -4,6 +4,8 @@
 // triangle per (batch, head); GEMMs go through the seam (kernels/gemm.h). Only the
 // diagonal blocks compute masked entries (a fraction Bk / (2T) of the work);
 // they are zeroed after the softmax.
+// Team-shaped (kernels/team.h): the softmax rows and head merges are team
+// rows, a row's keys (or channels) its vector lanes.
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include <cmath>
@@ -11,6 +13,7 @@
 #include "core/views.h"
 #include "kernels/gemm.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -30,25 +33,22 @@ struct CausalBlocks {
 // p (rows, cols) holds scaled scores of queries first_row.. ; softmax over keys <= query.
 template <class T>
 void causal_softmax_rows(Mat<T> p, int64_t first_row) {
-  const int64_t cols = p.extent(1);
+  const int64_t rows = p.extent(0), cols = p.extent(1);
   Kokkos::parallel_for(
-      "attention::softmax", Kokkos::RangePolicy<ExecSpace>(0, p.extent(0)), KOKKOS_LAMBDA(int64_t r) {
-        const int64_t valid = first_row + r + 1;
-        T* row = &p(r, 0);
-        T m = row[0];
-#pragma omp simd reduction(max : m)
-        for (int64_t s = 1; s < valid; ++s) m = row[s] > m ? row[s] : m;
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t s = 0; s < valid; ++s) {
-          const T e = exp_of(row[s] - m);
-          row[s] = e;
-          sum += e;
-        }
-        const T inv = T(1) / sum;
-#pragma omp simd
-        for (int64_t s = 0; s < valid; ++s) row[s] *= inv;
-        for (int64_t s = valid; s < cols; ++s) row[s] = T(0);
+      "attention::softmax", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, rows, [&](int64_t r) {
+          const int64_t valid = first_row + r + 1;
+          T* row = &p(r, 0);
+          const T m = row_max(tm, valid, [&](int64_t s) { return row[s]; });
+          const T sum = row_sum(tm, valid, [&](int64_t s) {
+            const T e = exp_of(row[s] - m);
+            row[s] = e;
+            return e;
+          });
+          const T inv = T(1) / sum;
+          row_for(tm, valid, [&](int64_t s) { row[s] *= inv; });
+          row_for(tm, cols - valid, [&](int64_t s) { row[valid + s] = T(0); });
+        });
       });
 }
 
@@ -56,24 +56,21 @@ void causal_softmax_rows(Mat<T> p, int64_t first_row) {
 // from its T values, or from its 16-bit copy (`half`, of `type`).
 template <class T>
 void causal_softmax_rows_backward(Mat<T> dp, const T* p, const uint16_t* half, Precision type, T scale) {
-  const int64_t cols = dp.extent(1);
+  const int64_t rows = dp.extent(0), cols = dp.extent(1);
   Kokkos::parallel_for(
-      "attention::softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, dp.extent(0)), KOKKOS_LAMBDA(int64_t r) {
-        T* drow = &dp(r, 0);
-        T dot = 0;
-        if (half) {
-          const uint16_t* prow = half + r * cols;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t s = 0; s < cols; ++s) dot += T(half_bits_to_float(prow[s], type)) * drow[s];
-#pragma omp simd
-          for (int64_t s = 0; s < cols; ++s) drow[s] = T(half_bits_to_float(prow[s], type)) * (drow[s] - dot) * scale;
-        } else {
-          const T* prow = p + r * cols;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t s = 0; s < cols; ++s) dot += prow[s] * drow[s];
-#pragma omp simd
-          for (int64_t s = 0; s < cols; ++s) drow[s] = prow[s] * (drow[s] - dot) * scale;
-        }
+      "attention::softmax_backward", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, rows, [&](int64_t r) {
+          T* drow = &dp(r, 0);
+          if (half) {
+            const uint16_t* prow = half + r * cols;
+            const T dot = row_sum(tm, cols, [&](int64_t s) { return T(half_bits_to_float(prow[s], type)) * drow[s]; });
+            row_for(tm, cols, [&](int64_t s) { drow[s] = T(half_bits_to_float(prow[s], type)) * (drow[s] - dot) * scale; });
+          } else {
+            const T* prow = p + r * cols;
+            const T dot = row_sum(tm, cols, [&](int64_t s) { return prow[s] * drow[s]; });
+            row_for(tm, cols, [&](int64_t s) { drow[s] = prow[s] * (drow[s] - dot) * scale; });
+          }
+        });
       });
 }
 
@@ -143,35 +140,37 @@ void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<con
   }
 }
 
-// out (B*T, H*D) from heads (B*H*T, D): one token per work item, rows copied whole
+// out (B*T, H*D) from heads (B*H*T, D): a token per team row, its heads in turn
 template <class T>
 void merge_heads_forward(Mat<T> out, Mat<const T> heads, int64_t B, int64_t Tn, int64_t H) {
-  const int64_t D = heads.extent(1);
+  const int64_t D = heads.extent(1), N = B * Tn;
   Kokkos::parallel_for(
-      "attention::merge_heads", Kokkos::RangePolicy<ExecSpace>(0, B * Tn), KOKKOS_LAMBDA(int64_t row) {
-        const int64_t b = row / Tn, t = row % Tn;
-        for (int64_t h = 0; h < H; ++h) {
-          const T* src = &heads((b * H + h) * Tn + t, 0);
-          T* dst = &out(row, h * D);
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
-        }
+      "attention::merge_heads", row_policy(N), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, N, [&](int64_t row) {
+          const int64_t b = row / Tn, t = row % Tn;
+          for (int64_t h = 0; h < H; ++h) {
+            const T* src = &heads((b * H + h) * Tn + t, 0);
+            T* dst = &out(row, h * D);
+            row_for(tm, D, [&](int64_t d) { dst[d] = src[d]; });
+          }
+        });
       });
 }
 
 // dheads (B*H*T, D) from dout (B*T, H*D)
 template <class T>
 void merge_heads_backward(Mat<T> dheads, Mat<const T> dout, int64_t B, int64_t Tn, int64_t H) {
-  const int64_t D = dheads.extent(1);
+  const int64_t D = dheads.extent(1), N = B * Tn;
   Kokkos::parallel_for(
-      "attention::merge_heads_backward", Kokkos::RangePolicy<ExecSpace>(0, B * Tn), KOKKOS_LAMBDA(int64_t row) {
-        const int64_t b = row / Tn, t = row % Tn;
-        for (int64_t h = 0; h < H; ++h) {
-          const T* src = &dout(row, h * D);
-          T* dst = &dheads((b * H + h) * Tn + t, 0);
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) dst[d] = src[d];
-        }
+      "attention::merge_heads_backward", row_policy(N), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, N, [&](int64_t row) {
+          const int64_t b = row / Tn, t = row % Tn;
+          for (int64_t h = 0; h < H; ++h) {
+            const T* src = &dout(row, h * D);
+            T* dst = &dheads((b * H + h) * Tn + t, 0);
+            row_for(tm, D, [&](int64_t d) { dst[d] = src[d]; });
+          }
+        });
       });
 }
 

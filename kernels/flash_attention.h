@@ -20,6 +20,8 @@
 // Under mixed precision q, k, v and dO are 16-bit GEMM inputs, and P and dS
 // are packed to 16 bits before the GEMMs that read them (as the packed kernel
 // keeps its probabilities); m, l, lse, S, dP and the outputs stay in T.
+// Team-shaped (kernels/team.h): every row kernel is a team row per (head,
+// query), its keys or channels the vector lanes.
 // Parameter gradients accumulate (+=); activation gradients are written (=).
 #pragma once
 #include <cmath>
@@ -27,6 +29,7 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -51,26 +54,24 @@ template <class T>
 void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, int64_t r0, int64_t rows, int64_t Tn, bool diagonal) {
   const int64_t cols = s.extent(1), Dv = o.extent(1), n = s.extent(0);
   Kokkos::parallel_for(
-      "attention::flash_online_softmax", Kokkos::RangePolicy<ExecSpace>(0, n), KOKKOS_LAMBDA(int64_t hr) {
-        const int64_t bh = hr / rows, r = hr % rows, valid = diagonal ? r + 1 : cols;
-        T* row = &s(hr, 0);
-        T top = m(hr);
-#pragma omp simd reduction(max : top)
-        for (int64_t c = 0; c < valid; ++c) top = row[c] > top ? row[c] : top;
-        const T shrink = exp_of(m(hr) - top);  // 0 on the first block (m = -inf)
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < valid; ++c) {
-          const T e = exp_of(row[c] - top);
-          row[c] = e;
-          sum += e;
-        }
-        for (int64_t c = valid; c < cols; ++c) row[c] = T(0);
-        m(hr) = top;
-        l(hr) = l(hr) * shrink + sum;
-        T* orow = &o(bh * Tn + r0 + r, 0);
-#pragma omp simd
-        for (int64_t d = 0; d < Dv; ++d) orow[d] *= shrink;
+      "attention::flash_online_softmax", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, n, [&](int64_t hr) {
+          const int64_t bh = hr / rows, r = hr % rows, valid = diagonal ? r + 1 : cols;
+          T* row = &s(hr, 0);
+          const T before = m(hr), block_top = row_max(tm, valid, [&](int64_t c) { return row[c]; });
+          const T top = block_top > before ? block_top : before;  // a max is exact: any order gives it
+          const T shrink = exp_of(before - top);  // 0 on the first block (m = -inf)
+          const T sum = row_sum(tm, valid, [&](int64_t c) {
+            const T e = exp_of(row[c] - top);
+            row[c] = e;
+            return e;
+          });
+          row_for(tm, cols - valid, [&](int64_t c) { row[valid + c] = T(0); });
+          T* orow = &o(bh * Tn + r0 + r, 0);
+          row_for(tm, Dv, [&](int64_t d) { orow[d] *= shrink; });
+          const T kept = l(hr) * shrink + sum;
+          row_single(tm, [&] { m(hr) = top, l(hr) = kept; });
+        });
       });
 }
 
@@ -86,10 +87,12 @@ void flash_attention_forward(Mat<T> out, Vec<T> lse, GemmIn<T> q, GemmIn<T> k, G
   for (int64_t i = 0; i < blocks.count; ++i) {
     const int64_t r0 = i * Bk, rows = blocks.rows(i);
     Kokkos::parallel_for(
-        "attention::flash_start", Kokkos::RangePolicy<ExecSpace>(0, BH * rows), KOKKOS_LAMBDA(int64_t hr) {
-          m(hr) = -kmath::infinity<T>(), l(hr) = T(0);
-          T* orow = &out((hr / rows) * Tn + r0 + hr % rows, 0);
-          for (int64_t d = 0; d < Dv; ++d) orow[d] = T(0);
+        "attention::flash_start", row_policy(BH * rows), KOKKOS_LAMBDA(const TeamMember& tm) {
+          for_rows(tm, BH * rows, [&](int64_t hr) {
+            T* orow = &out((hr / rows) * Tn + r0 + hr % rows, 0);
+            row_for(tm, Dv, [&](int64_t d) { orow[d] = T(0); });
+            row_single(tm, [&] { m(hr) = -kmath::infinity<T>(), l(hr) = T(0); });
+          });
         });
     const GemmIn<T> qi = q.rows_from(r0, rows);
     for (int64_t j = 0; j <= i; ++j) {
@@ -103,13 +106,14 @@ void flash_attention_forward(Mat<T> out, Vec<T> lse, GemmIn<T> q, GemmIn<T> k, G
                       Mat<T>(out.data() + r0 * Dv, rows, Dv), {BH, rows * cols, Tn * Dv, Tn * Dv});
     }
     Kokkos::parallel_for(
-        "attention::flash_finish", Kokkos::RangePolicy<ExecSpace>(0, BH * rows), KOKKOS_LAMBDA(int64_t hr) {
-          const int64_t row = (hr / rows) * Tn + r0 + hr % rows;
-          const T inv = T(1) / l(hr);
-          T* orow = &out(row, 0);
-#pragma omp simd
-          for (int64_t d = 0; d < Dv; ++d) orow[d] *= inv;
-          lse(row) = m(hr) + kmath::log(l(hr));
+        "attention::flash_finish", row_policy(BH * rows), KOKKOS_LAMBDA(const TeamMember& tm) {
+          for_rows(tm, BH * rows, [&](int64_t hr) {
+            const int64_t row = (hr / rows) * Tn + r0 + hr % rows;
+            const T inv = T(1) / l(hr);
+            T* orow = &out(row, 0);
+            row_for(tm, Dv, [&](int64_t d) { orow[d] *= inv; });
+            row_single(tm, [&] { lse(row) = m(hr) + kmath::log(l(hr)); });
+          });
         });
   }
 }
@@ -122,35 +126,33 @@ void flash_attention_delta(Vec<T> delta, Mat<const T> dout, GemmIn<T> out, int64
   const T* o = out.values;
   const uint16_t* half = out.half;
   const Precision type = out.type;
+  const int64_t rows = B * H * Tn;
   Kokkos::parallel_for(
-      "attention::flash_delta", Kokkos::RangePolicy<ExecSpace>(0, B * H * Tn), KOKKOS_LAMBDA(int64_t row) {
-        const int64_t b = row / (H * Tn), h = (row / Tn) % H, t = row % Tn;
-        const int64_t at = (b * Tn + t) * width + h * Dv;
-        const T* drow = &dout(b * Tn + t, h * Dv);
-        T sum = 0;
-        if (half) {
-#pragma omp simd reduction(+ : sum)
-          for (int64_t d = 0; d < Dv; ++d) sum += drow[d] * T(half_bits_to_float(half[at + d], type));
-        } else {
-#pragma omp simd reduction(+ : sum)
-          for (int64_t d = 0; d < Dv; ++d) sum += drow[d] * o[at + d];
-        }
-        delta(row) = sum;
+      "attention::flash_delta", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, rows, [&](int64_t row) {
+          const int64_t b = row / (H * Tn), h = (row / Tn) % H, t = row % Tn;
+          const int64_t at = (b * Tn + t) * width + h * Dv;
+          const T* drow = &dout(b * Tn + t, h * Dv);
+          const T sum = half ? row_sum(tm, Dv, [&](int64_t d) { return drow[d] * T(half_bits_to_float(half[at + d], type)); })
+                             : row_sum(tm, Dv, [&](int64_t d) { return drow[d] * o[at + d]; });
+          row_single(tm, [&] { delta(row) = sum; });
+        });
       });
 }
 
 // s (BH*rows, cols) = exp(s - lse) of queries r0.., zero where masked.
 template <class T>
 void flash_probabilities(Mat<T> s, Vec<const T> lse, int64_t r0, int64_t rows, int64_t Tn, bool diagonal) {
-  const int64_t cols = s.extent(1);
+  const int64_t cols = s.extent(1), n = s.extent(0);
   Kokkos::parallel_for(
-      "attention::flash_probabilities", Kokkos::RangePolicy<ExecSpace>(0, s.extent(0)), KOKKOS_LAMBDA(int64_t hr) {
-        const int64_t r = hr % rows, valid = diagonal ? r + 1 : cols;
-        const T top = lse((hr / rows) * Tn + r0 + r);
-        T* row = &s(hr, 0);
-#pragma omp simd
-        for (int64_t c = 0; c < valid; ++c) row[c] = exp_of(row[c] - top);
-        for (int64_t c = valid; c < cols; ++c) row[c] = T(0);
+      "attention::flash_probabilities", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, n, [&](int64_t hr) {
+          const int64_t r = hr % rows, valid = diagonal ? r + 1 : cols;
+          const T top = lse((hr / rows) * Tn + r0 + r);
+          T* row = &s(hr, 0);
+          row_for(tm, valid, [&](int64_t c) { row[c] = exp_of(row[c] - top); });
+          row_for(tm, cols - valid, [&](int64_t c) { row[valid + c] = T(0); });
+        });
       });
 }
 
@@ -158,14 +160,15 @@ void flash_probabilities(Mat<T> s, Vec<const T> lse, int64_t r0, int64_t rows, i
 template <class T>
 void flash_score_gradient(Mat<T> dp, Mat<const T> p, Vec<const T> delta, int64_t r0, int64_t rows, int64_t Tn,
                           T scale) {
-  const int64_t cols = dp.extent(1);
+  const int64_t cols = dp.extent(1), n = dp.extent(0);
   Kokkos::parallel_for(
-      "attention::flash_score_gradient", Kokkos::RangePolicy<ExecSpace>(0, dp.extent(0)), KOKKOS_LAMBDA(int64_t hr) {
-        const T dot = delta((hr / rows) * Tn + r0 + hr % rows);
-        T* drow = &dp(hr, 0);
-        const T* prow = &p(hr, 0);
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) drow[c] = prow[c] * (drow[c] - dot) * scale;
+      "attention::flash_score_gradient", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, n, [&](int64_t hr) {
+          const T dot = delta((hr / rows) * Tn + r0 + hr % rows);
+          T* drow = &dp(hr, 0);
+          const T* prow = &p(hr, 0);
+          row_for(tm, cols, [&](int64_t c) { drow[c] = prow[c] * (drow[c] - dot) * scale; });
+        });
       });
 }
 
