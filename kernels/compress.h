@@ -8,12 +8,14 @@
 // per quantization block, nb = ceil(k / B) blocks, nseg = ceil(n / 65536)
 // index segments, R ranks.
 //
-// Nothing loops over elements on the host and nothing uses atomics. Top-k is a
-// radix select on the bit patterns of |acc| (per-chunk histograms summed bin
-// by bin, 8 bits per digit; after the first digit only the candidates in the
-// threshold's bin are scanned), then a compaction that counts per chunk,
+// Nothing loops over elements on the host and no float sum uses atomics. Top-k
+// is a radix select on the bit patterns of |acc| (per-chunk histograms summed
+// bin by bin, 8 bits per digit; after the first digit only the candidates in
+// the threshold's bin are scanned), then a compaction that counts per chunk,
 // scans, and writes each chunk in index order: the same bits on every run and
-// every backend. Indices travel as 16 low bits plus a count per segment of
+// every backend. Team-shaped (kernels/team.h): a chunk (or quantization
+// block) is a team row, its elements the lanes; a chunk's histogram is one
+// team's; the element-wise kernels are flat ranges. Indices travel as 16 low bits plus a count per segment of
 // 65536: the counts come from binary searches in the sorted indices (one
 // thread per segment), and the receiver rebuilds each index by a binary
 // search in the counts' prefix sums (one thread per entry). Quantized values
@@ -289,8 +291,9 @@ inline void topk_choose_digit(Buffer<int64_t> hist, Buffer<int64_t> state, Buffe
 //      select: a histogram of the top digit over all n keys; the keys in T's
 //      top bin (the candidates) copied out, chunk by chunk in index order; then
 //      three more digits over the candidates only. No sort of n elements.
-//   2. Histograms are counted per chunk, each chunk by one thread into its own
-//      row, then summed bin by bin in chunk order: no atomics.
+//   2. Histograms are counted per chunk, each chunk by one team into its own
+//      row (integer counts: the same in any order), then summed bin by bin in
+//      chunk order: no float atomics.
 //   3. Every key > T is taken, and of the keys == T the `need` with the lowest
 //      indices: a chunk's first write position is gt_before + min(eq_before, need),
 //      with a chunk's counts taken from its top-digit row and its candidates.
@@ -323,21 +326,22 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
       });
   // top digit (bits 31..24) over all keys
   Kokkos::parallel_for(
-      "compress::topk_histogram", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-        int32_t* h = &chunk_hist(c * kBins);
-        for (int64_t b = 0; b < kBins; ++b) h[b] = 0;
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        for (int64_t i = c * kChunk; i < end; ++i) ++h[magnitude_key(acc(i)) >> 24];
+      "compress::topk_histogram", histogram_policy(chunks, kBins), KOKKOS_LAMBDA(const TeamMember& m) {
+        const int64_t c = m.league_rank(), i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk;
+        row_histogram(
+            m, len, kBins, [&](int64_t j) { return int64_t(magnitude_key(acc(i0 + j)) >> 24); },
+            &chunk_hist(c * kBins));
       });
   topk_choose_digit(hist, state, chunk_hist, chunks, 24);
   // per chunk: keys above the top bin, and how many candidates; then where they go
   Kokkos::parallel_for(
-      "compress::topk_top_bin", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t top = state(0) >> 24;
-        int64_t gt = 0;
-        for (int64_t b = top + 1; b < kBins; ++b) gt += chunk_hist(c * kBins + b);
-        chunk_gt(c) = gt;
-        chunk_eq(c) = chunk_hist(c * kBins + top);
+      "compress::topk_top_bin", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, chunks, [&](int64_t c) {
+          const int64_t top = state(0) >> 24;
+          const int32_t* h = &chunk_hist(c * kBins);
+          const int64_t gt = row_sum(m, kBins - top - 1, [&](int64_t b) { return int64_t(h[top + 1 + b]); });
+          row_single(m, [&] { chunk_gt(c) = gt, chunk_eq(c) = h[top]; });
+        });
       });
   Kokkos::parallel_scan(
       "compress::topk_scan_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks + 1),
@@ -346,41 +350,46 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
         if (c < chunks) sum += chunk_eq(c);
       });
   Kokkos::parallel_for(
-      "compress::topk_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-        const uint32_t top = uint32_t(state(0)) >> 24;
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        int64_t p = cand_off(c);
-        for (int64_t i = c * kChunk; i < end; ++i) {
-          const uint32_t key = magnitude_key(acc(i));
-          if (key >> 24 == top) cand(p++) = key;
-        }
+      "compress::topk_candidates", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, chunks, [&](int64_t c) {
+          const uint32_t top = uint32_t(state(0)) >> 24;
+          const int64_t i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk, p0 = cand_off(c);
+          // each candidate goes after the chunk's earlier ones: a scan of 0/1
+          row_scan<int32_t>(m, len, [&](int64_t j, int32_t& before, bool final) {
+            const uint32_t key = magnitude_key(acc(i0 + j));
+            if (key >> 24 != top) return;
+            if (final) cand(p0 + before) = key;
+            ++before;
+          });
+        });
       });
   // the other three digits over the candidates, each chunk's own
   for (int shift = 16; shift >= 0; shift -= 8) {
     const uint32_t hi_mask = ~((1u << (shift + 8)) - 1u);  // the digits already chosen
     Kokkos::parallel_for(
-        "compress::topk_histogram_candidates", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-          int32_t* h = &chunk_hist(c * kBins);
-          for (int64_t b = 0; b < kBins; ++b) h[b] = 0;
+        "compress::topk_histogram_candidates", histogram_policy(chunks, kBins), KOKKOS_LAMBDA(const TeamMember& m) {
+          const int64_t c = m.league_rank(), p0 = cand_off(c);
           const uint32_t prefix = uint32_t(state(0));
-          for (int64_t p = cand_off(c); p < cand_off(c + 1); ++p) {
-            const uint32_t key = cand(p);
-            if ((key & hi_mask) == prefix) ++h[(key >> shift) & 0xffu];
-          }
+          row_histogram(
+              m, cand_off(c + 1) - p0, kBins,
+              [&](int64_t j) {
+                const uint32_t key = cand(p0 + j);
+                return (key & hi_mask) == prefix ? int64_t((key >> shift) & 0xffu) : int64_t(-1);
+              },
+              &chunk_hist(c * kBins));
         });
     topk_choose_digit(hist, state, chunk_hist, chunks, shift);
   }
   // T = state(0); per chunk, keys above T and at T; then where each chunk writes
   Kokkos::parallel_for(
-      "compress::topk_count", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-        const uint32_t T = uint32_t(state(0));
-        int64_t gt = 0, eq = 0;
-        for (int64_t p = cand_off(c); p < cand_off(c + 1); ++p) {
-          gt += cand(p) > T;
-          eq += cand(p) == T;
-        }
-        chunk_gt(c) += gt;
-        chunk_eq(c) = eq;
+      "compress::topk_count", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, chunks, [&](int64_t c) {
+          const uint32_t T = uint32_t(state(0));
+          const int64_t p0 = cand_off(c), len = cand_off(c + 1) - p0;
+          const int64_t gt = row_sum(m, len, [&](int64_t j) { return int64_t(cand(p0 + j) > T); });
+          const int64_t eq = row_sum(m, len, [&](int64_t j) { return int64_t(cand(p0 + j) == T); });
+          row_single(m, [&] { chunk_gt(c) += gt, chunk_eq(c) = eq; });
+        });
       });
   Kokkos::parallel_scan(
       "compress::topk_scan_gt", Kokkos::RangePolicy<ExecSpace>(0, chunks),
@@ -394,22 +403,29 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
         if (final) off_eq(c) = sum;
         sum += chunk_eq(c);
       });
+  // Entry i of chunk c is taken if its key is above T, or at T with fewer
+  // than `need` keys at T before it (in the chunks before and in this one).
+  // It goes to off_gt(c) + min(off_eq(c), need) + the chunk's taken entries
+  // before it: one scan per chunk, of (keys above T) + 2^32 (keys at T).
   Kokkos::parallel_for(
-      "compress::topk_write", Kokkos::RangePolicy<ExecSpace>(0, chunks), KOKKOS_LAMBDA(int64_t c) {
-        const uint32_t T = uint32_t(state(0));
-        const int64_t need = state(1);
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        int64_t e = off_eq(c);
-        int64_t p = off_gt(c) + (e < need ? e : need);
-        for (int64_t i = c * kChunk; i < end; ++i) {
-          const float a = acc(i);
-          const uint32_t key = magnitude_key(a);
-          if (key > T || (key == T && e++ < need)) {
-            idx(p) = uint32_t(i);
-            val(p) = a;
-            ++p;
-          }
-        }
+      "compress::topk_write", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, chunks, [&](int64_t c) {
+          const uint32_t T = uint32_t(state(0));
+          const int64_t need = state(1), eq0 = off_eq(c), i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk;
+          const int64_t p0 = off_gt(c) + (eq0 < need ? eq0 : need), eq_room = need - eq0 > 0 ? need - eq0 : 0;
+          row_scan<int64_t>(m, len, [&](int64_t j, int64_t& before, bool final) {
+            const float a = acc(i0 + j);
+            const uint32_t key = magnitude_key(a);
+            if (key < T) return;
+            const int64_t gt_before = before & 0xffffffff, eq_before = before >> 32;
+            if (final && (key > T || eq_before < eq_room)) {
+              const int64_t p = p0 + gt_before + (eq_before < eq_room ? eq_before : eq_room);
+              idx(p) = uint32_t(i0 + j);
+              val(p) = a;
+            }
+            before += key > T ? int64_t(1) : int64_t(1) << 32;
+          });
+        });
       });
 }
 
@@ -426,15 +442,16 @@ inline void quantize(Vec<float> scale, Vec<uint8_t> codes, Vec<const float> val,
       int64_t(codes.extent(0)) != (quant == Quant::int8 ? k : ceil_div(k, 2)))
     throw std::invalid_argument(fmt::format("compress::quantize: quant {}, block {}, k = {}, scales {}, codes {}",
                                             quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
+  // a team row per block: the largest |value|, or the block's first NaN
   Kokkos::parallel_for(
-      "compress::quant_scales", Kokkos::RangePolicy<ExecSpace>(0, nb), KOKKOS_LAMBDA(int64_t b) {
-        const int64_t end = (b + 1) * block < k ? (b + 1) * block : k;
-        float m = 0;
-        for (int64_t j = b * block; j < end; ++j) {
-          const float a = kmath::fabs(val(j));
-          m = (a > m || a != a) && m == m ? a : m;  // NaN sticks
-        }
-        scale(b) = block_scale(m, qmax);
+      "compress::quant_scales", row_policy(nb), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, nb, [&](int64_t b) {
+          const int64_t j0 = b * block, len = k - j0 < block ? k - j0 : block;
+          const int64_t nan_at = row_first(tm, len, [&](int64_t j) { return val(j0 + j) != val(j0 + j); });
+          const float m = nan_at < len ? kmath::fabs(val(j0 + nan_at))
+                                       : row_max(tm, len, [&](int64_t j) { return kmath::fabs(val(j0 + j)); });
+          row_single(tm, [&] { scale(b) = block_scale(m, qmax); });
+        });
       });
   if (quant == Quant::int8) {
     Kokkos::parallel_for(

@@ -163,6 +163,63 @@ KOKKOS_FORCEINLINE_FUNCTION void row_scan(const Member& m, int64_t n, const F& f
   }
 }
 
+// The first j in [0, n) with pred(j), or n if none; every lane gets it.
+// Host: a loop in index order that stops there. Device: a min over the lanes.
+template <class Member, class Pred>
+KOKKOS_FORCEINLINE_FUNCTION int64_t row_first(const Member& m, int64_t n, const Pred& pred) {
+  if constexpr (host_member<Member>) {
+    for (int64_t j = 0; j < n; ++j)
+      if (pred(j)) return j;
+    return n;
+  } else {
+    int64_t first = n;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(m, n), [&](int64_t j, int64_t& acc) { acc = pred(j) && j < acc ? j : acc; },
+        Kokkos::Min<int64_t>(first));
+    return first < n ? first : n;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// histograms: a team per row of items
+
+// Team shape of a device histogram: kHistogramThreads threads x kVector lanes
+// share the row's items, counting into `bins` int32 of team scratch.
+constexpr int kHistogramThreads = 8;
+
+inline TeamPolicy histogram_policy(int64_t rows, int64_t bins) {
+  if constexpr (host_space<ExecSpace>) return TeamPolicy(int(rows), 1, 1);
+  else
+    return TeamPolicy(int(rows), kHistogramThreads, kVector)
+        .set_scratch_size(0, Kokkos::PerTeam(sizeof(int32_t) * bins));
+}
+
+// out[0 .. bins) = how many items j in [0, n) have bin_of(j) == b (an item
+// whose bin_of is negative is not counted), for the member's row. Host: one
+// pass in item order. Device: the team's lanes count into team scratch with
+// integer atomics (counts are the same in any order), then copy it out.
+template <class Member, class Bin>
+KOKKOS_FORCEINLINE_FUNCTION void row_histogram(const Member& m, int64_t n, int64_t bins, const Bin& bin_of,
+                                               int32_t* out) {
+  if constexpr (host_member<Member>) {
+    for (int64_t b = 0; b < bins; ++b) out[b] = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t b = bin_of(j);
+      if (b >= 0) ++out[b];
+    }
+  } else {
+    int32_t* h = static_cast<int32_t*>(m.team_scratch(0).get_shmem(sizeof(int32_t) * bins));
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(m, bins), [&](int64_t b) { h[b] = 0; });
+    m.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(m, n), [&](int64_t j) {
+      const int64_t b = bin_of(j);
+      if (b >= 0) Kokkos::atomic_add(&h[b], int32_t(1));
+    });
+    m.team_barrier();
+    Kokkos::parallel_for(Kokkos::TeamVectorRange(m, bins), [&](int64_t b) { out[b] = h[b]; });
+  }
+}
+
 // ----------------------------------------------------------------------------
 // flat arrays, in chunks of rows
 

@@ -420,6 +420,28 @@ TEST_CASE("compress: quantization error is within half a scale, ties to even, in
     REQUIRE(on_host(idx2) == ix);
     REQUIRE(on_host(val2) == expect);
   }
+
+  SECTION("a NaN or inf makes its block's scale non-finite, and only that block's") {
+    // blocks of 4: a NaN after larger values, an inf, two NaNs (the first, as
+    // |NaN|, is the scale's source), and a finite block
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const float nan2 = std::bit_cast<float>(0xffc01234u);  // a negative NaN with a payload
+    const std::vector<float> v = {5, -9, nan, 1, 2, -inf, 3, 4, 1, nan2, nan, 2, 7, -3, 1, 0.5f};
+    auto val = on_device(v);
+    const int64_t k = v.size();
+    Buffer<float> scale("test::scale", 4), back("test::back", k);
+    Buffer<uint8_t> codes("test::codes", k);
+    c::quantize(V(scale), V(codes), CV(val), Quant::int8, 4);
+    c::dequantize(V(back), CV(scale), CV(codes), Quant::int8, 4);
+    const auto s = on_host(scale), d = on_host(back);
+    REQUIRE(std::isnan(s[0]));
+    REQUIRE(std::isinf(s[1]));
+    REQUIRE(std::isnan(s[2]));
+    REQUIRE(bits(s[2]) == bits(c::block_scale(std::fabs(nan2), 127)));  // from the block's first NaN, not the second
+    REQUIRE(s[3] == c::block_scale(7.0f, 127));
+    for (int64_t j = 0; j < 12; ++j) REQUIRE(!std::isfinite(d[j]));  // 0 * non-finite scale
+    for (int64_t j = 12; j < 16; ++j) REQUIRE(std::fabs(d[j] - v[j]) <= s[3] / 2);
+  }
 }
 
 TEST_CASE("compress: the same input gives the same bytes", "[kernels][compress]") {

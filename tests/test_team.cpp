@@ -155,3 +155,69 @@ TEST_CASE("team columns: column sums in row order, scatter in row order", "[kern
     }
   }
 }
+
+TEST_CASE("team rows: the first index where a predicate holds, or the length", "[kernels][team]") {
+  for (const int64_t n : {0, 1, 31, 33, 100}) {
+    CAPTURE(n);
+    const int64_t rows = 9;
+    const int64_t width = n > 0 ? n : 1;
+    // row i marks the entries j with (j * 7 + i) % 13 == 0 from column i * 3 on: none in some rows
+    Buffer<int32_t> firsts("test::firsts", rows);
+    Kokkos::parallel_for(
+        "test::team_first", k::row_policy(rows), KOKKOS_LAMBDA(const k::TeamMember& m) {
+          k::for_rows(m, rows, [&](int64_t i) {
+            const int64_t f = k::row_first(m, n, [&](int64_t j) { return j >= i * 3 && (j * 7 + i) % 13 == 0; });
+            k::row_single(m, [&] { firsts(i) = int32_t(f); });
+          });
+        });
+    auto hf = host(firsts);
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t ref = n;
+      for (int64_t j = 0; j < n; ++j)
+        if (j >= i * 3 && (j * 7 + i) % 13 == 0) {
+          ref = j;
+          break;
+        }
+      CAPTURE(i, width);
+      REQUIRE(hf(i) == ref);
+    }
+  }
+}
+
+TEST_CASE("team histograms: every item counted in its bin, skipped ones not", "[kernels][team]") {
+  const int64_t bins = 256;
+  for (const int64_t n : {0, 1, 255, 2048, 5000}) {
+    CAPTURE(n);
+    const int64_t rows = 5;
+    const int64_t width = n > 0 ? n : 1;
+    auto x = random_floats(rows * width, 70 + uint64_t(n));
+    Buffer<int32_t> hist("test::hist", rows * bins);
+    Kokkos::deep_copy(hist, -7);  // every bin must be written, the empty ones with 0
+    Kokkos::parallel_for(
+        "test::team_histogram", k::histogram_policy(rows, bins), KOKKOS_LAMBDA(const k::TeamMember& m) {
+          const int64_t i = m.league_rank();
+          k::row_histogram(
+              m, n, bins,
+              [&](int64_t j) {  // negatives skipped; the rest in 256 bins by value
+                const float v = x(i * width + j);
+                return v < -0.5f ? int64_t(-1) : int64_t((v + 1.0f) * 0.5f * float(bins)) % bins;
+              },
+              &hist(i * bins));
+        });
+    auto hx = host(x);
+    auto hh = host(hist);
+    for (int64_t i = 0; i < rows; ++i) {
+      std::vector<int32_t> ref(bins, 0);
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = hx(i * width + j);
+        if (v >= -0.5f) ++ref[size_t(int64_t((v + 1.0f) * 0.5f * float(bins)) % bins)];
+      }
+      int64_t total = 0;
+      for (int64_t b = 0; b < bins; ++b) {
+        REQUIRE(hh(i * bins + b) == ref[size_t(b)]);
+        total += hh(i * bins + b);
+      }
+      if (n > 100) REQUIRE(total > n / 2);  // the draw leaves about three quarters counted
+    }
+  }
+}
