@@ -4,10 +4,10 @@
 // are assigned expert by expert in token order, and every token gathers its
 // own k contributions in slot order, so results are deterministic.
 // Activation gradients are written (=).
-// Team-shaped (kernels/team.h): the positions (a team row per expert), the
-// dispatch and combine (a row per token, channels in its vector lanes), the
-// score means (column sums). The router kernels stay one thread per token:
-// their work per token is over E experts and k slots, small and sequential.
+// Team-shaped (kernels/team.h): the router (a team row per token, its experts
+// in the vector lanes), the positions (a team row per expert), the dispatch
+// and combine (a row per token, channels in its vector lanes), the score
+// means (column sums).
 #pragma once
 #include "core/views.h"
 #include "kernels/elementwise.h"
@@ -28,46 +28,61 @@ struct GateKind {
 // scores (N, E) = softmax or sigmoid of logits (N, E)
 template <class T>
 void router_scores_forward(Mat<T> scores, Mat<const T> logits, GateKind g) {
-  const int64_t E = logits.extent(1);
+  const int64_t N = logits.extent(0), E = logits.extent(1);
   const bool sig = g.sigmoid;
   Kokkos::parallel_for(
-      "moe::router_scores", Kokkos::RangePolicy<ExecSpace>(0, logits.extent(0)), KOKKOS_LAMBDA(int64_t t) {
-        if (sig) {
-          for (int64_t e = 0; e < E; ++e) scores(t, e) = sigmoid_of(logits(t, e));
-          return;
-        }
-        T m = logits(t, 0);
-        for (int64_t e = 1; e < E; ++e) m = logits(t, e) > m ? logits(t, e) : m;
-        T z = 0;
-        for (int64_t e = 0; e < E; ++e) z += (scores(t, e) = exp_of(logits(t, e) - m));
-        for (int64_t e = 0; e < E; ++e) scores(t, e) /= z;
+      "moe::router_scores", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          if (sig) {
+            row_for(m, E, [&](int64_t e) { scores(t, e) = sigmoid_of(logits(t, e)); });
+            return;
+          }
+          const T top = row_max(m, E, [&](int64_t e) { return logits(t, e); });
+          const T z = row_sum_ordered(m, E, [&](int64_t e) { return scores(t, e) = exp_of(logits(t, e) - top); });
+          row_for(m, E, [&](int64_t e) { scores(t, e) /= z; });
+        });
       });
 }
 
-// idx (N, k): the k experts with the largest score + bias (ties: lower index);
-// weights (N, k): their combine weights (bias never enters a weight).
+// idx (N, k): the k experts with the largest score + bias (ties: lower index;
+// a NaN ranks as -inf); weights (N, k): their combine weights (bias never
+// enters a weight). Slot j takes the expert that follows slot j - 1's in the
+// order (value descending, index ascending): a max over the experts after
+// it, then the first expert holding that max. Every lane keeps the previous
+// pick, so no lane reads what another wrote.
 template <class T>
 void router_topk(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const float> bias, GateKind g) {
-  const int64_t E = scores.extent(1), K = idx.extent(1);
+  const int64_t N = scores.extent(0), E = scores.extent(1), K = idx.extent(1);
   const bool normalize = g.normalize;
   const T scale = T(g.route_scale);
   Kokkos::parallel_for(
-      "moe::router_topk", Kokkos::RangePolicy<ExecSpace>(0, scores.extent(0)), KOKKOS_LAMBDA(int64_t t) {
-        T sum = 0;
-        for (int64_t j = 0; j < K; ++j) {
-          int32_t best = -1;
-          T best_v = 0;
-          for (int64_t e = 0; e < E; ++e) {
-            bool taken = false;
-            for (int64_t i = 0; i < j; ++i) taken |= idx(t, i) == e;
+      "moe::router_topk", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          const auto value = [&](int64_t e) {
             const T v = scores(t, e) + T(bias(e));
-            if (!taken && (best < 0 || v > best_v)) best = int32_t(e), best_v = v;
+            return v == v ? v : -kmath::infinity<T>();
+          };
+          T prev_v = kmath::infinity<T>(), sum = 0;
+          int64_t prev_e = -1;
+          const auto after_prev = [&](int64_t e, T v) { return v < prev_v || (v == prev_v && e > prev_e); };
+          for (int64_t j = 0; j < K; ++j) {
+            const T top = row_max(m, E, [&](int64_t e) {
+              const T v = value(e);
+              return after_prev(e, v) ? v : -kmath::infinity<T>();
+            });
+            const int64_t best = row_first(m, E, [&](int64_t e) {
+              const T v = value(e);
+              return v == top && after_prev(e, v);
+            });
+            prev_v = top, prev_e = best;
+            const T s = scores(t, best);
+            sum += s;
+            row_single(m, [&] { idx(t, j) = int32_t(best), weights(t, j) = s; });
           }
-          idx(t, j) = best;
-          weights(t, j) = scores(t, best);
-          sum += scores(t, best);
-        }
-        for (int64_t j = 0; j < K; ++j) weights(t, j) = (normalize ? weights(t, j) / sum : weights(t, j)) * scale;
+          row_single(m, [&] {  // the lane that wrote the weights rescales them
+            for (int64_t j = 0; j < K; ++j) weights(t, j) = (normalize ? weights(t, j) / sum : weights(t, j)) * scale;
+          });
+        });
       });
 }
 
@@ -170,26 +185,32 @@ void combine_backward(Mat<T> dye, Mat<T> dweights, Mat<const T> dout, Mat<const 
 template <class T>
 void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Vec<const T> score_grad,
                      GateKind g) {
-  const int64_t E = scores.extent(1), K = idx.extent(1);
+  const int64_t N = scores.extent(0), E = scores.extent(1), K = idx.extent(1);
   const bool sig = g.sigmoid, normalize = g.normalize;
   const T scale = T(g.route_scale);
   Kokkos::parallel_for(
-      "moe::router_backward", Kokkos::RangePolicy<ExecSpace>(0, scores.extent(0)), KOKKOS_LAMBDA(int64_t t) {
-        // ds into dlogits first, then through the gate function in place.
-        for (int64_t e = 0; e < E; ++e) dlogits(t, e) = score_grad(e);
-        T sum = 0, dot = 0;  // selected scores, and sum_j dw_j s_j
-        for (int64_t j = 0; j < K; ++j) sum += scores(t, idx(t, j)), dot += dweights(t, j) * scores(t, idx(t, j));
-        for (int64_t j = 0; j < K; ++j) {
-          const int32_t e = idx(t, j);
-          dlogits(t, e) += normalize ? scale * (dweights(t, j) / sum - dot / (sum * sum)) : scale * dweights(t, j);
-        }
-        if (sig) {
-          for (int64_t e = 0; e < E; ++e) dlogits(t, e) *= scores(t, e) * (T(1) - scores(t, e));
-        } else {
-          T sd = 0;
-          for (int64_t e = 0; e < E; ++e) sd += scores(t, e) * dlogits(t, e);
-          for (int64_t e = 0; e < E; ++e) dlogits(t, e) = scores(t, e) * (dlogits(t, e) - sd);
-        }
+      "moe::router_backward", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          // every lane sums the k selected slots itself (k is small)
+          T sum = 0, dot = 0;  // selected scores, and sum_j dw_j s_j
+          for (int64_t j = 0; j < K; ++j) sum += scores(t, idx(t, j)), dot += dweights(t, j) * scores(t, idx(t, j));
+          // ds = score_grad + the selected slot's term (the k experts are distinct)
+          const auto ds = [&](int64_t e) {
+            T d = score_grad(e);
+            for (int64_t j = 0; j < K; ++j)
+              if (idx(t, j) == e)
+                d += normalize ? scale * (dweights(t, j) / sum - dot / (sum * sum)) : scale * dweights(t, j);
+            return d;
+          };
+          if (sig) {
+            row_for(m, E, [&](int64_t e) { dlogits(t, e) = ds(e) * (scores(t, e) * (T(1) - scores(t, e))); });
+          } else {
+            // each lane reads back only the experts it wrote (same lane split in row_for and row_sum)
+            row_for(m, E, [&](int64_t e) { dlogits(t, e) = ds(e); });
+            const T sd = row_sum_ordered(m, E, [&](int64_t e) { return scores(t, e) * dlogits(t, e); });
+            row_for(m, E, [&](int64_t e) { dlogits(t, e) = scores(t, e) * (dlogits(t, e) - sd); });
+          }
+        });
       });
 }
 

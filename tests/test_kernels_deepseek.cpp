@@ -223,6 +223,42 @@ TEST_CASE("router top-k: largest score + bias, ties to the lower index, bias nev
   }
 }
 
+TEST_CASE("router top-k: k = E ranks every expert once; inf first, NaN as -inf", "[kernels]") {
+  // Row 0: 70 experts (more than a warp) with ties, each picked once, in
+  // (value descending, index ascending) order. Row 1: non-finite scores.
+  const int64_t E = 70, N = 2;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> s(N * E, 0.25);
+  for (int64_t e = 0; e < E; ++e) s[e] = double((e * 37) % 11) / 16.0;
+  s[E + 3] = nan, s[E + 5] = -inf, s[E + 9] = inf, s[E + 60] = 0.5, s[E + 0] = nan;
+  for (const int64_t K : {int64_t(1), int64_t(7), E}) {
+    CAPTURE(K);
+    auto scores = buffer_of(s);
+    auto b = float_buffer_of(std::vector<float>(E, 0.0f));
+    k::Index2 idx("idx", N, K);
+    Buffer<double> w("w", N * K);
+    k::router_topk<double>(idx, M(w, N, K), M(scores, N, E), Vec<const float>(b.data(), E), k::GateKind{});
+    const auto hidx = host(idx);
+    for (int64_t t = 0; t < N; ++t) {
+      std::vector<int32_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      const auto rank_value = [&](int32_t e) { return std::isnan(s[t * E + e]) ? -inf : s[t * E + e]; };
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t c) { return rank_value(a) > rank_value(c); });
+      for (int64_t j = 0; j < K; ++j) {
+        CAPTURE(t, j);
+        REQUIRE(hidx[t * K + j] == order[size_t(j)]);
+      }
+    }
+    if (K == E) {  // row 1: inf, 0.5, then the 0.25s, then -inf and the NaNs by index
+      REQUIRE(hidx[K + 0] == 9);
+      REQUIRE(hidx[K + 1] == 60);
+      REQUIRE(hidx[K + E - 3] == 0);
+      REQUIRE(hidx[K + E - 2] == 3);
+      REQUIRE(hidx[K + E - 1] == 5);
+    }
+  }
+}
+
 TEST_CASE("route positions: counts, exclusive offsets, inverse maps, token order, empty experts", "[kernels]") {
   const int64_t E = 6;
   auto check = [&](const std::vector<int32_t>& hidx, int64_t N, int64_t K) {
