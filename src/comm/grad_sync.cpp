@@ -39,7 +39,7 @@ void GradientSync::start(Bucket& b) {
   ExecSpace().fence();  // the gradients must be written before MPI reads them
   if (device_op_) return device_op_->execute(grads_.data() + b.begin, b.end - b.begin, group, stats_);
   const double t0 = MPI_Wtime();
-  MPI_Iallreduce(MPI_IN_PLACE, grads_.data() + b.begin, int(b.end - b.begin), MPI_FLOAT, MPI_SUM, group, &b.request);
+  mpi_.iallreduce_sum(grads_.data() + b.begin, int(b.end - b.begin), group, &b.request);
   stats_.seconds += MPI_Wtime() - t0;
   stats_.rounds += 1;
   stats_.bytes_sent += (b.end - b.begin) * int64_t(sizeof(float));
@@ -49,16 +49,11 @@ void GradientSync::ready(int64_t offset) {
   for (auto& b : buckets_)
     if (!b.started && b.begin >= offset) start(b);
   if (world_ == 1) return;
-  // Nudge the collectives in flight: Open MPI progresses them only inside MPI calls.
+  // Nudge the collectives in flight: Open MPI progresses them only inside MPI
+  // calls. A completed one is freed (and, staged, copied back).
   const double t0 = MPI_Wtime();
-  std::vector<MPI_Request> pending;
   for (auto& b : buckets_)
-    if (b.request != MPI_REQUEST_NULL) pending.push_back(b.request);
-  int flag = 0;
-  if (!pending.empty()) MPI_Testall(int(pending.size()), pending.data(), &flag, MPI_STATUSES_IGNORE);
-  // Testall frees completed requests only when all completed; keep our copies in step.
-  if (flag)
-    for (auto& b : buckets_) b.request = MPI_REQUEST_NULL;
+    if (b.request != MPI_REQUEST_NULL) mpi_.test(&b.request);
   stats_.seconds += MPI_Wtime() - t0;
 }
 
@@ -66,8 +61,7 @@ void GradientSync::finish(int micro_steps) {
   for (auto& b : buckets_)
     if (!b.started) start(b);
   const double t0 = MPI_Wtime();
-  for (auto& b : buckets_)
-    if (b.request != MPI_REQUEST_NULL) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+  for (auto& b : buckets_) mpi_.wait(&b.request);
   stats_.seconds += MPI_Wtime() - t0;
   if (device_op_) device_op_->finish(stats_);  // the kernels below wait for the queued sums
   // A sum over ranks (and micro-steps) of mean gradients becomes their mean.

@@ -12,13 +12,17 @@
 // On a device (DenseAllreduce that queues: NCCL) step 2 queues each bucket's
 // sum on the transport's stream behind an event of the backward's kernels,
 // and step 3 makes the kernels that follow wait for the sums: the host never
-// waits for the backward, and the sums overlap it.
+// waits for the backward, and the sums overlap it. Over an MPI that cannot
+// read kernel memory, each bucket's MPI_Iallreduce runs on a host copy
+// (comm/kernel_memory_mpi.h), copied back when it completes: still in flight
+// during the backward.
 // Every rank gets the same bits: each bucket is reduced by one collective.
 #pragma once
 #include <mpi.h>
 #include <cstdint>
 #include <functional>
 #include <vector>
+#include "comm/kernel_memory_mpi.h"
 #include "core/views.h"
 
 namespace xx {
@@ -49,8 +53,8 @@ struct ExpertRuns {
 class GradientSync {
  public:
   GradientSync(MPI_Comm comm, Buffer<float> grads, double bucket_mb, const ExpertRuns& experts = {});
-  // The all-reduce for buffers MPI cannot read (NCCL on device memory); each
-  // bucket then goes through it as soon as it is final.
+  // An all-reduce other than MPI's (NCCL on device memory); each bucket then
+  // goes through it as soon as it is final.
   void use_device_allreduce(DenseAllreduce& op) { device_op_ = &op; }
 
   void begin(MPI_Comm comm);  // comm: the group that averages this step
@@ -73,6 +77,7 @@ class GradientSync {
   std::vector<Bucket> buckets_;  // buckets_[0] ends at the end of the buffer
   CommStats stats_;
   DenseAllreduce* device_op_ = nullptr;
+  KernelMemoryMpi mpi_;  // after grads_: destroyed first, its copies back still land
 };
 
 }  // namespace xx

@@ -24,9 +24,9 @@ std::string micro_text(const SyncConfig& s) {
 class DenseSync final : public GroupSync {
  public:
   DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb, b.experts) {
-    // NCCL, or MPI that stages each bucket through the host (it cannot read kernel memory here)
-    if (std::string(b.ops->dense().name()) != "mpi" || !mpi_reaches_kernel_memory())
-      sync_.use_device_allreduce(b.ops->dense());
+    // NCCL where built for a device; otherwise MPI's nonblocking sums (staged
+    // through the host where MPI cannot read kernel memory)
+    if (std::string(b.ops->dense().name()) != "mpi") sync_.use_device_allreduce(b.ops->dense());
   }
   std::string describe() const override {
     return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", sync_.buckets(),
