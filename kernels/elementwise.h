@@ -6,13 +6,6 @@
 
 namespace xx::kernels {
 
-// Flat loops run in chunks: one Kokkos work item per chunk, a vector loop
-// inside it (a work item per element keeps the host compiler from vectorizing).
-// The kernels here take kernels/team.h's flat chunks (the same 2048); these
-// two remain for the loops elsewhere that make their own.
-constexpr int64_t kChunk = 2048;
-inline int64_t chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
-
 // y += x
 template <class T>
 void add_inplace(Vec<T> y, Vec<const T> x) {

@@ -29,6 +29,7 @@
 #include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/precision.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -114,15 +115,9 @@ void gemm_batched(const GemmOperand& a, const GemmOperand& b, float alpha, float
 template <class T>
 void pack_half(uint16_t* dst, const T* src, int64_t n, Precision type) {
   Kokkos::parallel_for(
-      "pack_half", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        if (type == Precision::bf16) {
-#pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = float_to_bf16_bits(float(src[i]));
-        } else {
-#pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = float_to_fp16_bits(float(src[i]));
-        }
+      "pack_half", flat_policy(n), KOKKOS_LAMBDA(const TeamMember& m) {
+        if (type == Precision::bf16) for_flat(m, n, [&](int64_t i) { dst[i] = float_to_bf16_bits(float(src[i])); });
+        else for_flat(m, n, [&](int64_t i) { dst[i] = float_to_fp16_bits(float(src[i])); });
       });
 }
 
@@ -130,15 +125,9 @@ void pack_half(uint16_t* dst, const T* src, int64_t n, Precision type) {
 template <class T>
 void unpack_half(T* dst, const uint16_t* src, int64_t n, Precision type) {
   Kokkos::parallel_for(
-      "unpack_half", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)), KOKKOS_LAMBDA(int64_t c) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        if (type == Precision::bf16) {
-#pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = T(bf16_bits_to_float(src[i]));
-        } else {
-#pragma omp simd
-          for (int64_t i = c * kChunk; i < end; ++i) dst[i] = T(fp16_bits_to_float(src[i]));
-        }
+      "unpack_half", flat_policy(n), KOKKOS_LAMBDA(const TeamMember& m) {
+        if (type == Precision::bf16) for_flat(m, n, [&](int64_t i) { dst[i] = T(bf16_bits_to_float(src[i])); });
+        else for_flat(m, n, [&](int64_t i) { dst[i] = T(fp16_bits_to_float(src[i])); });
       });
 }
 

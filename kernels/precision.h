@@ -12,6 +12,7 @@
 #include "core/views.h"
 #include "kernels/elementwise.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -94,14 +95,15 @@ inline bool has_nonfinite(Vec<const float> x) {
   const float* px = x.data();
   int64_t bad = 0;
   Kokkos::parallel_reduce(
-      "has_nonfinite", Kokkos::RangePolicy<ExecSpace>(0, chunks(n)),
-      KOKKOS_LAMBDA(int64_t c, int64_t& acc) {
-        const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
-        int64_t part = 0;
-#pragma omp simd reduction(+ : part)
-        for (int64_t i = c * kChunk; i < end; ++i)
-          part += (kmath::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? 1 : 0;
-        acc += part;
+      "has_nonfinite", flat_policy(n),
+      KOKKOS_LAMBDA(const TeamMember& m, int64_t& acc) {
+        for_rows(m, flat_chunks(n), [&](int64_t c) {
+          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
+          const int64_t part = row_sum(m, len, [&](int64_t k) {
+            return (kmath::bit_cast<uint32_t>(px[i0 + k]) & 0x7f800000u) == 0x7f800000u ? int64_t(1) : int64_t(0);
+          });
+          row_single(m, [&] { acc += part; });
+        });
       },
       bad);
   return bad > 0;
