@@ -1,5 +1,10 @@
 // Inference kernels: one new token attends to a KV cache (src/model/decoder.h).
-// Forward only: generation never differentiates. One work item per head.
+// Forward only: generation never differentiates. Team-shaped
+// (kernels/team.h): a team row per head, its cached positions (for scores)
+// or channels (for outputs) in the vector lanes; each lane's sums run in
+// the order the one-thread-per-head loops had. A lane loop ends with its
+// writes visible to the row's other lanes (Kokkos syncs the vector), which
+// the next loop reads.
 //   MHA: the cache holds every past position's rotated keys and values,
 //        k, v (L, H*D), (L, H*Dv); 2*H*D numbers per token and layer.
 //   MLA: the cache holds only the normed latent (L, R) and the shared rotated
@@ -12,6 +17,7 @@
 #include <cmath>
 #include "core/views.h"
 #include "kernels/math.h"
+#include "kernels/team.h"
 
 namespace xx::kernels {
 
@@ -19,26 +25,27 @@ namespace xx::kernels {
 // kernels/rope.h; cos_t, sin_t (T, half) are the training tables.
 template <class T>
 void rope_rotate_rows(Mat<T> x, Mat<const T> cos_t, Mat<const T> sin_t, int64_t pos, int64_t col0, int64_t half) {
+  const int64_t rows = x.extent(0);
   Kokkos::parallel_for(
-      "decode::rope", Kokkos::RangePolicy<ExecSpace>(0, x.extent(0)), KOKKOS_LAMBDA(int64_t r) {
-        for (int64_t i = 0; i < half; ++i) {
-          const T c = cos_t(pos, i), s = sin_t(pos, i);
-          const T a = x(r, col0 + 2 * i), b = x(r, col0 + 2 * i + 1);
-          x(r, col0 + 2 * i) = a * c - b * s;
-          x(r, col0 + 2 * i + 1) = a * s + b * c;
-        }
+      "decode::rope", row_policy(rows), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, rows, [&](int64_t r) {
+          row_for(m, half, [&](int64_t i) {
+            const T c = cos_t(pos, i), s = sin_t(pos, i);
+            const T a = x(r, col0 + 2 * i), b = x(r, col0 + 2 * i + 1);
+            x(r, col0 + 2 * i) = a * c - b * s;
+            x(r, col0 + 2 * i + 1) = a * s + b * c;
+          });
+        });
       });
 }
 
-// Softmax over the first n entries of one row, in place (max-subtracted).
-template <class T>
-KOKKOS_INLINE_FUNCTION void softmax_prefix(T* row, int64_t n) {
-  T m = row[0];
-  for (int64_t j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
-  T sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += (row[j] = exp_of(row[j] - m));
+// Softmax over the first n entries of one team row, in place (max-subtracted).
+template <class Member, class T>
+KOKKOS_INLINE_FUNCTION void softmax_prefix(const Member& m, T* row, int64_t n) {
+  const T top = row_max(m, n, [&](int64_t j) { return row[j]; });
+  const T sum = row_sum_ordered(m, n, [&](int64_t j) { return row[j] = exp_of(row[j] - top); });
   const T inv = T(1) / sum;
-  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  row_for(m, n, [&](int64_t j) { row[j] *= inv; });
 }
 
 // out (1, H*Dv) = per head softmax(q k^T / sqrt(D)) v over cached positions [0, len).
@@ -48,19 +55,21 @@ void mha_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> k, Mat<const 
   const int64_t H = q.extent(0), D = q.extent(1), Dv = v.extent(1) / H;
   const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::parallel_for(
-      "decode::mha_attention", Kokkos::RangePolicy<ExecSpace>(0, H), KOKKOS_LAMBDA(int64_t h) {
-        T* ph = &p(h, 0);
-        for (int64_t j = 0; j < len; ++j) {
-          T s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q(h, d) * k(j, h * D + d);
-          ph[j] = s * scale;
-        }
-        softmax_prefix(ph, len);
-        for (int64_t d = 0; d < Dv; ++d) {
-          T o = 0;
-          for (int64_t j = 0; j < len; ++j) o += ph[j] * v(j, h * Dv + d);
-          out(0, h * Dv + d) = o;
-        }
+      "decode::mha_attention", row_policy(H), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, H, [&](int64_t h) {
+          T* ph = &p(h, 0);
+          row_for(m, len, [&](int64_t j) {
+            T s = 0;
+            for (int64_t d = 0; d < D; ++d) s += q(h, d) * k(j, h * D + d);
+            ph[j] = s * scale;
+          });
+          softmax_prefix(m, ph, len);
+          row_for(m, Dv, [&](int64_t d) {
+            T o = 0;
+            for (int64_t j = 0; j < len; ++j) o += ph[j] * v(j, h * Dv + d);
+            out(0, h * Dv + d) = o;
+          });
+        });
       });
 }
 
@@ -75,30 +84,35 @@ void mla_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> c, Mat<const 
   const int64_t R = c.extent(1), QK = N + P;
   const T scale = T(1) / T(std::sqrt(double(QK)));
   Kokkos::parallel_for(
-      "decode::mla_attention", Kokkos::RangePolicy<ExecSpace>(0, H), KOKKOS_LAMBDA(int64_t h) {
-        T* ql = &lat(h, 0);
-        T* ol = &lat(h, R);
-        const int64_t wk = h * (N + Dv), wv = wk + N;
-        for (int64_t r = 0; r < R; ++r) ql[r] = 0, ol[r] = 0;
-        for (int64_t i = 0; i < N; ++i) {
-          const T qi = q(0, h * QK + i);
-          for (int64_t r = 0; r < R; ++r) ql[r] += qi * wkv_b(wk + i, r);
-        }
-        T* ph = &p(h, 0);
-        for (int64_t j = 0; j < len; ++j) {
-          T s = 0;
-          for (int64_t r = 0; r < R; ++r) s += ql[r] * c(j, r);
-          for (int64_t i = 0; i < P; ++i) s += q(0, h * QK + N + i) * kr(j, i);
-          ph[j] = s * scale;
-        }
-        softmax_prefix(ph, len);
-        for (int64_t j = 0; j < len; ++j)
-          for (int64_t r = 0; r < R; ++r) ol[r] += ph[j] * c(j, r);
-        for (int64_t d = 0; d < Dv; ++d) {
-          T o = 0;
-          for (int64_t r = 0; r < R; ++r) o += wkv_b(wv + d, r) * ol[r];
-          out(0, h * Dv + d) = o;
-        }
+      "decode::mla_attention", row_policy(H), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, H, [&](int64_t h) {
+          T* ql = &lat(h, 0);
+          T* ol = &lat(h, R);
+          const int64_t wk = h * (N + Dv), wv = wk + N;
+          row_for(m, R, [&](int64_t r) {  // q_lat(r), summed over i in order
+            T acc = 0;
+            for (int64_t i = 0; i < N; ++i) acc += q(0, h * QK + i) * wkv_b(wk + i, r);
+            ql[r] = acc;
+          });
+          T* ph = &p(h, 0);
+          row_for(m, len, [&](int64_t j) {
+            T s = 0;
+            for (int64_t r = 0; r < R; ++r) s += ql[r] * c(j, r);
+            for (int64_t i = 0; i < P; ++i) s += q(0, h * QK + N + i) * kr(j, i);
+            ph[j] = s * scale;
+          });
+          softmax_prefix(m, ph, len);
+          row_for(m, R, [&](int64_t r) {  // the weighted latent, summed over positions in order
+            T acc = 0;
+            for (int64_t j = 0; j < len; ++j) acc += ph[j] * c(j, r);
+            ol[r] = acc;
+          });
+          row_for(m, Dv, [&](int64_t d) {
+            T o = 0;
+            for (int64_t r = 0; r < R; ++r) o += wkv_b(wv + d, r) * ol[r];
+            out(0, h * Dv + d) = o;
+          });
+        });
       });
 }
 
