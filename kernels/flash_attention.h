@@ -1,22 +1,27 @@
 // Causal self-attention that never holds the T x T probabilities: tiled,
 // with an online softmax (the idea of FlashAttention, Dao et al. 2022).
-// Query block i meets key blocks j <= i, Bk rows each (CausalBlocks); every
-// GEMM runs once per block pair over all BH heads (gemm_batched). Per row the
-// forward keeps only the log-sum-exp of its scaled scores; the backward
-// recomputes each block's probabilities from it. Memory: BH * T values kept
-// (against BH * T^2 / 2 for kernels/attention.h) and BH * Bk * (2 Bk + 2) of
-// scratch, whatever T.
+// Keys come in blocks of Bk rows (CausalBlocks). Key block j meets every
+// query at or after its first row, so each GEMM takes one key block against
+// all those queries of every head at once: Q[j Bk, T) K_j^T over BH heads is
+// one batched GEMM (at most kFlashSpan query rows per call, to bound the
+// scratch). Per layer that is T/Bk steps of two GEMMs forward and five
+// backward, not one call per block pair. Per row the forward keeps only the
+// log-sum-exp of its scaled scores; the backward recomputes the
+// probabilities from it. Memory: BH * T values kept (against BH * T^2 / 2 for
+// kernels/attention.h) and flash_scratch_size of scratch, linear in T.
 //
-// Forward, for each query block i:
-//   1. m = -inf, l = 0, O_i = 0                       (running max, sum, output)
-//   2. for j = 0..i: S = scale Q_i K_j^T; m' = max(m, rowmax S);
-//      P = exp(S - m'); l = l exp(m - m') + rowsum P; O_i = O_i exp(m - m') + P V_j
-//   3. O_i /= l; lse = m + log l
-// Backward, with D = rowsum(dO o O) per row (flash_attention_delta):
-//   for each i, for j = 0..i: P = exp(scale Q_i K_j^T - lse); dV_j += P^T dO_i;
-//   dP = dO_i V_j^T; dS = P o (dP - D) scale; dQ_i += dS K_j; dK_j += dS^T Q_i.
+// Forward, for each query row: m = -inf, l = 0, O = 0; then for each key
+// block j = 0, 1, ... up to its own, in that order:
+//   S = scale Q K_j^T; m' = max(m, rowmax S); P = exp(S - m');
+//   l = l exp(m - m') + rowsum P; O = O exp(m - m') + P V_j
+// and last O /= l, lse = m + log l.
+// Backward, with D = rowsum(dO o O) per row (flash_attention_delta), for each
+// key block j over the queries at or after it: P = exp(scale Q K_j^T - lse);
+// dV_j += P^T dO; dP = dO V_j^T; dS = P o (dP - D) scale; dQ += dS K_j;
+// dK_j += dS^T Q.
 // Deterministic: the loops run in this fixed order and every sum is one
-// thread's or one GEMM's; no atomics. Only the diagonal blocks mask.
+// thread's or one GEMM's; no atomics. Only a key block's first Bk query rows
+// mask (keys past the query).
 // Under mixed precision q, k, v and dO are 16-bit GEMM inputs, and P and dS
 // are packed to 16 bits before the GEMMs that read them (as the packed kernel
 // keeps its probabilities); m, l, lse, S, dP and the outputs stay in T.
@@ -33,9 +38,28 @@
 
 namespace xx::kernels {
 
-// Elements of T the scratch of both passes needs: two (Bk, Bk) blocks per head
-// (scores or probabilities, and dP) and two values per row (m, l).
-inline int64_t flash_scratch_size(int64_t BH, int64_t block) { return BH * block * (2 * block + 2); }
+// Query rows per GEMM call: a key block meets at most this many queries of
+// every head at once (T may be far longer), which bounds the scratch.
+constexpr int64_t kFlashSpan = 2048;
+
+// Elements of T the scratch of both passes needs: two (span, Bk) blocks per
+// head (scores or probabilities, and dP; span = min(T, kFlashSpan)) and the
+// running max and sum of every row (m, l).
+inline int64_t flash_scratch_size(int64_t BH, int64_t Tn, int64_t block) {
+  const int64_t span = Tn < kFlashSpan ? Tn : kFlashSpan;
+  return BH * span * 2 * block + 2 * BH * Tn;
+}
+
+// Query rows [r0, r0 + rows) against key block [c0, c0 + cols), for each of
+// the BH heads: head h's (rows, cols) block lies h * rows * cols into the
+// scratch. A query sees the keys up to itself: its first valid(r) keys.
+struct FlashTile {
+  int64_t r0, rows, c0, cols;
+  KOKKOS_INLINE_FUNCTION int64_t valid(int64_t r) const {
+    const int64_t upto = r0 + r - c0 + 1;  // >= 1: queries start at or after the block
+    return upto < cols ? upto : cols;
+  }
+};
 
 // Head 0's (rows, cols) block as a batched GEMM's operand, where `in` holds
 // every head's block back to back (BH*rows rows; head h's is h*rows*cols on).
@@ -45,20 +69,18 @@ GemmIn<T> per_head(GemmIn<T> in, int64_t rows) {
   return in;
 }
 
-// Rows of a query block, head by head: s (BH*rows, cols) holds scaled scores
-// of queries r0.., keys c0.. (`diagonal`: c0 == r0, keys past the query are
-// masked). m and l (BH*rows) carry the running max and sum; o is the head
-// output (BH*T, Dv), whose rows r0.. are rescaled to the new max. On return s
-// holds exp(S - m_new), zero where masked.
+// The tile's scaled scores s (BH*rows, cols) become exp(S - m_new), zero
+// where masked; m and l (BH*T) carry each row's running max and sum; o (BH*T,
+// Dv), the head output, has the tile's rows rescaled to the new max.
 template <class T>
-void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, int64_t r0, int64_t rows, int64_t Tn, bool diagonal) {
-  const int64_t cols = s.extent(1), Dv = o.extent(1), n = s.extent(0);
+void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, FlashTile tile, int64_t Tn) {
+  const int64_t cols = s.extent(1), Dv = o.extent(1), n = s.extent(0), rows = tile.rows;
   Kokkos::parallel_for(
       "attention::flash_online_softmax", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const int64_t bh = hr / rows, r = hr % rows, valid = diagonal ? r + 1 : cols;
+          const int64_t r = hr % rows, valid = tile.valid(r), row_id = (hr / rows) * Tn + tile.r0 + r;
           T* row = &s(hr, 0);
-          const T before = m(hr), block_top = row_max(tm, valid, [&](int64_t c) { return row[c]; });
+          const T before = m(row_id), block_top = row_max(tm, valid, [&](int64_t c) { return row[c]; });
           const T top = block_top > before ? block_top : before;  // a max is exact: any order gives it
           const T shrink = exp_of(before - top);  // 0 on the first block (m = -inf)
           const T sum = row_sum(tm, valid, [&](int64_t c) {
@@ -67,55 +89,60 @@ void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, int64_t r0, in
             return e;
           });
           row_for(tm, cols - valid, [&](int64_t c) { row[valid + c] = T(0); });
-          T* orow = &o(bh * Tn + r0 + r, 0);
+          T* orow = &o(row_id, 0);
           row_for(tm, Dv, [&](int64_t d) { orow[d] *= shrink; });
-          const T kept = l(hr) * shrink + sum;
-          row_single(tm, [&] { m(hr) = top, l(hr) = kept; });
+          const T kept = l(row_id) * shrink + sum;
+          row_single(tm, [&] { m(row_id) = top, l(row_id) = kept; });
         });
       });
 }
 
+// The query spans of key block j: [j Bk, T) in pieces of at most kFlashSpan rows.
+template <class F>
+void for_each_tile(const CausalBlocks& blocks, int64_t j, const F& f) {
+  const int64_t c0 = j * blocks.block, cols = blocks.rows(j);
+  for (int64_t r0 = c0; r0 < blocks.seq; r0 += kFlashSpan)
+    f(FlashTile{r0, blocks.seq - r0 < kFlashSpan ? blocks.seq - r0 : kFlashSpan, c0, cols});
+}
+
 // out (BH*T, Dv), lse (BH*T) from q, k (BH*T, D) and v (BH*T, Dv), head-major;
-// scores scaled by 1/sqrt(D); scratch >= flash_scratch_size(BH, blocks.block).
+// scores scaled by 1/sqrt(D); scratch >= flash_scratch_size(BH, T, blocks.block).
 template <class T>
 void flash_attention_forward(Mat<T> out, Vec<T> lse, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v, Vec<T> scratch,
                              const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols, Bk = blocks.block;
+  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols, n = BH * Tn;
   const T scale = T(1) / T(std::sqrt(double(D)));
   T* s = scratch.data();
-  Vec<T> m(s + BH * Bk * Bk, BH * Bk), l(s + BH * Bk * Bk + BH * Bk, BH * Bk);
-  for (int64_t i = 0; i < blocks.count; ++i) {
-    const int64_t r0 = i * Bk, rows = blocks.rows(i);
-    Kokkos::parallel_for(
-        "attention::flash_start", row_policy(BH * rows), KOKKOS_LAMBDA(const TeamMember& tm) {
-          for_rows(tm, BH * rows, [&](int64_t hr) {
-            T* orow = &out((hr / rows) * Tn + r0 + hr % rows, 0);
-            row_for(tm, Dv, [&](int64_t d) { orow[d] = T(0); });
-            row_single(tm, [&] { m(hr) = -kmath::infinity<T>(), l(hr) = T(0); });
-          });
+  T* ml = s + (flash_scratch_size(BH, Tn, blocks.block) - 2 * n);
+  Vec<T> m(ml, n), l(ml + n, n);
+  Kokkos::parallel_for(
+      "attention::flash_start", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, n, [&](int64_t row) {
+          T* orow = &out(row, 0);
+          row_for(tm, Dv, [&](int64_t d) { orow[d] = T(0); });
+          row_single(tm, [&] { m(row) = -kmath::infinity<T>(), l(row) = T(0); });
         });
-    const GemmIn<T> qi = q.rows_from(r0, rows);
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t c0 = j * Bk, cols = blocks.rows(j);
-      Mat<T> sij(s, rows, cols);  // head 0's block; head h's is rows * cols further
-      gemm_batched<T>("N", qi, "T", k.rows_from(c0, cols), scale, T(0), sij,
-                      {BH, Tn * D, Tn * D, rows * cols});
-      flash_online_softmax<T>(Mat<T>(s, BH * rows, cols), m, l, out, r0, rows, Tn, i == j);
-      const GemmIn<T> p = per_head(as_gemm_input_like<T>(Mat<const T>(s, BH * rows, cols), q, 2), rows);
-      gemm_batched<T>("N", p, "N", v.rows_from(c0, cols), T(1), T(1),
-                      Mat<T>(out.data() + r0 * Dv, rows, Dv), {BH, rows * cols, Tn * Dv, Tn * Dv});
-    }
-    Kokkos::parallel_for(
-        "attention::flash_finish", row_policy(BH * rows), KOKKOS_LAMBDA(const TeamMember& tm) {
-          for_rows(tm, BH * rows, [&](int64_t hr) {
-            const int64_t row = (hr / rows) * Tn + r0 + hr % rows;
-            const T inv = T(1) / l(hr);
-            T* orow = &out(row, 0);
-            row_for(tm, Dv, [&](int64_t d) { orow[d] *= inv; });
-            row_single(tm, [&] { lse(row) = m(hr) + kmath::log(l(hr)); });
-          });
-        });
+      });
+  for (int64_t j = 0; j < blocks.count; ++j) {
+    for_each_tile(blocks, j, [&](const FlashTile& t) {
+      const int64_t tile = t.rows * t.cols;
+      gemm_batched<T>("N", q.rows_from(t.r0, t.rows), "T", k.rows_from(t.c0, t.cols), scale, T(0),
+                      Mat<T>(s, t.rows, t.cols), {BH, Tn * D, Tn * D, tile});  // S = scale Q K_j^T
+      flash_online_softmax<T>(Mat<T>(s, BH * t.rows, t.cols), m, l, out, t, Tn);
+      const GemmIn<T> p = per_head(as_gemm_input_like<T>(Mat<const T>(s, BH * t.rows, t.cols), q, 2), t.rows);
+      gemm_batched<T>("N", p, "N", v.rows_from(t.c0, t.cols), T(1), T(1), Mat<T>(out.data() + t.r0 * Dv, t.rows, Dv),
+                      {BH, tile, Tn * Dv, Tn * Dv});  // O += P V_j
+    });
   }
+  Kokkos::parallel_for(
+      "attention::flash_finish", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
+        for_rows(tm, n, [&](int64_t row) {
+          const T inv = T(1) / l(row);
+          T* orow = &out(row, 0);
+          row_for(tm, Dv, [&](int64_t d) { orow[d] *= inv; });
+          row_single(tm, [&] { lse(row) = m(row) + kmath::log(l(row)); });
+        });
+      });
 }
 
 // delta (BH*T) = rowsum(dO o O) per head row, from dout and out in the merged
@@ -140,15 +167,15 @@ void flash_attention_delta(Vec<T> delta, Mat<const T> dout, GemmIn<T> out, int64
       });
 }
 
-// s (BH*rows, cols) = exp(s - lse) of queries r0.., zero where masked.
+// The tile's scores s (BH*rows, cols) become exp(s - lse), zero where masked.
 template <class T>
-void flash_probabilities(Mat<T> s, Vec<const T> lse, int64_t r0, int64_t rows, int64_t Tn, bool diagonal) {
-  const int64_t cols = s.extent(1), n = s.extent(0);
+void flash_probabilities(Mat<T> s, Vec<const T> lse, FlashTile tile, int64_t Tn) {
+  const int64_t cols = s.extent(1), n = s.extent(0), rows = tile.rows;
   Kokkos::parallel_for(
       "attention::flash_probabilities", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const int64_t r = hr % rows, valid = diagonal ? r + 1 : cols;
-          const T top = lse((hr / rows) * Tn + r0 + r);
+          const int64_t r = hr % rows, valid = tile.valid(r);
+          const T top = lse((hr / rows) * Tn + tile.r0 + r);
           T* row = &s(hr, 0);
           row_for(tm, valid, [&](int64_t c) { row[c] = exp_of(row[c] - top); });
           row_for(tm, cols - valid, [&](int64_t c) { row[valid + c] = T(0); });
@@ -158,13 +185,12 @@ void flash_probabilities(Mat<T> s, Vec<const T> lse, int64_t r0, int64_t rows, i
 
 // dp (BH*rows, cols) <- p o (dp - delta) scale, in place: the scores' gradient.
 template <class T>
-void flash_score_gradient(Mat<T> dp, Mat<const T> p, Vec<const T> delta, int64_t r0, int64_t rows, int64_t Tn,
-                          T scale) {
-  const int64_t cols = dp.extent(1), n = dp.extent(0);
+void flash_score_gradient(Mat<T> dp, Mat<const T> p, Vec<const T> delta, FlashTile tile, int64_t Tn, T scale) {
+  const int64_t cols = dp.extent(1), n = dp.extent(0), rows = tile.rows;
   Kokkos::parallel_for(
       "attention::flash_score_gradient", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const T dot = delta((hr / rows) * Tn + r0 + hr % rows);
+          const T dot = delta((hr / rows) * Tn + tile.r0 + hr % rows);
           T* drow = &dp(hr, 0);
           const T* prow = &p(hr, 0);
           row_for(tm, cols, [&](int64_t c) { drow[c] = prow[c] * (drow[c] - dot) * scale; });
@@ -178,37 +204,35 @@ template <class T>
 void flash_attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout, Vec<const T> delta,
                               Vec<const T> lse, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v, const CausalBlocks& blocks,
                               int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols, Bk = blocks.block;
+  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
+  const int64_t span = Tn < kFlashSpan ? Tn : kFlashSpan;
   const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dq, T(0));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));
   const GemmIn<T> dO = as_gemm_input_like<T>(dout, q, 1);  // 16 bits once, when q is
   T* s = scratch.data();
-  T* dp = s + BH * Bk * Bk;
-  for (int64_t i = 0; i < blocks.count; ++i) {
-    const int64_t r0 = i * Bk, rows = blocks.rows(i);
-    const GemmIn<T> qi = q.rows_from(r0, rows);
-    const GemmIn<T> doi = dO.rows_from(r0, rows);
-    for (int64_t j = 0; j <= i; ++j) {
-      const int64_t c0 = j * Bk, cols = blocks.rows(j);
-      const GemmIn<T> kj = k.rows_from(c0, cols);
-      const GemmIn<T> vj = v.rows_from(c0, cols);
-      const GemmBatch scores{BH, Tn * D, Tn * D, rows * cols}, values{BH, Tn * Dv, Tn * Dv, rows * cols};
-      gemm_batched<T>("N", qi, "T", kj, scale, T(0), Mat<T>(s, rows, cols), scores);  // S = scale Q K^T
-      flash_probabilities<T>(Mat<T>(s, BH * rows, cols), lse, r0, rows, Tn, i == j);  // P = exp(S - lse)
-      const GemmIn<T> p = per_head(as_gemm_input_like<T>(Mat<const T>(s, BH * rows, cols), q, 2), rows);
-      gemm_batched<T>("T", p, "N", doi, T(1), T(1), Mat<T>(dv.data() + c0 * Dv, cols, Dv),
-                      {BH, rows * cols, Tn * Dv, Tn * Dv});  // dV_j += P^T dO_i
-      gemm_batched<T>("N", doi, "T", vj, T(1), T(0), Mat<T>(dp, rows, cols), values);  // dP = dO_i V_j^T
-      flash_score_gradient<T>(Mat<T>(dp, BH * rows, cols), Mat<const T>(s, BH * rows, cols), delta, r0, rows, Tn,
+  T* dp = s + BH * span * blocks.block;
+  for (int64_t j = 0; j < blocks.count; ++j) {
+    for_each_tile(blocks, j, [&](const FlashTile& t) {
+      const int64_t tile = t.rows * t.cols;
+      const GemmIn<T> qt = q.rows_from(t.r0, t.rows), dot = dO.rows_from(t.r0, t.rows);
+      const GemmIn<T> kj = k.rows_from(t.c0, t.cols), vj = v.rows_from(t.c0, t.cols);
+      const GemmBatch by_query{BH, Tn * D, Tn * D, tile}, by_value{BH, Tn * Dv, Tn * Dv, tile};
+      gemm_batched<T>("N", qt, "T", kj, scale, T(0), Mat<T>(s, t.rows, t.cols), by_query);  // S = scale Q K_j^T
+      flash_probabilities<T>(Mat<T>(s, BH * t.rows, t.cols), lse, t, Tn);                   // P = exp(S - lse)
+      const GemmIn<T> p = per_head(as_gemm_input_like<T>(Mat<const T>(s, BH * t.rows, t.cols), q, 2), t.rows);
+      gemm_batched<T>("T", p, "N", dot, T(1), T(1), Mat<T>(dv.data() + t.c0 * Dv, t.cols, Dv),
+                      {BH, tile, Tn * Dv, Tn * Dv});  // dV_j += P^T dO
+      gemm_batched<T>("N", dot, "T", vj, T(1), T(0), Mat<T>(dp, t.rows, t.cols), by_value);  // dP = dO V_j^T
+      flash_score_gradient<T>(Mat<T>(dp, BH * t.rows, t.cols), Mat<const T>(s, BH * t.rows, t.cols), delta, t, Tn,
                               scale);  // dS = P (dP - D) scale
-      const GemmIn<T> ds = per_head(as_gemm_input_like<T>(Mat<const T>(dp, BH * rows, cols), q, 3), rows);
-      gemm_batched<T>("N", ds, "N", kj, T(1), T(1), Mat<T>(dq.data() + r0 * D, rows, D),
-                      {BH, rows * cols, Tn * D, Tn * D});  // dQ_i += dS K_j
-      gemm_batched<T>("T", ds, "N", qi, T(1), T(1), Mat<T>(dk.data() + c0 * D, cols, D),
-                      {BH, rows * cols, Tn * D, Tn * D});  // dK_j += dS^T Q_i
-    }
+      const GemmIn<T> ds = per_head(as_gemm_input_like<T>(Mat<const T>(dp, BH * t.rows, t.cols), q, 3), t.rows);
+      gemm_batched<T>("N", ds, "N", kj, T(1), T(1), Mat<T>(dq.data() + t.r0 * D, t.rows, D),
+                      {BH, tile, Tn * D, Tn * D});  // dQ += dS K_j
+      gemm_batched<T>("T", ds, "N", qt, T(1), T(1), Mat<T>(dk.data() + t.c0 * D, t.cols, D),
+                      {BH, tile, Tn * D, Tn * D});  // dK_j += dS^T Q
+    });
   }
 }
 

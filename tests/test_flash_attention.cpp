@@ -58,7 +58,7 @@ struct Problem {
   Answers<T> flash() const {
     const k::CausalBlocks blocks(Tn, block);
     Buffer<T> out("out", BH * Tn * Dv), lse("lse", BH * Tn), delta("delta", BH * Tn);
-    Buffer<T> scratch("scratch", k::flash_scratch_size(BH, block));
+    Buffer<T> scratch("scratch", k::flash_scratch_size(BH, Tn, block));
     Buffer<T> dq("dq", BH * Tn * D), dk("dk", BH * Tn * D), dv("dv", BH * Tn * Dv);
     k::flash_attention_forward<T>(Mat<T>(out.data(), BH * Tn, Dv), Vec<T>(lse.data(), BH * Tn), in(q, q16, D),
                                   in(k, k16, D), in(v, v16, Dv), Vec<T>(scratch.data(), scratch.extent(0)), blocks,
@@ -123,7 +123,7 @@ TEST_CASE("flash attention (double): forward matches a naive reference, backward
   auto q = random_buffer(BH * T * D, 171), kk = random_buffer(BH * T * D, 172), v = random_buffer(BH * T * Dv, 173);
   auto r = random_buffer(BH * T * Dv, 174);
   Buffer<double> out("out", BH * T * Dv), lse("lse", BH * T), delta("delta", BH * T);
-  Buffer<double> scratch("scratch", k::flash_scratch_size(BH, block));
+  Buffer<double> scratch("scratch", k::flash_scratch_size(BH, T, block));
   Buffer<double> dq("dq", BH * T * D), dk("dk", BH * T * D), dv("dv", BH * T * Dv);
   auto loss = [&] {
     k::flash_attention_forward<double>(M(out, BH * T, Dv), V(lse), M(q, BH * T, D), M(kk, BH * T, D),
@@ -197,7 +197,9 @@ TEST_CASE("flash attention delta: rowsum(dO o O) per head row of the merged layo
 TEST_CASE("flash attention (fp32) follows the packed kernel and reruns bit for bit", "[kernels][flash]") {
   auto [BH, T, D, Dv] = GENERATE(std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 150, 24, 16},
                                  std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 128, 48, 32},
-                                 std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 70, 16, 16});
+                                 std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 70, 16, 16},
+                                 // longer than a span: key blocks meet their queries in two GEMM calls
+                                 std::tuple<int64_t, int64_t, int64_t, int64_t>{2, k::kFlashSpan + 70, 8, 8});
   CAPTURE(BH, T, D, Dv);
   const auto p = float_problem(BH, T, D, Dv, 64, k::Precision::fp32, 191);
   const auto flash = p.flash(), packed = p.packed(), again = p.flash();

@@ -88,7 +88,7 @@ void Attention<T>::attend_forward(Mat<T> out) {
   auto heads = ws_.mat("attn_heads", BHT, vd_);
   if (flash_)
     k::flash_attention_forward<T>(heads, Vec<T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(),
-                                  ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, kAttentionBlock)), blocks_,
+                                  ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, T_, kAttentionBlock)), blocks_,
                                   B_ * H_);
   else
     k::attention_forward<T>(heads, probabilities(), q_.in(), k_.in(), v_.in(),
@@ -111,7 +111,7 @@ void Attention<T>::attend_backward(Mat<const T> dout) {
     k::flash_attention_delta<T>(delta, dO, o_.in(), B_, T_, H_);
     k::flash_attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_),
                                    ws_.mat("attn_dv", BHT, vd_),
-                                   ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, kAttentionBlock)), dheads,
+                                   ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, T_, kAttentionBlock)), dheads,
                                    delta, Vec<const T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(), blocks_, B_ * H_);
     return;
   }

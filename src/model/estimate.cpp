@@ -77,11 +77,12 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   // they travel home.
   const int64_t Fm = moe ? m.moe.ffn : 0, run = std::max(NK, rows);
   const int64_t swiglu = std::max<int64_t>(m.ffn, int64_t(m.moe.shared) * Fm);
-  // Attention's own: packed, one block row of dp (Bk T); flash, its block
-  // scratch for all heads and the rows' delta.
+  // Attention's own: packed, one block row of dp (Bk T); flash, a key
+  // block's scores and dP against a span of queries of every head, each
+  // row's running max and sum, and the rows' delta.
   const bool flash = uses_flash_attention(m.attention);
   const int64_t BH = B * m.heads, Bk = kAttentionBlock;
-  const int64_t attention = flash ? kernels::flash_scratch_size(BH, Bk) + BH * T : Bk * T;
+  const int64_t attention = flash ? kernels::flash_scratch_size(BH, T, Bk) + BH * T : Bk * T;
   est.scratch_elements = B * m.heads * T * (2 * m.qk_dim() + 2 * m.v_dim()) + N * (3 * C + 3 * swiglu) + attention +
                          run * 3 * Fm + 2 * NK * C + (ep ? rows * C : 0);
   est.expert_rows = rows;
@@ -90,7 +91,7 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   // (slot 0 as large as the largest of them; slot 1 for SwiGLU's gate/up, and
   // with slot 2 for k and v), the 16-bit copies of output gradients (half an
   // element each) and a softmax block (packed: Bk T; flash: the 16-bit copies
-  // of a P and a dS block of every head, half an element each).
+  // of a P and a dS tile of every head, span x Bk, half an element each).
   const int64_t BHT = B * m.heads * T;
   const int64_t slot0 = std::max({N * 2 * C * (m.mtp.depth > 0), BHT * m.qk_dim(), N * m.heads * m.v_dim(), N * m.ffn,
                                   run * Fm, N * int64_t(m.attention.kv_lora_rank), N * int64_t(m.attention.q_lora_rank),
@@ -98,7 +99,7 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   const int64_t widest = std::max(N * std::max({3 * C, 2 * swiglu, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())}),
                                   run * 2 * Fm);  // rows x width of the widest output gradient
   const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * run * Fm, 2 * N * int64_t(m.moe.shared) * Fm});
-  const int64_t softmax = flash ? BH * Bk * Bk : Bk * T;
+  const int64_t softmax = flash ? BH * std::min(T, kernels::kFlashSpan) * Bk : Bk * T;
   est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + softmax;
   return est;
 }
@@ -353,7 +354,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      format_bytes(4.0 * est.scratch_elements), format_bytes(4.0 * est.mixed_scratch_elements));
   out += uses_flash_attention(c.model.attention)
              ? fmt::format("  attention: the flash kernel: a log-sum-exp per row kept ({} x {} rows per layer), the "
-                           "probabilities recomputed block by block\n", c.data.batch * c.model.heads, c.model.seq)
+                           "probabilities recomputed key block by key block\n", c.data.batch * c.model.heads, c.model.seq)
              : fmt::format("  attention: the packed kernel: its probabilities kept ({} x {} per layer; "
                            "attention_kernel flash keeps {} x {})\n", c.data.batch * c.model.heads,
                            kernels::CausalBlocks(c.model.seq, kAttentionBlock).per_head(),
