@@ -48,6 +48,20 @@ template <class T> Vec<const T> CV(const Buffer<T>& b) { return Vec<const T>(b.d
 
 uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
 
+// v quantized to int8 in blocks of `block` and decoded: the scales and the values.
+struct RoundTrip {
+  std::vector<float> scales, values;
+};
+RoundTrip int8_round_trip(const std::vector<float>& v, int64_t block) {
+  auto val = on_device(v);
+  const int64_t k = v.size();
+  Buffer<float> scale("test::scale", c::ceil_div(k, block)), back("test::back", k);
+  Buffer<uint8_t> codes("test::codes", k);
+  c::quantize(V(scale), V(codes), CV(val), Quant::int8, block);
+  c::dequantize(V(back), CV(scale), CV(codes), Quant::int8, block);
+  return {on_host(scale), on_host(back)};
+}
+
 // Kinds of gradient: normal; few distinct magnitudes (ties everywhere);
 // magnitudes spread log-uniformly over 1e-38..1e3 with zeros and subnormals.
 enum class Data { normal, ties, wide };
@@ -377,14 +391,9 @@ TEST_CASE("compress: quantization error is within half a scale, ties to even, in
     const std::vector<float> v = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f,
                                   std::nextafter(0.5f, 1.0f), std::nextafter(2.5f, 0.0f), -127.0f, 0.49f};
     const std::vector<float> expect = {127, 0, 2, 2, 0, -2, -2, 126, 1, 2, -127, 0};
-    auto val = on_device(v);
-    const int64_t k = v.size();
-    Buffer<float> scale("test::scale", 1), back("test::back", k);
-    Buffer<uint8_t> codes("test::codes", k);
-    c::quantize(V(scale), V(codes), CV(val), Quant::int8, 64);
-    c::dequantize(V(back), CV(scale), CV(codes), Quant::int8, 64);
-    REQUIRE(on_host(scale)[0] == 1.0f);
-    REQUIRE(on_host(back) == expect);
+    const auto [scales, back] = int8_round_trip(v, 64);
+    REQUIRE(scales == std::vector<float>{1.0f});
+    REQUIRE(back == expect);
   }
 
   SECTION("int4: codes -7..7 pack two per byte and round-trip, odd count") {
@@ -427,13 +436,7 @@ TEST_CASE("compress: quantization error is within half a scale, ties to even, in
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
     const float nan2 = std::bit_cast<float>(0xffc01234u);  // a negative NaN with a payload
     const std::vector<float> v = {5, -9, nan, 1, 2, -inf, 3, 4, 1, nan2, nan, 2, 7, -3, 1, 0.5f};
-    auto val = on_device(v);
-    const int64_t k = v.size();
-    Buffer<float> scale("test::scale", 4), back("test::back", k);
-    Buffer<uint8_t> codes("test::codes", k);
-    c::quantize(V(scale), V(codes), CV(val), Quant::int8, 4);
-    c::dequantize(V(back), CV(scale), CV(codes), Quant::int8, 4);
-    const auto s = on_host(scale), d = on_host(back);
+    const auto [s, d] = int8_round_trip(v, 4);
     REQUIRE(std::isnan(s[0]));
     REQUIRE(std::isinf(s[1]));
     REQUIRE(std::isnan(s[2]));
