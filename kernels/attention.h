@@ -63,8 +63,9 @@ void causal_softmax_rows_backward(Mat<T> dp, const T* p, const uint16_t* half, P
           T* drow = &dp(r, 0);
           if (half) {
             const uint16_t* prow = half + r * cols;
-            const T dot = row_sum(tm, cols, [&](int64_t s) { return T(half_bits_to_float(prow[s], type)) * drow[s]; });
-            row_for(tm, cols, [&](int64_t s) { drow[s] = T(half_bits_to_float(prow[s], type)) * (drow[s] - dot) * scale; });
+            const auto p_at = [&](int64_t s) { return T(half_bits_to_float(prow[s], type)); };
+            const T dot = row_sum(tm, cols, [&](int64_t s) { return p_at(s) * drow[s]; });
+            row_for(tm, cols, [&](int64_t s) { drow[s] = p_at(s) * (drow[s] - dot) * scale; });
           } else {
             const T* prow = p + r * cols;
             const T dot = row_sum(tm, cols, [&](int64_t s) { return prow[s] * drow[s]; });

@@ -160,8 +160,9 @@ void flash_attention_delta(Vec<T> delta, Mat<const T> dout, GemmIn<T> out, int64
           const int64_t b = row / (H * Tn), h = (row / Tn) % H, t = row % Tn;
           const int64_t at = (b * Tn + t) * width + h * Dv;
           const T* drow = &dout(b * Tn + t, h * Dv);
-          const T sum = half ? row_sum(tm, Dv, [&](int64_t d) { return drow[d] * T(half_bits_to_float(half[at + d], type)); })
-                             : row_sum(tm, Dv, [&](int64_t d) { return drow[d] * o[at + d]; });
+          const T sum =
+              half ? row_sum(tm, Dv, [&](int64_t d) { return drow[d] * T(half_bits_to_float(half[at + d], type)); })
+                   : row_sum(tm, Dv, [&](int64_t d) { return drow[d] * o[at + d]; });
           row_single(tm, [&] { delta(row) = sum; });
         });
       });

@@ -35,7 +35,8 @@ void GradientSync::start(Bucket& b) {
   if (world_ == 1) return;
   if (b.expert && holders_size_ == 1) return;  // the only holder: its sum is the sum
   const MPI_Comm group = b.expert ? holders_ : comm_;
-  if (device_op_ && device_op_->queues()) return device_op_->start(grads_.data() + b.begin, b.end - b.begin, group, stats_);
+  if (device_op_ && device_op_->queues())
+    return device_op_->start(grads_.data() + b.begin, b.end - b.begin, group, stats_);
   ExecSpace().fence();  // the gradients must be written before MPI reads them
   if (device_op_) return device_op_->execute(grads_.data() + b.begin, b.end - b.begin, group, stats_);
   const double t0 = MPI_Wtime();

@@ -25,22 +25,35 @@ void from_host(Buffer<T>& b, const std::vector<T>& v) {
   Kokkos::deep_copy(b, Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
 }
 
-// This rank's pieces of a flat buffer (each at its place in it), in shard
-// order; and back into their places. The rest of the buffer is not touched.
+// A flat buffer's pieces owned by this rank, and the same pieces back to back
+// in shard order (any two Views: kernel or host memory): from the flat
+// buffer's places into the shard, and back. The rest of the flat buffer is
+// not touched.
+template <class Flat, class Shard>
+void pieces_to_shard(const Flat& flat, const Shard& shard, const Ownership& owned) {
+  for (const auto& p : owned.pieces())
+    Kokkos::deep_copy(Kokkos::subview(shard, std::pair(p.at, p.at + p.size())),
+                      Kokkos::subview(flat, std::pair(p.begin, p.end)));
+}
+
+template <class Shard, class Flat>
+void shard_to_pieces(const Shard& shard, const Flat& flat, const Ownership& owned) {
+  for (const auto& p : owned.pieces())
+    Kokkos::deep_copy(Kokkos::subview(flat, std::pair(p.begin, p.end)),
+                      Kokkos::subview(shard, std::pair(p.at, p.at + p.size())));
+}
+
+// This rank's pieces of a flat buffer in a host vector, in shard order; and back.
 template <class T>
 std::vector<T> take_pieces(const Buffer<T>& b, const Ownership& owned) {
   std::vector<T> out(owned.shard_size());
-  for (const auto& p : owned.pieces())
-    Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data() + p.at, p.size()),
-                      Kokkos::subview(b, std::pair(p.begin, p.end)));
+  pieces_to_shard(b, Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(out.data(), out.size()), owned);
   return out;
 }
 
 template <class T>
 void put_pieces(Buffer<T>& b, const std::vector<T>& shard, const Ownership& owned) {
-  for (const auto& p : owned.pieces())
-    Kokkos::deep_copy(Kokkos::subview(b, std::pair(p.begin, p.end)),
-                      Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(shard.data() + p.at, p.size()));
+  shard_to_pieces(Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(shard.data(), shard.size()), b, owned);
 }
 
 // Collective: every rank's pieces of `whole` (laid out like the flat buffer,

@@ -47,12 +47,8 @@ void WarmRestarts::note_validation(double val, int64_t step) {
 // copy in shard order, the weights at their places). `keep`: into the copy.
 void WarmRestarts::copy_best_weights(bool keep) {
   if (!pieces_) return keep ? Kokkos::deep_copy(best_.params, model_.params()) : Kokkos::deep_copy(model_.params(), best_.params);
-  for (const auto& p : optimizer_.owned().pieces()) {
-    const auto copy = Kokkos::subview(best_.params, std::pair(p.at, p.at + p.size()));
-    const auto weights = Kokkos::subview(model_.params(), std::pair(p.begin, p.end));
-    if (keep) Kokkos::deep_copy(copy, weights);
-    else Kokkos::deep_copy(weights, copy);
-  }
+  if (keep) pieces_to_shard(model_.params(), best_.params, optimizer_.owned());
+  else shard_to_pieces(best_.params, model_.params(), optimizer_.owned());
 }
 
 void WarmRestarts::restart(int64_t next, double val, RunLog& log) {
