@@ -11,6 +11,7 @@ struct Registry {
   std::vector<std::unique_ptr<GemmBackend>> order;  // auto's order of preference
   GemmBackend* chosen = nullptr;
   bool widened = false;  // 16-bit products on the fp32 kernel (set_widened_products)
+  bool tf32 = false;     // fp32 products as TF32 where the backend has it (set_tf32_products)
   Registry() {
     for (auto make : {make_onednn_gemm, make_cublas_gemm, make_blas_gemm})
       if (auto backend = make()) order.push_back(std::move(backend));
@@ -90,6 +91,8 @@ GemmBackend& gemm_backend() {
 }
 
 void set_widened_products(bool widened) { registry().widened = widened; }
+void set_tf32_products(bool tf32) { registry().tf32 = tf32; }
+bool tf32_products() { return registry().tf32 && gemm_backend().tf32(); }
 
 // Whether `type` runs on the backend's own 16-bit kernel.
 static bool runs_natively(GemmBackend& b, Precision type) {
@@ -112,6 +115,9 @@ std::string gemm_report(Precision type) {
                           other->available() ? "not chosen" : other->unavailable_reason());
   }
   if (!passed.empty()) line += "; passed over: " + passed;
+  if (registry().tf32)
+    line += b.tf32() ? "; fp32 products as TF32 on the tensor cores, as the deck asks (products tf32)"
+                     : fmt::format("; products tf32 asked, but {} has no TF32: fp32 products stay fp32", b.name());
   if (type != Precision::fp32) {
     const char* t = type == Precision::bf16 ? "bf16" : "fp16";
     line += runs_natively(b, type) ? fmt::format("; {} products run natively", t)

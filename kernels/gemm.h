@@ -69,6 +69,9 @@ class GemmBackend {
   // holds), e.g. "oneDNN 2.6.3 brg:avx512_core_bf16"; gemm_kernel() below
   // names what runs any type: what a GEMM peak is measured on (io/peak_file.h).
   virtual std::string kernel(Precision type) const = 0;
+  // True when it can multiply fp32 operands as TF32 on tensor cores
+  // (precision fp32 products tf32): 10-bit mantissas, fp32 sums.
+  virtual bool tf32() const { return false; }
   virtual void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) = 0;
   // c_n = alpha op(a_n) op(b_n) + beta c_n for n < batch.count, each c_n
   // (M, N) row-major. This one runs them one by one through run().
@@ -94,6 +97,10 @@ GemmBackend& gemm_backend();  // selects "auto" when nothing was selected
 // kernel, widened first, even where it has a 16-bit one (deck: precision ...
 // products widened). The same products; faster where the 16-bit kernel is slow.
 void set_widened_products(bool widened);
+// precision fp32 products tf32: fp32 GEMMs as TF32 where the backend has it
+// (cuBLAS), strict fp32 where it has not (gemm_report says which).
+void set_tf32_products(bool tf32);
+bool tf32_products();  // asked, and the chosen backend has it
 // The library and kernel that multiply `type` here (GemmBackend::kernel, or
 // the fp32 one when widened): what a peak is measured on.
 std::string gemm_kernel(Precision type);

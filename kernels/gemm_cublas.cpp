@@ -2,7 +2,10 @@
 // preset); a host build gets no backend from this file.
 //
 //   fp32          cublasSgemm under CUBLAS_DEFAULT_MATH: fp32 products and
-//                 sums, never TF32 (math mode pinned, whatever the defaults)
+//                 sums, never TF32 (math mode pinned, whatever the defaults);
+//                 with precision fp32 products tf32, cublasGemmEx under
+//                 CUBLAS_COMPUTE_32F_FAST_TF32: operands rounded to TF32 on
+//                 the tensor cores, fp32 sums
 //   bf16, fp16    cublasGemmEx, both operands of the type, C fp32,
 //                 CUBLAS_COMPUTE_32F: the tensor cores multiply the 16-bit
 //                 values and accumulate in fp32, as onednn does on the host
@@ -36,6 +39,7 @@ std::unique_ptr<GemmBackend> make_cublas_gemm() { return nullptr; }
 #include <fmt/format.h>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 
 namespace xx::kernels {
 namespace {
@@ -54,6 +58,16 @@ int as_int(int64_t n, const char* what) {
 }
 
 cublasOperation_t op_of(const GemmOperand& m) { return m.transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// cublasGemmEx's operand type and compute type: 16-bit products with fp32
+// sums, or fp32 operands as TF32 (products tf32).
+std::pair<cudaDataType, cublasComputeType_t> types_of(Precision type) {
+  switch (type) {
+    case Precision::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
+    case Precision::fp16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
+    default: return {CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
+  }
+}
 
 // The handle: created on first use (after Kokkos::initialize chose the
 // device), destroyed at Kokkos::finalize, before the CUDA context goes.
@@ -104,8 +118,8 @@ class CublasGemm : public GemmBackend {
  public:
   std::string name() const override { return "cublas"; }
   std::string describe() const override {
-    return fmt::format("cublas: {} on {}, fp32 without TF32; bf16, fp16 on tensor cores with fp32 accumulation",
-                       library_version(), device_name());
+    return fmt::format("cublas: {} on {}, fp32 {}; bf16, fp16 on tensor cores with fp32 accumulation",
+                       library_version(), device_name(), tf32_products() ? "as TF32" : "without TF32");
   }
   bool available() const override {
     if (!checked_) {
@@ -121,12 +135,13 @@ class CublasGemm : public GemmBackend {
   }
   std::string unavailable_reason() const override { return reason_; }
   bool native(Precision type) const override { return true; }
+  bool tf32() const override { return true; }
   std::string kernel(Precision type) const override {
     const std::string v = library_version();
     switch (type) {
       case Precision::bf16: return v + " cublasGemmEx bf16 x bf16 -> fp32 (COMPUTE_32F)";
       case Precision::fp16: return v + " cublasGemmEx fp16 x fp16 -> fp32 (COMPUTE_32F)";
-      default: return v + " cublasSgemm fp32";
+      default: return tf32_products() ? v + " cublasGemmEx fp32 as TF32 (COMPUTE_32F_FAST_TF32)" : v + " cublasSgemm fp32";
     }
   }
   void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {
@@ -134,15 +149,15 @@ class CublasGemm : public GemmBackend {
     const int m = as_int(b.op_cols(), "N"), n = as_int(a.op_rows(), "M"), k = as_int(a.op_cols(), "K");
     const int lda = as_int(a.cols, "lda"), ldb = as_int(b.cols, "ldb"), ldc = m;
     cublasHandle_t h = handle().get();
-    if (a.type == Precision::fp32) {
+    if (a.type == Precision::fp32 && !tf32_products()) {
       check(cublasSgemm(h, op_of(b), op_of(a), m, n, k, &alpha, static_cast<const float*>(b.data), ldb,
                         static_cast<const float*>(a.data), lda, &beta, c, ldc),
             "cublasSgemm");
       return;
     }
-    const cudaDataType type = a.type == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const auto [type, compute] = types_of(a.type);
     check(cublasGemmEx(h, op_of(b), op_of(a), m, n, k, &alpha, b.data, type, ldb, a.data, type, lda, &beta, c,
-                       CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   }
   // The batch as run() does one product (swapped operands, transposed
@@ -153,16 +168,15 @@ class CublasGemm : public GemmBackend {
     const int lda = as_int(a.cols, "lda"), ldb = as_int(b.cols, "ldb"), ldc = m, count = as_int(batch.count, "count");
     const long long sa = batch.a, sb = batch.b, sc = batch.c;
     cublasHandle_t h = handle().get();
-    if (a.type == Precision::fp32) {
+    if (a.type == Precision::fp32 && !tf32_products()) {
       check(cublasSgemmStridedBatched(h, op_of(b), op_of(a), m, n, k, &alpha, static_cast<const float*>(b.data), ldb,
                                       sb, static_cast<const float*>(a.data), lda, sa, &beta, c, ldc, sc, count),
             "cublasSgemmStridedBatched");
       return;
     }
-    const cudaDataType type = a.type == Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const auto [type, compute] = types_of(a.type);
     check(cublasGemmStridedBatchedEx(h, op_of(b), op_of(a), m, n, k, &alpha, b.data, type, ldb, sb, a.data, type,
-                                     lda, sa, &beta, c, CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT),
+                                     lda, sa, &beta, c, CUDA_R_32F, ldc, sc, count, compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
   }
 

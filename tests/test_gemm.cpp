@@ -121,6 +121,48 @@ TEST_CASE("gemm: 16-bit operands multiply exactly their 16-bit values, accumulat
   }
 }
 
+// precision fp32 products tf32: on a backend with TF32 (cuBLAS) the fp32
+// GEMMs round their operands to TF32 (10 significant bits), elsewhere they
+// stay strict fp32, bit for bit, and the start-up line says which.
+TEST_CASE("gemm: products tf32 runs fp32 as TF32 where the backend has it, and says so where not", "[gemm]") {
+  for (const auto& name : backends()) {
+    BackendChoice choice(name);
+    CAPTURE(name);
+    const int64_t M = 29, N = 17, K = 90;
+    const auto a = random_values(M * K, 6), b = random_values(N * K, 7);
+    const auto ka = in_kernel(a), kb = in_kernel(b);
+    const k::GemmOperand A{ka.data(), M, K, k::Precision::fp32, false}, B{kb.data(), N, K, k::Precision::fp32, true};
+    auto product = [&] {
+      auto kc = in_kernel(std::vector<float>(M * N, 0.0f));
+      k::gemm(A, B, 1.0f, 0.0f, mat(kc, M, N));
+      return host(kc);
+    };
+    const auto strict = product();
+    CHECK(k::gemm_report(k::Precision::fp32).find("tf32") == std::string::npos);
+    k::set_tf32_products(true);
+    const bool tf32 = k::gemm_backend().tf32();
+    CHECK(k::tf32_products() == tf32);
+    const auto asked = product();
+    const std::string report = k::gemm_report(k::Precision::fp32);
+    k::set_tf32_products(false);
+    if (!tf32) {
+      CHECK(report.find("products tf32 asked, but " + name + " has no TF32") != std::string::npos);
+      for (int64_t i = 0; i < M * N; ++i)
+        REQUIRE(std::bit_cast<uint32_t>(asked[i]) == std::bit_cast<uint32_t>(strict[i]));
+      continue;
+    }
+    CHECK(report.find("fp32 products as TF32") != std::string::npos);
+    const auto want = reference(a, M, K, false, b, N, K, true, 1, 0, std::vector<float>(M * N, 0.0f));
+    double gap = 0, top = 0;
+    for (int64_t i = 0; i < M * N; ++i) {
+      gap = std::max(gap, std::fabs(double(asked[i]) - want[i]));
+      top = std::max(top, std::fabs(want[i]));
+    }
+    CHECK(gap / top < 1e-2);  // 10 significant bits per operand
+    CHECK(asked != strict);   // the rounding is really there
+  }
+}
+
 TEST_CASE("gemm: an empty sum scales c by beta; mismatched shapes are refused", "[gemm]") {
   auto c = in_kernel(std::vector<float>{1, 2, 3, 4});
   const Buffer<float> a("test::a", 1), b("test::b", 1);

@@ -365,6 +365,12 @@ TEST_CASE("deck: precision parses its kinds and keywords and rejects bad scales"
   CHECK_THAT(error_of("precision fp16 loss_scale 0\n"), Catch::Contains("expected dynamic or a number > 0"));
   CHECK_THAT(error_of("precision fp16 loss_scale -4\n"), Catch::Contains("expected dynamic or a number > 0"));
   CHECK_THAT(error_of("precision fp16 scale_window 0\n"), Catch::Contains("scale_window"));
-  CHECK_THAT(error_of("precision fp32 loss_scale 8\n"), Catch::Contains("unexpected word 'loss_scale'"));
+  CHECK_THAT(error_of("precision fp32 loss_scale 8\n"), Catch::Contains("unknown keyword 'loss_scale'"));
   CHECK_THAT(error_of("precision fp8\n"), Catch::Contains("unknown kind 'fp8'"));
+  // products: fp32 native (strict) or tf32; 16-bit native or widened
+  CHECK(build("").precision.products == "native");
+  CHECK(build("precision fp32 products tf32\n").precision.products == "tf32");
+  CHECK(build("precision bf16 products widened\n").precision.products == "widened");
+  CHECK_THAT(error_of("precision bf16 products tf32\n"), Catch::Contains("p.deck:3") && Catch::Contains("tf32"));
+  CHECK_THAT(error_of("precision fp32 products widened\n"), Catch::Contains("p.deck:3") && Catch::Contains("widened"));
 }

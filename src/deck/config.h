@@ -252,7 +252,9 @@ struct PrecisionConfig {
   int64_t scale_window = 1000;      // dynamic: clean steps before the scale doubles
   // native: 16-bit GEMM operands go to the backend's 16-bit kernel; widened:
   // to its fp32 kernel, widened first (the same products; faster where the
-  // 16-bit kernel is slower, e.g. AVX512_BF16 without AMX on Intel)
+  // 16-bit kernel is slower, e.g. AVX512_BF16 without AMX on Intel). Under
+  // fp32, native is strict fp32 products; tf32: fp32 operands as TF32 on the
+  // tensor cores where the GEMM backend has them (cuBLAS), strict elsewhere.
   std::string products = "native";
   // unscaled: the gradient norm is clipped after unscaling (right); scaled:
   // as if clipped before unscaling, against the scaled norm (the wrong order,
