@@ -15,13 +15,13 @@
 // scans, and writes each chunk in index order: the same bits on every run and
 // every backend. Team-shaped (kernels/team.h): a chunk (or quantization
 // block) is a team row, its elements the lanes; a chunk's histogram is one
-// team's; the element-wise kernels are flat ranges. Indices travel as 16 low bits plus a count per segment of
-// 65536: the counts come from binary searches in the sorted indices (one
-// thread per segment), and the receiver rebuilds each index by a binary
-// search in the counts' prefix sums (one thread per entry). Quantized values
-// decode to q * scale with the product exact in float (scales keep 17
-// significant bits), so decoding involves no rounding and an FMA cannot
-// change it.
+// team's; the element-wise kernels are flat ranges. Indices travel as 16 low
+// bits plus a count per segment of 65536: the counts come from binary
+// searches in the sorted indices (one thread per segment), and the receiver
+// rebuilds each index by a binary search in the counts' prefix sums (one
+// thread per entry). Quantized values decode to q * scale with the product
+// exact in float (scales keep 17 significant bits), so decoding involves no
+// rounding and an FMA cannot change it.
 //
 // Outputs are written (=); the residual is updated in place; decode_add adds
 // into its output (+=), decode_sum overwrites it with the sum over ranks.
@@ -74,6 +74,10 @@ constexpr int64_t kChunk = 2048;          // elements per counting chunk in top-
 constexpr int64_t kBins = 256;            // one radix digit of 8 bits
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Elements of counting chunk c of a bucket of n: kChunk, or what the last one holds.
+KOKKOS_INLINE_FUNCTION constexpr int64_t chunk_length(int64_t n, int64_t c) {
+  return n - c * kChunk < kChunk ? n - c * kChunk : kChunk;
+}
 
 // nseg: segments of 65536 covering the index range [0, n).
 constexpr int64_t segments(int64_t n) { return ceil_div(n, kSegment); }
@@ -327,9 +331,9 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
   // top digit (bits 31..24) over all keys
   Kokkos::parallel_for(
       "compress::topk_histogram", histogram_policy(chunks, kBins), KOKKOS_LAMBDA(const TeamMember& m) {
-        const int64_t c = m.league_rank(), i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk;
+        const int64_t c = m.league_rank(), i0 = c * kChunk;
         row_histogram(
-            m, len, kBins, [&](int64_t j) { return int64_t(magnitude_key(acc(i0 + j)) >> 24); },
+            m, chunk_length(n, c), kBins, [&](int64_t j) { return int64_t(magnitude_key(acc(i0 + j)) >> 24); },
             &chunk_hist(c * kBins));
       });
   topk_choose_digit(hist, state, chunk_hist, chunks, 24);
@@ -353,9 +357,9 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
       "compress::topk_candidates", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
         for_rows(m, chunks, [&](int64_t c) {
           const uint32_t top = uint32_t(state(0)) >> 24;
-          const int64_t i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk, p0 = cand_off(c);
+          const int64_t i0 = c * kChunk, p0 = cand_off(c);
           // each candidate goes after the chunk's earlier ones: a scan of 0/1
-          row_scan<int32_t>(m, len, [&](int64_t j, int32_t& before, bool final) {
+          row_scan<int32_t>(m, chunk_length(n, c), [&](int64_t j, int32_t& before, bool final) {
             const uint32_t key = magnitude_key(acc(i0 + j));
             if (key >> 24 != top) return;
             if (final) cand(p0 + before) = key;
@@ -411,9 +415,9 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
       "compress::topk_write", row_policy(chunks), KOKKOS_LAMBDA(const TeamMember& m) {
         for_rows(m, chunks, [&](int64_t c) {
           const uint32_t T = uint32_t(state(0));
-          const int64_t need = state(1), eq0 = off_eq(c), i0 = c * kChunk, len = n - i0 < kChunk ? n - i0 : kChunk;
+          const int64_t need = state(1), eq0 = off_eq(c), i0 = c * kChunk;
           const int64_t p0 = off_gt(c) + (eq0 < need ? eq0 : need), eq_room = need - eq0 > 0 ? need - eq0 : 0;
-          row_scan<int64_t>(m, len, [&](int64_t j, int64_t& before, bool final) {
+          row_scan<int64_t>(m, chunk_length(n, c), [&](int64_t j, int64_t& before, bool final) {
             const float a = acc(i0 + j);
             const uint32_t key = magnitude_key(a);
             if (key < T) return;

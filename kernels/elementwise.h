@@ -38,11 +38,7 @@ double sum(Vec<const T> x) {
   Kokkos::parallel_reduce(
       "elementwise::sum", flat_policy(n),
       KOKKOS_LAMBDA(const TeamMember& m, double& acc) {
-        for_rows(m, flat_chunks(n), [&](int64_t c) {
-          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
-          const double part = row_sum(m, len, [&](int64_t k) { return double(px[i0 + k]); });
-          row_single(m, [&] { acc += part; });
-        });
+        flat_sum(m, n, [&](int64_t i) { return double(px[i]); }, acc);
       },
       s);
   return s;
@@ -57,11 +53,7 @@ double sum_squares(Vec<const T> x) {
   Kokkos::parallel_reduce(
       "elementwise::sum_squares", flat_policy(n),
       KOKKOS_LAMBDA(const TeamMember& m, double& acc) {
-        for_rows(m, flat_chunks(n), [&](int64_t c) {
-          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
-          const double part = row_sum(m, len, [&](int64_t k) { return double(px[i0 + k]) * double(px[i0 + k]); });
-          row_single(m, [&] { acc += part; });
-        });
+        flat_sum(m, n, [&](int64_t i) { return double(px[i]) * double(px[i]); }, acc);
       },
       s);
   return s;

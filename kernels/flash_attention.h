@@ -42,12 +42,14 @@ namespace xx::kernels {
 // every head at once (T may be far longer), which bounds the scratch.
 constexpr int64_t kFlashSpan = 2048;
 
+// Query rows of the longest GEMM call at sequence length Tn.
+inline int64_t flash_span(int64_t Tn) { return Tn < kFlashSpan ? Tn : kFlashSpan; }
+
 // Elements of T the scratch of both passes needs: two (span, Bk) blocks per
-// head (scores or probabilities, and dP; span = min(T, kFlashSpan)) and the
-// running max and sum of every row (m, l).
+// head (scores or probabilities, and dP) and the running max and sum of
+// every row (m, l), in that order.
 inline int64_t flash_scratch_size(int64_t BH, int64_t Tn, int64_t block) {
-  const int64_t span = Tn < kFlashSpan ? Tn : kFlashSpan;
-  return BH * span * 2 * block + 2 * BH * Tn;
+  return 2 * BH * flash_span(Tn) * block + 2 * BH * Tn;
 }
 
 // Query rows [r0, r0 + rows) against key block [c0, c0 + cols), for each of
@@ -59,6 +61,8 @@ struct FlashTile {
     const int64_t upto = r0 + r - c0 + 1;  // >= 1: queries start at or after the block
     return upto < cols ? upto : cols;
   }
+  // The (BH*T)-row index of the tile's row hr (head hr / rows, query r0 + hr % rows).
+  KOKKOS_INLINE_FUNCTION int64_t row_of(int64_t hr, int64_t Tn) const { return (hr / rows) * Tn + r0 + hr % rows; }
 };
 
 // Head 0's (rows, cols) block as a batched GEMM's operand, where `in` holds
@@ -78,7 +82,7 @@ void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, FlashTile tile
   Kokkos::parallel_for(
       "attention::flash_online_softmax", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const int64_t r = hr % rows, valid = tile.valid(r), row_id = (hr / rows) * Tn + tile.r0 + r;
+          const int64_t valid = tile.valid(hr % rows), row_id = tile.row_of(hr, Tn);
           T* row = &s(hr, 0);
           const T before = m(row_id), block_top = row_max(tm, valid, [&](int64_t c) { return row[c]; });
           const T top = block_top > before ? block_top : before;  // a max is exact: any order gives it
@@ -101,8 +105,7 @@ void flash_online_softmax(Mat<T> s, Vec<T> m, Vec<T> l, Mat<T> o, FlashTile tile
 template <class F>
 void for_each_tile(const CausalBlocks& blocks, int64_t j, const F& f) {
   const int64_t c0 = j * blocks.block, cols = blocks.rows(j);
-  for (int64_t r0 = c0; r0 < blocks.seq; r0 += kFlashSpan)
-    f(FlashTile{r0, blocks.seq - r0 < kFlashSpan ? blocks.seq - r0 : kFlashSpan, c0, cols});
+  for (int64_t r0 = c0; r0 < blocks.seq; r0 += kFlashSpan) f(FlashTile{r0, flash_span(blocks.seq - r0), c0, cols});
 }
 
 // out (BH*T, Dv), lse (BH*T) from q, k (BH*T, D) and v (BH*T, Dv), head-major;
@@ -113,7 +116,7 @@ void flash_attention_forward(Mat<T> out, Vec<T> lse, GemmIn<T> q, GemmIn<T> k, G
   const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols, n = BH * Tn;
   const T scale = T(1) / T(std::sqrt(double(D)));
   T* s = scratch.data();
-  T* ml = s + (flash_scratch_size(BH, Tn, blocks.block) - 2 * n);
+  T* ml = s + 2 * BH * flash_span(Tn) * blocks.block;  // past the two blocks (flash_scratch_size)
   Vec<T> m(ml, n), l(ml + n, n);
   Kokkos::parallel_for(
       "attention::flash_start", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
@@ -175,8 +178,8 @@ void flash_probabilities(Mat<T> s, Vec<const T> lse, FlashTile tile, int64_t Tn)
   Kokkos::parallel_for(
       "attention::flash_probabilities", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const int64_t r = hr % rows, valid = tile.valid(r);
-          const T top = lse((hr / rows) * Tn + tile.r0 + r);
+          const int64_t valid = tile.valid(hr % rows);
+          const T top = lse(tile.row_of(hr, Tn));
           T* row = &s(hr, 0);
           row_for(tm, valid, [&](int64_t c) { row[c] = exp_of(row[c] - top); });
           row_for(tm, cols - valid, [&](int64_t c) { row[valid + c] = T(0); });
@@ -187,11 +190,11 @@ void flash_probabilities(Mat<T> s, Vec<const T> lse, FlashTile tile, int64_t Tn)
 // dp (BH*rows, cols) <- p o (dp - delta) scale, in place: the scores' gradient.
 template <class T>
 void flash_score_gradient(Mat<T> dp, Mat<const T> p, Vec<const T> delta, FlashTile tile, int64_t Tn, T scale) {
-  const int64_t cols = dp.extent(1), n = dp.extent(0), rows = tile.rows;
+  const int64_t cols = dp.extent(1), n = dp.extent(0);
   Kokkos::parallel_for(
       "attention::flash_score_gradient", row_policy(n), KOKKOS_LAMBDA(const TeamMember& tm) {
         for_rows(tm, n, [&](int64_t hr) {
-          const T dot = delta((hr / rows) * Tn + tile.r0 + hr % rows);
+          const T dot = delta(tile.row_of(hr, Tn));
           T* drow = &dp(hr, 0);
           const T* prow = &p(hr, 0);
           row_for(tm, cols, [&](int64_t c) { drow[c] = prow[c] * (drow[c] - dot) * scale; });
@@ -206,14 +209,13 @@ void flash_attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, M
                               Vec<const T> lse, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v, const CausalBlocks& blocks,
                               int64_t BH) {
   const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
-  const int64_t span = Tn < kFlashSpan ? Tn : kFlashSpan;
   const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dq, T(0));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));
   const GemmIn<T> dO = as_gemm_input_like<T>(dout, q, 1);  // 16 bits once, when q is
   T* s = scratch.data();
-  T* dp = s + BH * span * blocks.block;
+  T* dp = s + BH * flash_span(Tn) * blocks.block;
   for (int64_t j = 0; j < blocks.count; ++j) {
     for_each_tile(blocks, j, [&](const FlashTile& t) {
       const int64_t tile = t.rows * t.cols;

@@ -141,7 +141,8 @@ class CublasGemm : public GemmBackend {
     switch (type) {
       case Precision::bf16: return v + " cublasGemmEx bf16 x bf16 -> fp32 (COMPUTE_32F)";
       case Precision::fp16: return v + " cublasGemmEx fp16 x fp16 -> fp32 (COMPUTE_32F)";
-      default: return tf32_products() ? v + " cublasGemmEx fp32 as TF32 (COMPUTE_32F_FAST_TF32)" : v + " cublasSgemm fp32";
+      default:
+        return v + (tf32_products() ? " cublasGemmEx fp32 as TF32 (COMPUTE_32F_FAST_TF32)" : " cublasSgemm fp32");
     }
   }
   void run(const GemmOperand& a, const GemmOperand& b, float alpha, float beta, float* c) override {

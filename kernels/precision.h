@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <string>
 #include "core/views.h"
-#include "kernels/elementwise.h"
 #include "kernels/math.h"
 #include "kernels/team.h"
 
@@ -97,13 +96,12 @@ inline bool has_nonfinite(Vec<const float> x) {
   Kokkos::parallel_reduce(
       "has_nonfinite", flat_policy(n),
       KOKKOS_LAMBDA(const TeamMember& m, int64_t& acc) {
-        for_rows(m, flat_chunks(n), [&](int64_t c) {
-          const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
-          const int64_t part = row_sum(m, len, [&](int64_t k) {
-            return (kmath::bit_cast<uint32_t>(px[i0 + k]) & 0x7f800000u) == 0x7f800000u ? int64_t(1) : int64_t(0);
-          });
-          row_single(m, [&] { acc += part; });
-        });
+        flat_sum(
+            m, n,
+            [&](int64_t i) {
+              return (kmath::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? int64_t(1) : int64_t(0);
+            },
+            acc);
       },
       bad);
   return bad > 0;

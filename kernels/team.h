@@ -238,6 +238,18 @@ KOKKOS_FORCEINLINE_FUNCTION void for_flat(const Member& m, int64_t n, const F& f
   });
 }
 
+// acc += the sum of f(i) over the member's chunks of [0, n): each chunk's
+// row_sum, then the chunks added (the body of a parallel_reduce over
+// flat_policy(n); the reduction adds the teams' parts in its fixed order).
+template <class Member, class F, class Acc>
+KOKKOS_FORCEINLINE_FUNCTION void flat_sum(const Member& m, int64_t n, const F& f, Acc& acc) {
+  for_rows(m, flat_chunks(n), [&](int64_t c) {
+    const int64_t i0 = c * kFlatChunk, len = n - i0 < kFlatChunk ? n - i0 : kFlatChunk;
+    const auto part = row_sum(m, len, [&](int64_t k) { return f(i0 + k); });
+    row_single(m, [&] { acc += part; });
+  });
+}
+
 // ----------------------------------------------------------------------------
 // columns
 

@@ -494,8 +494,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "kind",
        {{"fp32", {}, {choice("products", &c.precision.products, {"native", "tf32"})}, {}, {}},
         precision_variant("bf16"), precision_variant("fp16")},
-       "precision fp32 [products native|tf32] | bf16|fp16 [loss_scale S|dynamic] [scale_window N] [products native|widened] "
-       "[clip_order unscaled|scaled]", Scope::job},
+       "precision fp32 [products native|tf32] | bf16|fp16 [loss_scale S|dynamic] [scale_window N] "
+       "[products native|widened] [clip_order unscaled|scaled]", Scope::job},
       {"lossagg",
        &c.lossagg.kind,
        "kind",

@@ -99,7 +99,7 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   const int64_t widest = std::max(N * std::max({3 * C, 2 * swiglu, V, int64_t(m.heads) * (m.qk_dim() + m.v_dim())}),
                                   run * 2 * Fm);  // rows x width of the widest output gradient
   const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * run * Fm, 2 * N * int64_t(m.moe.shared) * Fm});
-  const int64_t softmax = flash ? BH * std::min(T, kernels::kFlashSpan) * Bk : Bk * T;
+  const int64_t softmax = flash ? BH * kernels::flash_span(T) * Bk : Bk * T;
   est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + softmax;
   return est;
 }
@@ -354,7 +354,8 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      format_bytes(4.0 * est.scratch_elements), format_bytes(4.0 * est.mixed_scratch_elements));
   out += uses_flash_attention(c.model.attention)
              ? fmt::format("  attention: the flash kernel: a log-sum-exp per row kept ({} x {} rows per layer), the "
-                           "probabilities recomputed key block by key block\n", c.data.batch * c.model.heads, c.model.seq)
+                           "probabilities recomputed key block by key block\n",
+                           c.data.batch * c.model.heads, c.model.seq)
              : fmt::format("  attention: the packed kernel: its probabilities kept ({} x {} per layer; "
                            "attention_kernel flash keeps {} x {})\n", c.data.batch * c.model.heads,
                            kernels::CausalBlocks(c.model.seq, kAttentionBlock).per_head(),
