@@ -4,7 +4,9 @@
 #include "generate.h"
 #include <unistd.h>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -21,7 +23,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: xuanxue generate -ckpt FILE -prompt TEXT [-tokenizer MODEL] [-tokens N] [-temperature T]\n"
-    "                        [-top_k K] [-top_p P] [-seed S]\n"
+    "                        [-top_k K] [-top_p P] [-seed S] [-logits FILE]\n"
     "  -ckpt FILE|DIR    a checkpoint (RUN_DIR/ckpt/step_N.h5), or RUN_DIR or RUN_DIR/ckpt: its newest;\n"
     "                    the checkpoint's deck gives the model\n"
     "  -prompt TEXT      the text to continue\n"
@@ -30,10 +32,12 @@ constexpr const char* kUsage =
     "  -temperature T    0: greedy; default 1\n"
     "  -top_k K          sample among the K likeliest (default 0: all)\n"
     "  -top_p P          sample within the smallest set of probability P (default 1)\n"
-    "  -seed S           the same seed gives the same text (default 0)\n";
+    "  -seed S           the same seed gives the same text (default 0)\n"
+    "  -logits FILE      also write the logits at every prompt position (text: a header line naming the\n"
+    "                    tokens, then one row of vocab values per position), for other tools to compare\n";
 
 struct GenerateArgs {
-  std::string ckpt, prompt, tokenizer;
+  std::string ckpt, prompt, tokenizer, logits;
   bool has_prompt = false, has_tokenizer = false;
   int64_t tokens = 128;
   SamplingOptions sampling;
@@ -66,10 +70,11 @@ GenerateArgs parse(int argc, char** argv) {
     else if (arg == "-top_k") a.sampling.top_k = number<int>(arg, v, 0, 1e9);
     else if (arg == "-top_p") a.sampling.top_p = number<double>(arg, v, 1e-9, 1);
     else if (arg == "-seed") a.sampling.seed = number<uint64_t>(arg, v, 0, 9e15);
+    else if (arg == "-logits") a.logits = v;
     else
       input_error("command line: unknown option '{}'{}\n{}", arg,
                   did_you_mean(arg, {"-ckpt", "-prompt", "-tokenizer", "-tokens", "-temperature", "-top_k", "-top_p",
-                                     "-seed"}),
+                                     "-seed", "-logits"}),
                   kUsage);
   }
   if (a.ckpt.empty() || !a.has_prompt) input_error("command line: generate needs -ckpt and -prompt\n{}", kUsage);
@@ -92,6 +97,23 @@ Program checkpoint_program(const std::string& ckpt) {
     std::remove(path);
     throw;
   }
+}
+
+// The logits at every prompt position, as text (9 significant digits: a float's round trip).
+void write_prompt_logits(Decoder& decoder, const std::vector<int32_t>& prompt, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) input_error("{}: cannot write the logits ({}) (expected a writable path for -logits)", path, std::strerror(errno));
+  std::string text = "# tokens";
+  for (int32_t t : prompt) text += fmt::format(" {}", t);
+  text += "\n";
+  decoder.reset();
+  for (int32_t t : prompt) {
+    const std::vector<float> logits = decoder.step(t);
+    for (size_t i = 0; i < logits.size(); ++i) text += fmt::format("{}{:.9g}", i ? " " : "", logits[i]);
+    text += "\n";
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw std::runtime_error(fmt::format("{}: writing the logits failed", path));
 }
 
 }  // namespace
@@ -138,6 +160,7 @@ int run_generate(MPI_Comm comm, int argc, char** argv) {
     Kokkos::deep_copy(ffn->bias(), Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(b.data(), b.size()));
   }
   Decoder decoder(model, m.seq);
+  if (!a.logits.empty()) write_prompt_logits(decoder, prompt, a.logits);
   const int64_t room = m.seq - int64_t(prompt.size()) + 1;
   const int64_t count = std::min(a.tokens, room);
   const auto t0 = MPI_Wtime();

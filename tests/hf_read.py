@@ -319,6 +319,14 @@ class HF:
             y, aux = self.mlp(pre + "mlp.", h), torch.zeros((), dtype=h.dtype)
         return x + y, aux
 
+    def logits(self, inputs):
+        """The main model's logits (B, T, V)."""
+        c, w = self.c, self.w
+        x = w["model.embed_tokens.weight"][inputs]
+        for i in range(c["num_hidden_layers"]):
+            x, _ = self.layer(i, x)
+        return hf_rmsnorm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T
+
     def losses(self, inputs, targets):
         """(main, mtp mean over depths, aux); MTP as DeepSeek-V3 defines it: depth d at position t
         combines the previous depth's hidden state (the main model's, before model.norm, at d = 0)
@@ -397,6 +405,7 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--eval-batches", type=int, required=True)
     p.add_argument("--expect-bias", action="store_true", help="the selection bias must change a choice")
+    p.add_argument("--logits", help="xuanxue generate -logits FILE of this checkpoint: the same logits here")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -466,6 +475,17 @@ def main():
     tokens = targets.numel()
     check(abs(hf.accuracy - record["val_acc"]) <= 1.0 / tokens + 1e-12,
           f"trainer's val_acc {record['val_acc']:.6f}, HF-convention argmax {hf.accuracy:.6f} ({tokens} tokens)")
+
+    # 4b. the decoder's logits (xuanxue generate -logits, the KV cache) on its prompt
+    if args.logits:
+        lines = [l for l in open(args.logits).read().splitlines() if l.strip()]
+        prompt = torch.tensor([[int(t) for t in lines[0].split()[2:]]])
+        theirs = torch.tensor([[float(x) for x in l.split()] for l in lines[1:]], dtype=torch.float64)
+        with torch.no_grad():
+            mine = HF(c, tensors).logits(prompt)[0]
+        r = ((mine - theirs).norm() / mine.norm()).item()
+        check(r <= RTOL, f"generate -logits at {prompt.shape[1]} positions: the HF-convention forward's within "
+                         f"rel {r:.1e}")
 
     # 5. every convention is exercised: without it, the loss misses
     def without(what, **change):

@@ -8,11 +8,8 @@
 #include <stdlib.h>  // mkdtemp
 #include "core/error.h"
 #include "deck/deck.h"
+#include "source_dir.h"
 #include "temp_dir.h"
-
-#ifndef XX_SOURCE_DIR
-#define XX_SOURCE_DIR "/work/main"
-#endif
 
 namespace fs = std::filesystem;
 using namespace xx;
@@ -279,7 +276,7 @@ TEST_CASE("deck: command_names and describe", "[deck]") {
 }
 
 TEST_CASE("deck: input/tiny.deck parses", "[deck]") {
-  const auto p = build_program(read_deck(XX_SOURCE_DIR "/input/tiny.deck", {}), false);
+  const auto p = build_program(read_deck(test::input_path("tiny.deck"), {}), false);
   REQUIRE(p.phases.size() == 1);
   const Config& c = p.phases[0].config;
   CHECK(p.phases[0].steps == 300);
@@ -288,7 +285,7 @@ TEST_CASE("deck: input/tiny.deck parses", "[deck]") {
   CHECK(c.output.dir == "runs/tiny");
   CHECK(c.schedule.total == 300);
 
-  const auto q = build_program(read_deck(XX_SOURCE_DIR "/input/tiny.deck", {{"steps", "20"}, {"run_dir", "/tmp/x"}}), false);
+  const auto q = build_program(read_deck(test::input_path("tiny.deck"), {{"steps", "20"}, {"run_dir", "/tmp/x"}}), false);
   CHECK(q.phases[0].steps == 20);
   CHECK(q.phases[0].config.output.dir == "/tmp/x");
 }

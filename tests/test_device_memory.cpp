@@ -1,6 +1,8 @@
 // The device emulation (core/device_memory.h) catches what it is for: each
 // case runs in a forked child that starts the emulation, so a trap ends the
-// child and not the test binary.
+// child and not the test binary. A device build has no emulation (it exits 2
+// when asked): there these cases are hidden (tag [.device_emulation]) and one
+// case checks that refusal instead.
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +14,12 @@
 #include "kernels/gemm.h"
 
 using namespace xx;
+
+#ifdef KOKKOS_ENABLE_CUDA
+#define XX_EMULATION_TAG "[.device_emulation]"
+#else
+#define XX_EMULATION_TAG "[device_emulation]"
+#endif
 
 namespace {
 
@@ -31,7 +39,7 @@ Child in_emulated_child(const std::function<int()>& body) {
     close(pipe_fds[0]);
     dup2(pipe_fds[1], STDERR_FILENO);
     setenv("XX_EMULATE_DEVICE", "1", 1);
-    if (!start_device_emulation_if_asked()) _exit(3);
+    if (!start_device_emulation_if_asked()) _exit(3);  // (a device build exits 2 inside)
     _exit(body());
   }
   close(pipe_fds[1]);
@@ -46,7 +54,7 @@ Child in_emulated_child(const std::function<int()>& body) {
 }  // namespace
 
 TEST_CASE("device emulation: a host read of kernel memory stops the process, naming the buffer",
-          "[device_emulation]") {
+          XX_EMULATION_TAG) {
   const Child c = in_emulated_child([] {
     Buffer<float> b("test::trapped", 8192);  // 32 KiB: whole pages inside
     volatile float x = b.data()[4000];        // host code reading kernel memory: the bug
@@ -59,7 +67,7 @@ TEST_CASE("device emulation: a host read of kernel memory stops the process, nam
   CHECK(c.err.find("byte 16000") != std::string::npos);
 }
 
-TEST_CASE("device emulation: a host write is caught as a read is", "[device_emulation]") {
+TEST_CASE("device emulation: a host write is caught as a read is", XX_EMULATION_TAG) {
   const Child c = in_emulated_child([] {
     Buffer<float> b("test::written", 8192);
     volatile float* p = b.data();
@@ -72,7 +80,7 @@ TEST_CASE("device emulation: a host write is caught as a read is", "[device_emul
 }
 
 TEST_CASE("device emulation: kernels, deep_copy, the GEMM seam and host copies pass, with the right values",
-          "[device_emulation]") {
+          XX_EMULATION_TAG) {
   const Child c = in_emulated_child([] {
     if (kernel_memory_on_host()) return 10;  // the device-side paths are taken
     const int64_t n = 64;
@@ -101,7 +109,7 @@ TEST_CASE("device emulation: kernels, deep_copy, the GEMM seam and host copies p
   CHECK(WEXITSTATUS(c.status) == 0);
 }
 
-TEST_CASE("device emulation: freed kernel memory is host memory again", "[device_emulation]") {
+TEST_CASE("device emulation: freed kernel memory is host memory again", XX_EMULATION_TAG) {
   const Child c = in_emulated_child([] {
     for (int round = 0; round < 20; ++round) {
       { Buffer<float> b("test::freed", 16384 + round * 1024); }  // allocated, protected, freed
@@ -114,3 +122,12 @@ TEST_CASE("device emulation: freed kernel memory is host memory again", "[device
   INFO(c.err);
   CHECK(c.exited_ok());
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+TEST_CASE("device emulation: a device build refuses XX_EMULATE_DEVICE with exit 2", "[device]") {
+  const Child c = in_emulated_child([] { return 0; });
+  INFO(c.err);
+  CHECK((WIFEXITED(c.status) && WEXITSTATUS(c.status) == 2));
+  CHECK(c.err.find("XX_EMULATE_DEVICE=1 is for host builds") != std::string::npos);
+}
+#endif

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include "core/device_memory.h"
+#include "source_dir.h"
 #include "mpi_fixture.h"
 #include "train/trainer.h"
 
@@ -19,7 +20,7 @@ std::vector<double> run_shipped(const std::string& deck, const std::string& dir,
       {"steps", std::to_string(steps)}, {"data", corpus},       {"run_dir", dir + "/" + name},
       {"eval_every", "0"},              {"ckpt_every", "0"},    {"log_every", "1"},
       {"attention_kernel", kernel}};
-  return run_deck(build_program(read_deck(std::string(XX_SOURCE_DIR "/input/") + deck, vars), true));
+  return run_deck(build_program(read_deck(test::input_path(deck), vars), true));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The whole model's gradient against central finite differences, in double,
 // on a tiny configuration; and the properties the trainer relies on.
 #include "core/device_memory.h"
+#include "source_dir.h"
 #include "fd.h"
 #include "model_fixture.h"
 #include "model/transformer.h"
@@ -156,7 +157,7 @@ TEST_CASE("the missing-gradient check names tensors that got no gradient", "[mod
 
 TEST_CASE("DeepSeek-V2-Lite's deck gives the published parameter counts", "[model]") {
   // Published: 15.7B parameters in total, 2.4B activated per token.
-  const auto program = build_program(read_deck(XX_SOURCE_DIR "/input/deepseek-v2-lite.deck", {}), false);
+  const auto program = build_program(read_deck(test::input_path("deepseek-v2-lite.deck"), {}), false);
   const auto& m = program.phases.front().config.model;
   const ParamLayout layout(m);
   CHECK(layout.total() == Approx(15.7e9).epsilon(0.01));

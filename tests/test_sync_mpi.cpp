@@ -6,7 +6,9 @@
 #include <cmath>
 #include <numeric>
 #include "core/device_memory.h"
+#include "comm/ops.h"
 #include "comm/sync_strategy.h"
+#include "core/error.h"
 #include "mpi_fixture.h"
 
 using namespace xx;
@@ -25,7 +27,7 @@ ModelConfig tiny_model() {
 
 // Flat buffers laid out like a tiny model's parameters (the compressor reads its tensor list).
 struct Fixture {
-  Communicator ops{MPI_COMM_WORLD, "mpi"};
+  Communicator ops{MPI_COMM_WORLD, "auto", "mpi"};
   ParamLayout layout{tiny_model()};
   const int64_t P = layout.total();
   Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)}, m{"m", size_t(P)}, v{"v", size_t(P)};
@@ -253,4 +255,40 @@ TEST_CASE("a per-phase setting takes effect at its run: bucket size, evaluation,
     CHECK(log[4]["comm_bytes"].get<int64_t>() < 100);  // sync local: no gradient traffic between syncs
   }
   CHECK(log[5].contains("consensus_distance"));  // a local sync happened in phase 3
+}
+
+TEST_CASE("the dense transport: NCCL only with a GPU per rank of each node, every obstacle named", "[mpi][sync]") {
+  NcclFacts gpu{true, true, false, 4, 4};
+  CHECK(nccl_obstacles(gpu).empty());
+  gpu.ranks_on_node = 8;
+  CHECK(nccl_obstacles(gpu) == "8 ranks on a node share 4 visible GPUs (NCCL takes one GPU per rank)");
+  gpu.gpus_on_node = 1, gpu.ranks_on_node = 2;
+  CHECK(nccl_obstacles(gpu) == "2 ranks on a node share 1 visible GPU (NCCL takes one GPU per rank)");
+  const NcclFacts host{false, false, false, 2, 0};  // a host build: no GPU question is asked
+  CHECK(nccl_obstacles(host).find("not built") == 0);
+  CHECK(nccl_obstacles(host).find("gradients live in host memory") != std::string::npos);
+  CHECK(nccl_obstacles(host).find("GPU") == std::string::npos);
+  const NcclFacts emulated{false, false, true, 2, 2};  // the emulation stands in for the build and the device
+  CHECK(nccl_obstacles(emulated).empty());
+
+  // This machine's facts: every rank of the world shares the one node.
+  const NcclFacts here = gather_nccl_facts(MPI_COMM_WORLD);
+  CHECK(here.ranks_on_node == mpi_size());
+  CHECK(here.gpus_on_node == visible_gpus());
+  // Asked for by name, MPI serves; NCCL refused with its reason where it cannot serve (a host build here).
+  Communicator mpi(MPI_COMM_WORLD, "mpi", "");
+  CHECK(std::string(mpi.dense().name()) == "mpi");
+  CHECK(mpi.report().find("(the deck's sync ... transport)") != std::string::npos);
+  if (!nccl_obstacles(here).empty()) {
+    try {
+      Communicator nccl(MPI_COMM_WORLD, "nccl", "");
+      FAIL("transport nccl was accepted where NCCL cannot serve");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()).find("NCCL cannot carry the dense sums here: " + nccl_obstacles(here)) !=
+            std::string::npos);
+    }
+    Communicator automatic(MPI_COMM_WORLD, "auto", "");
+    CHECK(std::string(automatic.dense().name()) == "mpi");
+    CHECK(automatic.report().find("mpi (nccl: " + nccl_obstacles(here) + ")") != std::string::npos);
+  }
 }

@@ -53,17 +53,17 @@ class MpiAllreduce final : public DenseAllreduce {
   KernelMemoryMpi mpi_;
 };
 
+// NCCL's sum on the GPU; under the device emulation, the same path with the
+// sum run by MPI on the host buffers, as a device library reads kernel memory.
 class NcclAllreduce final : public DenseAllreduce {
  public:
-  explicit NcclAllreduce(MPI_Comm world) : world_(world) {}
+  NcclAllreduce(MPI_Comm world, const NcclFacts& facts)
+      : world_(world), emulated_(facts.emulated), obstacles_(nccl_obstacles(facts)) {}
   const char* name() const override { return "nccl"; }
-  bool enabled() const override { return built() && kDeviceBuffers; }
-  std::string disabled_reason() const override {
-    if (!built()) return "not built (no CUDA toolkit with NCCL at configure time)";
-    if (!kDeviceBuffers) return fmt::format("gradients live in host memory (Kokkos {})", ExecSpace::name());
-    return "";
-  }
+  bool enabled() const override { return obstacles_.empty(); }
+  std::string disabled_reason() const override { return obstacles_; }
   void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
+    if (emulated_) return emulated_sum(buffer, n, group, stats);
 #ifdef XX_HAVE_NCCL
     NcclContext* ctx = context(group);
     if (!ctx || n == 0) return;
@@ -76,9 +76,10 @@ class NcclAllreduce final : public DenseAllreduce {
     throw std::logic_error("nccl all-reduce called in a build without NCCL");
 #endif
   }
-  bool queues() const override { return enabled() && kernel_stream() != nullptr; }
+  bool queues() const override { return enabled() && !emulated_ && kernel_stream() != nullptr; }
   void start(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
 #ifdef XX_HAVE_NCCL
+    if (emulated_) return execute(buffer, n, group, stats);
     NcclContext* ctx = context(group);
     if (!ctx || n == 0) return;
     const double t0 = MPI_Wtime();
@@ -101,14 +102,22 @@ class NcclAllreduce final : public DenseAllreduce {
   }
 
  private:
-  static constexpr bool built() {
-#ifdef XX_HAVE_NCCL
-    return true;
-#else
-    return false;
-#endif
+  static void emulated_sum(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) {
+    int size = 1;
+    MPI_Comm_size(group, &size);
+    if (size == 1 || n == 0) return;
+    const double t0 = MPI_Wtime();
+    DeviceWork device;  // the "library" reads and writes kernel memory in place
+    for (int64_t at = 0; at < n; at += INT_MAX) {
+      MPI_Allreduce(MPI_IN_PLACE, buffer + at, int(std::min<int64_t>(INT_MAX, n - at)), MPI_FLOAT, MPI_SUM, group);
+      stats.rounds += 1;
+    }
+    stats.seconds += MPI_Wtime() - t0;
+    stats.bytes_sent += n * int64_t(sizeof(float));
   }
   MPI_Comm world_;
+  bool emulated_;
+  std::string obstacles_;
 #ifdef XX_HAVE_NCCL
   // One NCCL communicator per distinct group of world ranks, made on first
   // use (collective over the group, like the all-reduce itself); null for a
@@ -163,10 +172,50 @@ bool mpi_reaches_kernel_memory() {
 #endif
 }
 
-Communicator::Communicator(MPI_Comm world, const std::string& sparse_transport) {
-  dense_ops_.push_back(std::make_unique<NcclAllreduce>(world));
-  dense_ops_.push_back(std::make_unique<MpiAllreduce>());
+NcclFacts gather_nccl_facts(MPI_Comm world) {
+  NcclFacts f;
+#ifdef XX_HAVE_NCCL
+  f.built = true;
+#endif
+  f.buffers_on_device = kDeviceBuffers;
+  f.emulated = device_emulated();
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int ranks = 1;
+  MPI_Comm_size(node, &ranks);
+  MPI_Comm_free(&node);
+  const int gpus = visible_gpus();
+  // The node with the most ranks per GPU speaks for all: (ranks - gpus, its world rank), the largest.
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  struct { int excess, rank; } mine{ranks - gpus, rank}, worst{};
+  MPI_Allreduce(&mine, &worst, 1, MPI_2INT, MPI_MAXLOC, world);
+  int counts[2] = {ranks, gpus};
+  MPI_Bcast(counts, 2, MPI_INT, worst.rank, world);
+  f.ranks_on_node = counts[0], f.gpus_on_node = counts[1];
+  return f;
+}
+
+std::string nccl_obstacles(const NcclFacts& f) {
+  std::vector<std::string> why;
+  if (!f.emulated && !f.built) why.push_back("not built (no CUDA toolkit with NCCL at configure time)");
+  if (!f.emulated && !f.buffers_on_device)
+    why.push_back(fmt::format("gradients live in host memory (Kokkos {})", ExecSpace::name()));
+  if ((f.emulated || f.buffers_on_device) && f.ranks_on_node > f.gpus_on_node)
+    why.push_back(fmt::format("{} ranks on a node share {} visible GPU{} (NCCL takes one GPU per rank)",
+                              f.ranks_on_node, f.gpus_on_node, f.gpus_on_node == 1 ? "" : "s"));
+  std::string joined;
+  for (const auto& w : why) joined += (joined.empty() ? "" : "; ") + w;
+  return joined;
+}
+
+Communicator::Communicator(MPI_Comm world, const std::string& dense_transport, const std::string& sparse_transport) {
+  if (dense_transport != "mpi") dense_ops_.push_back(std::make_unique<NcclAllreduce>(world, gather_nccl_facts(world)));
+  if (dense_transport != "nccl") dense_ops_.push_back(std::make_unique<MpiAllreduce>());
   dense_ = first_enabled(dense_ops_);
+  if (!dense_)
+    input_error("deck: sync transport nccl: NCCL cannot carry the dense sums here: {} (expected transport auto or "
+                "mpi)", dense_ops_.front()->disabled_reason());
   if (sparse_transport.empty()) return;
   // Both exchanges are collective to create; every rank builds the same list.
   if (sparse_transport != "mpi") sparse_ops_.push_back(make_ucx_exchange(world));
@@ -187,6 +236,9 @@ PayloadExchange& Communicator::sparse() {
 
 std::string Communicator::report() const {
   std::string out = describe("dense all-reduce", dense_ops_, static_cast<const DenseAllreduce*>(dense_));
+  if (dense_ops_.size() == 1) out += " (the deck's sync ... transport)";
+  if (std::string(dense_->name()) == "nccl" && device_emulated())
+    out += "; emulated: MPI sums the kernel buffers in place, as NCCL would on the GPU";
   if (dense_ && std::string(dense_->name()) == "mpi" && !mpi_reaches_kernel_memory())
     out += "; each bucket staged through host memory (this MPI cannot read kernel memory)";
   // appended in two steps: "\n" + a temporary trips GCC 12's false -Wrestrict (its bug 105329)

@@ -3,8 +3,14 @@
 // run, and start-up prints the choice and why the ones before it were passed
 // over:
 //
-//   dense all-reduce   nccl (buffers on a CUDA device, NCCL built)  >  mpi
+//   dense all-reduce   nccl (buffers on a CUDA device, NCCL built, a GPU
+//                      for every rank of each node)                   >  mpi
 //   sparse exchange    ucx (UCX started on every rank)              >  mpi
+//
+// The deck may name one (sync ... transport nccl|mpi, compress ... transport
+// ucx|mpi); one that cannot serve here is an input error, with its reason.
+// Under the device emulation (core/device_memory.h) "nccl" is emulated: the
+// same device-side path, its sums run by MPI on the host buffers.
 //
 // Each transport's handles live in its own context: the MPI communicator,
 // NcclContext (comm/nccl.h), the UCX worker inside the UCX PayloadExchange
@@ -46,11 +52,25 @@ class DenseAllreduce {
 // all-reduce over MPI stages each bucket through host memory.
 bool mpi_reaches_kernel_memory();
 
+// What stands between NCCL and the dense sums, each rank's facts agreed
+// over the world (so every rank makes the same choice).
+struct NcclFacts {
+  bool built = false;              // this binary has NCCL
+  bool buffers_on_device = false;  // the gradients live in GPU memory
+  bool emulated = false;           // the device emulation stands in for both
+  int ranks_on_node = 1;           // the most ranks sharing one node
+  int gpus_on_node = 0;            // the GPUs visible on that node
+};
+NcclFacts gather_nccl_facts(MPI_Comm world);
+// Every obstacle, "; "-joined; empty when NCCL can carry the sums.
+std::string nccl_obstacles(const NcclFacts& facts);
+
 class Communicator {
  public:
-  // Collective over world. sparse_transport: "" (no sparse traffic), "auto", "ucx" or "mpi".
+  // Collective over world. dense_transport: "auto", "nccl" or "mpi";
+  // sparse_transport: "" (no sparse traffic), "auto", "ucx" or "mpi".
   // Throws InputError when the deck asks for a transport that cannot start.
-  Communicator(MPI_Comm world, const std::string& sparse_transport);
+  Communicator(MPI_Comm world, const std::string& dense_transport, const std::string& sparse_transport);
   ~Communicator();
 
   DenseAllreduce& dense() { return *dense_; }

@@ -43,9 +43,6 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       : buffers_(b), settings_(s), owned_(b.owned) {
     MPI_Comm_size(b.world, &world_);
     MPI_Comm_rank(b.world, &rank_);
-    if (std::string(b.ops->dense().name()) != "mpi")
-      throw std::runtime_error(fmt::format("shard {}: the sharded collectives run over MPI only; the dense "
-                                           "transport here is {} (expected mpi)", s.shard, b.ops->dense().name()));
     if (owned_.total() != int64_t(b.grads.extent(0)))
       throw std::logic_error("shard: the ownership does not cover the gradient buffer");
     if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
@@ -70,8 +67,9 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
   }
 
   std::string describe() const override {
-    const std::string staged = mpi_.staged() ? "; each collective staged through host memory (this MPI cannot "
-                                               "read kernel memory)" : "";
+    // Its reduce-scatters and all-gathers are MPI's, whatever carries sync dense's sums (comm/ops.h).
+    const std::string staged = mpi_.staged() ? "; each collective over MPI, staged through host memory (this MPI "
+                                               "cannot read kernel memory)" : "; each collective over MPI";
     return describe_level() + staged;
   }
   int micro_batches() const override { return settings_.sync.kind == "accumulate" ? settings_.sync.every : 1; }

@@ -30,6 +30,9 @@
 #include <map>
 #include <mutex>
 #include <vector>
+#ifdef KOKKOS_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace xx {
 namespace {
@@ -220,6 +223,24 @@ bool start_device_emulation_if_asked() {
 std::string device_emulation_report() {
   if (!device_emulated()) return "";
   return "emulated device (XX_EMULATE_DEVICE=1): device-side paths, kernel memory trapped outside kernels";
+}
+
+int visible_gpus() {
+#ifdef KOKKOS_ENABLE_CUDA
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+#else
+  if (!device_emulated()) return 0;
+  const char* asked = std::getenv("XX_EMULATE_GPUS");
+  if (!asked) return 1;
+  char* end = nullptr;
+  const long count = std::strtol(asked, &end, 10);
+  if (*asked == '\0' || *end != '\0' || count < 0 || count > 1024) {
+    std::fprintf(stderr, "xuanxue: XX_EMULATE_GPUS='%s' (expected a GPU count from 0 to 1024)\n", asked);
+    std::exit(2);
+  }
+  return int(count);
+#endif
 }
 
 bool is_kernel_memory(const void* p, int64_t bytes) {

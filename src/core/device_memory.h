@@ -33,6 +33,11 @@ bool device_emulated();
 // What the start-up report says of it; empty when off.
 std::string device_emulation_report();
 
+// The GPUs this process can see: CUDA's device count on a GPU build; under
+// the emulation XX_EMULATE_GPUS (default 1), so that the choices that depend
+// on it (one GPU per rank for NCCL) can be tested on a host; 0 otherwise.
+int visible_gpus();
+
 // Host code handing kernel memory to a library that reads it as the device
 // would (a GEMM library, a device-aware transport): while one lives, the
 // emulation lets it through. Nests.

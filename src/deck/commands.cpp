@@ -378,15 +378,25 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
       {"sync",
        &c.sync.kind,
        "kind",
-       {{"dense", {}, {real("bucket_mb", &c.sync.bucket_mb, above(0))}, {}, [&c](const std::string&) { c.sync.every = 1; }},
-        {"accumulate", {integer("steps", &c.sync.every, at_least(1))}, {real("bucket_mb", &c.sync.bucket_mb, above(0))}, {}, {}},
+       {{"dense",
+         {},
+         {real("bucket_mb", &c.sync.bucket_mb, above(0)), choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
+         {},
+         [&c](const std::string&) { c.sync.every = 1; }},
+        {"accumulate",
+         {integer("steps", &c.sync.every, at_least(1))},
+         {real("bucket_mb", &c.sync.bucket_mb, above(0)), choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
+         {},
+         {}},
         {"local",
          {integer("steps", &c.sync.every, at_least(1))},
          {choice("outer", &c.sync.outer, {"average", "sgd", "nesterov"}), real("lr", &c.sync.outer_lr, above(0)),
-          real("momentum", &c.sync.momentum, within(0, 1, false, true))},
+          real("momentum", &c.sync.momentum, within(0, 1, false, true)),
+          choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
          {},
          {}}},
-       "sync dense [bucket_mb X] | accumulate K [bucket_mb X] | local K [outer average|sgd|nesterov] [lr X] [momentum X]"},
+       "sync dense [bucket_mb X] [transport auto|nccl|mpi] | accumulate K [bucket_mb X] [transport auto|nccl|mpi] | "
+       "local K [outer average|sgd|nesterov] [lr X] [momentum X] [transport auto|nccl|mpi]"},
       {"topology",
        &c.topology.kind,
        "kind",
@@ -782,6 +792,10 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       if (!have_data) input_error("{}: 'run' before any 'data' command (expected a data line above the run)", where);
       check_model(config.model, where);
       check_phase(config, where, topk);
+      if (!program.phases.empty() && config.sync.transport != program.phases.front().config.sync.transport)
+        input_error("{}: sync transport {} ({}), unlike the first phase's {} (expected one dense transport per job: "
+                    "it is chosen once, at start-up)", where, config.sync.transport, last_set.count("sync") ? last_set["sync"] : "the default",
+                    program.phases.front().config.sync.transport);
       check_shard(config, where, last_set,
                   program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);
       check_expert_parallel(config, where, last_set);

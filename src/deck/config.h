@@ -118,9 +118,9 @@ struct ScheduleConfig {
   std::string restart_from = "last";  // sgdr: a restart goes on from the last weights or the cycle's best val_loss
 };
 
-// sync dense [bucket_mb X]
-//    | accumulate K [bucket_mb X]
-//    | local K [outer average|sgd|nesterov] [lr X] [momentum X]
+// sync dense [bucket_mb X] [transport auto|nccl|mpi]
+//    | accumulate K [bucket_mb X] [transport auto|nccl|mpi]
+//    | local K [outer average|sgd|nesterov] [lr X] [momentum X] [transport auto|nccl|mpi]
 struct SyncConfig {
   std::string kind = "dense";  // dense: all-reduce every step; accumulate: every K micro-steps; local: average every K steps
   double bucket_mb = 1.0;      // gradient bucket size for the overlapped all-reduce
@@ -128,6 +128,9 @@ struct SyncConfig {
   std::string outer = "average";  // local: what a sync does with the averaged change since the last one
   double outer_lr = 1.0;          // outer sgd/nesterov step on the pseudo-gradient (anchor - average)
   double momentum = 0.0;          // outer momentum
+  // The dense collectives: auto (NCCL where the buffers are on a GPU and
+  // every rank of a node has its own, else MPI), nccl, or mpi (comm/ops.h).
+  std::string transport = "auto";
   bool operator==(const SyncConfig&) const = default;
 };
 

@@ -169,7 +169,7 @@ void Trainer::split_expert_groups(const std::string& resume_path) {
 }
 
 void Trainer::build_model() {
-  comm_ops_ = std::make_unique<Communicator>(comm_, sparse_transport(program_.phases));
+  comm_ops_ = std::make_unique<Communicator>(comm_, cfg_.sync.transport, sparse_transport(program_.phases));
   kernels::set_widened_products(cfg_.precision.products == "widened");
   kernels::set_tf32_products(cfg_.precision.kind == "fp32" && cfg_.precision.products == "tf32");
   try {

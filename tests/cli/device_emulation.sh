@@ -11,7 +11,12 @@
 #  - a run resumed under the emulation from its own checkpoint follows the
 #    uninterrupted run bit for bit;
 #  - shard optimizer and params (bf16) stage their collectives through host
-#    memory and follow the host run bit for bit.
+#    memory and follow the host run bit for bit;
+#  - the dense transport (sync ... transport auto|nccl|mpi) with a simulated
+#    GPU count (XX_EMULATE_GPUS): 2 ranks sharing 1 GPU take MPI under auto,
+#    saying why, and refuse transport nccl with exit 2; with a GPU each, auto
+#    takes (emulated) NCCL, alone and under shard optimizer and params, and
+#    every curve is the host run's bit for bit.
 # That a host touch is caught is unit_tests "[device_emulation]".
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -35,7 +40,8 @@ run_emulated() {  # run_emulated NP ARGS...: as run_xx, with XX_EMULATE_DEVICE=1
   if [ "$np" -eq 1 ]; then
     XX_EMULATE_DEVICE=1 timeout "$RUN_TIMEOUT" "$XX" "$@" >"$T/out" 2>"$T/err"
   else
-    XX_EMULATE_DEVICE=1 timeout "$RUN_TIMEOUT" "$MPIEXEC" -x XX_EMULATE_DEVICE --oversubscribe --bind-to none \
+    XX_EMULATE_DEVICE=1 timeout "$RUN_TIMEOUT" "$MPIEXEC" -x XX_EMULATE_DEVICE ${XX_EMULATE_GPUS:+-x XX_EMULATE_GPUS} \
+      --oversubscribe --bind-to none \
       -n "$np" "$XX" "$@" >"$T/out" 2>"$T/err"
   fi
   RC=$?
@@ -57,6 +63,8 @@ for case in "dense 1" "dense 2" "bf16 2" "dense 2 -var ep 2" "compress 2" "ring 
   check grep -q 'kernel memory .*emulated device' "$T/out" || fail "the start-up report does not say the device is emulated"
   if [ "$np" -gt 1 ] && [ "$name" != compress ] && [ "$name" != ring ]; then
     check grep -q 'each bucket staged through host memory' "$T/out" || fail "the dense all-reduce does not say it stages"
+    check grep -q 'mpi (nccl: 2 ranks on a node share 1 visible GPU' "$T/out" ||
+      fail "auto does not say why it passed NCCL over: $(grep 'dense all-reduce' "$T/out")"
   fi
   run_xx "$np" -in "$T/$name.deck" "${args[@]}" -var run_dir "$T/$tag-host" "$@"
   check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
@@ -91,13 +99,36 @@ for level in optimizer params; do
   deck_with "shard-$level" 'precision bf16'
   run_emulated 2 -in "$T/shard-$level.deck" "${args[@]}" -var run_dir "$T/shard-$level-em" -var shard "$level"
   check [ "$RC" -eq 0 ] || { fail "emulated: exit code $RC"; tail -30 "$T/err" >&2; continue; }
-  check grep -q 'each collective staged through host memory' "$T/out" || fail "the sync strategy does not say it stages"
+  check grep -q 'each collective over MPI, staged through host memory' "$T/out" || fail "the sync strategy does not say it stages"
   run_xx 2 -in "$T/shard-$level.deck" "${args[@]}" -var run_dir "$T/shard-$level-host" -var shard "$level"
   check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
   curve "$T/shard-$level-em/metrics.jsonl" "$T/shard-$level-em.jsonl"
   curve "$T/shard-$level-host/metrics.jsonl" "$T/shard-$level-host.jsonl"
   check cmp -s "$T/shard-$level-em.jsonl" "$T/shard-$level-host.jsonl" ||
     { fail "the emulated curve differs from the host's"; diff "$T/shard-$level-em.jsonl" "$T/shard-$level-host.jsonl" | head -4 >&2; }
+done
+
+begin "sync dense transport nccl, 2 ranks sharing 1 emulated GPU: exit 2, saying why"
+run_emulated 2 -in "$T/dense.deck" "${args[@]}" -var run_dir "$T/nccl-shared" -var transport nccl
+check [ "$RC" -eq 2 ] || fail "exit code $RC (expected 2)"
+check grep -q 'sync transport nccl: NCCL cannot carry the dense sums here: 2 ranks on a node share 1 visible GPU' \
+  "$T/err" || fail "the error does not say why: $(head -3 "$T/err")"
+check [ ! -e "$T/nccl-shared/metrics.jsonl" ] || fail "a refused run wrote metrics"
+
+# A GPU per rank: auto takes (emulated) NCCL; sync dense, shard optimizer and shard params each follow the
+# host run (MPI on host memory) bit for bit. Before 14/18 a shard level refused any dense transport but MPI.
+for level in off optimizer params; do
+  begin "2 emulated GPUs for 2 ranks, shard $level: auto takes NCCL, the host run's curve bit for bit"
+  XX_EMULATE_GPUS=2 run_emulated 2 -in "$T/dense.deck" "${args[@]}" -var run_dir "$T/nccl-$level-em" -var shard "$level"
+  check [ "$RC" -eq 0 ] || { fail "emulated: exit code $RC"; tail -30 "$T/err" >&2; continue; }
+  check grep -q 'dense all-reduce *nccl; emulated' "$T/out" || fail "auto did not take NCCL: $(grep 'dense all-reduce' "$T/out")"
+  [ "$level" = off ] || check grep -q 'each collective over MPI' "$T/out" || fail "the sharded strategy does not say MPI"
+  run_xx 2 -in "$T/dense.deck" "${args[@]}" -var run_dir "$T/nccl-$level-host" -var shard "$level"
+  check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
+  curve "$T/nccl-$level-em/metrics.jsonl" "$T/nccl-$level-em.jsonl"
+  curve "$T/nccl-$level-host/metrics.jsonl" "$T/nccl-$level-host.jsonl"
+  check cmp -s "$T/nccl-$level-em.jsonl" "$T/nccl-$level-host.jsonl" ||
+    { fail "the emulated curve differs from the host's"; diff "$T/nccl-$level-em.jsonl" "$T/nccl-$level-host.jsonl" | head -4 >&2; }
 done
 
 finish

@@ -74,7 +74,7 @@ read_back() {  # read_back NAME DATA_ARGS...
   shift
   check $PY "$READ" "$T/$name.hf" "$(at_end "$name")" "$T/$name/metrics.jsonl" "$@" --batch 2 --eval-batches 2 \
     >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|Error|error' "$T/read.out" | head -5)"
-  sed 's/^/    /' "$T/read.out" | grep -E 'val_loss|without|bias changed|^    (OK|FAILED)'
+  sed 's/^/    /' "$T/read.out" | grep -E 'val_loss|without|bias changed|logits|^    (OK|FAILED)'
 }
 
 begin "llama: export, names, row permutation, loss"
@@ -89,7 +89,11 @@ begin "deepseek-v3: MLA with q_lora, MoE sigmoid with the selection bias, MTP de
 export_hf v3
 check grep -q "DeepseekV3ForCausalLM (model_type deepseek_v3)" "$T/out" || fail "$(cat "$T/out")"
 check grep -q '"num_nextn_predict_layers": 2' "$T/v3.hf/config.json" || fail "$(cat "$T/v3.hf/config.json")"
-read_back v3 --bytes "$CORPUS" --valid 0.1 --expect-bias
+begin "v3: generate -logits (the decoder, on the GPU in tools/device/checks.sh) against the HF-convention forward"
+check "$XX" generate -ckpt "$(at_end v3)" -prompt "The fox? " -tokens 1 -temperature 0 \
+  -logits "$T/v3.logits" >"$T/gen.out" 2>&1 || fail "generate -logits: $(tail -3 "$T/gen.out")"
+check [ "$(head -c 8 "$T/v3.logits")" = "# tokens" ] || fail "the logits file has no '# tokens' header"
+read_back v3 --bytes "$CORPUS" --valid 0.1 --expect-bias --logits "$T/v3.logits"
 
 begin "deepseek-v2: MLA without q_lora, MoE softmax with the auxiliary loss"
 export_hf v2
