@@ -89,21 +89,27 @@ KOKKOS_INLINE_FUNCTION float round_to(float x, Precision p) {
 
 // True when any entry is inf or NaN (all exponent bits set). A bit test, so
 // it holds whatever floating-point flags the compiler was given.
+// A functor, not a KOKKOS_LAMBDA: an extended lambda inside a non-template
+// inline function, compiled into several translation units, left nvcc's
+// host-side copy of it a null function on the GPU build (docs/GPU.md, "What
+// the first GPU runs found"): the bf16 loss scaler crashed at its first check.
+struct NonfiniteCount {
+  const float* x;
+  int64_t n;
+  KOKKOS_INLINE_FUNCTION void operator()(const TeamMember& m, int64_t& acc) const {
+    const float* px = x;
+    flat_sum(
+        m, n,
+        [&](int64_t i) {
+          return (kmath::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? int64_t(1) : int64_t(0);
+        },
+        acc);
+  }
+};
 inline bool has_nonfinite(Vec<const float> x) {
   const int64_t n = x.extent(0);
-  const float* px = x.data();
   int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "has_nonfinite", flat_policy(n),
-      KOKKOS_LAMBDA(const TeamMember& m, int64_t& acc) {
-        flat_sum(
-            m, n,
-            [&](int64_t i) {
-              return (kmath::bit_cast<uint32_t>(px[i]) & 0x7f800000u) == 0x7f800000u ? int64_t(1) : int64_t(0);
-            },
-            acc);
-      },
-      bad);
+  Kokkos::parallel_reduce("has_nonfinite", flat_policy(n), NonfiniteCount{x.data(), n}, bad);
   return bad > 0;
 }
 

@@ -110,7 +110,9 @@ std::vector<float> Decoder::step(int32_t token) {
       auto q = ws_.mat("decode_q", H, D);
       // This token's key and value go straight into cache row pos.
       Mat<float> kc(ly.k.data(), L, H * D), vc(ly.v.data(), L, H * D);
-      k::split_heads_rope_forward<float>(q, Mat<float>(&kc(pos, 0), H, D), Mat<float>(&vc(pos, 0), H, D), qkv,
+      // (row pos by address: Kokkos' kc(pos, 0) would be a host access of device memory)
+      k::split_heads_rope_forward<float>(q, Mat<float>(kc.data() + pos * H * D, H, D),
+                                         Mat<float>(vc.data() + pos * H * D, H, D), qkv,
                                          Mat<const float>(rope_cos_.data() + pos * (D / 2), 1, D / 2),
                                          Mat<const float>(rope_sin_.data() + pos * (D / 2), 1, D / 2), 1, 1, H);
       k::mha_decode_attention<float>(o, q, kc, vc, p, len);
@@ -131,8 +133,8 @@ std::vector<float> Decoder::step(int32_t token) {
       Mat<float> cc(ly.c.data(), L, R), krc(ly.kr.data(), L, P);
       auto c = ws_.mat("decode_c", 1, R);
       k::linear_forward<float>(c, k::GemmIn<float>(xn), ly.wkv_a.in(R, C));
-      k::rmsnorm_forward<float>(Mat<float>(&cc(pos, 0), 1, R), rstd, c, ly.kv_norm.vec(R), m.norm_eps);
-      Mat<float> kr(&krc(pos, 0), 1, P);
+      k::rmsnorm_forward<float>(Mat<float>(cc.data() + pos * R, 1, R), rstd, c, ly.kv_norm.vec(R), m.norm_eps);
+      Mat<float> kr(krc.data() + pos * P, 1, P);
       k::linear_forward<float>(kr, k::GemmIn<float>(xn), ly.wkv_a.in(P, C, R));
       k::rope_rotate_rows<float>(kr, cos_t, sin_t, pos, 0, P / 2);
       k::mla_decode_attention<float>(o, q, cc, krc, ly.wkv_b.mat(H * (a.qk_nope_dim + vd), R), p,

@@ -20,6 +20,8 @@
 # Output: everything printed also goes to OUT/checks.txt; the stage logs to OUT/logs.tar.gz.
 # Exit 0 when every stage passed, 1 otherwise.
 #   bash XX/tools/device/checks.sh [OUT]        (XX: the unpacked bundle)
+# Environment: XX_CHECKS_ONLY="STAGE ..." runs those alone (facts always); XX_CHECKS_SECONDS (470) the
+# whole; XX_GPU_LIBS_FIRST=1 loads the machine's CUDA libraries before the bundle's (env.sh).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../../env.sh"
@@ -42,6 +44,11 @@ failed=()
 
 stage() {  # stage NAME CAP_SECONDS: prints its start; sets LIMIT (0: no time left, skip)
   STAGE=$1
+  if [ -n "${XX_CHECKS_ONLY:-}" ] && [ "$STAGE" != facts ] && [[ " $XX_CHECKS_ONLY " != *" $STAGE "* ]]; then
+    echo "=== $STAGE: not asked (XX_CHECKS_ONLY=$XX_CHECKS_ONLY)"
+    LIMIT=0
+    return 1
+  fi
   local left=$((deadline - SECONDS))
   LIMIT=$(($2 < left ? $2 : left))
   if [ "$LIMIT" -lt 10 ]; then
@@ -120,7 +127,8 @@ print(":".join(dict.fromkeys(found.values())))
 PY
 )
 export XX_GPU_LIBS
-echo "XX_GPU_LIBS=$XX_GPU_LIBS"
+echo "XX_GPU_LIBS=$XX_GPU_LIBS${XX_GPU_LIBS_FIRST:+ (first: XX_GPU_LIBS_FIRST)}"
+for d in ${XX_GPU_LIBS//:/ }; do echo "  $d: $(ls "$d" | tr '\n' ' ' | cut -c1-300)"; done
 # This card's bf16 ceiling, measured now (torch, 8192^3 on random data, the median of 20 after 5 warm-ups).
 timeout 40 "$PY" - <<'PY' 2>&1 | sed 's/^/peak: /'
 import torch

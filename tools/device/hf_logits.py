@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our export read by a real client: Hugging Face transformers loads OUT_DIR (tools/ckpt export
---format hf) with AutoModelForCausalLM, runs the prompt's tokens (float64, on the CPU, eager
-attention), and its logits at every position must match ours (xuanxue generate -logits FILE)
+--format hf) with AutoModelForCausalLM, runs the prompt's tokens (float32, on the CPU, eager
+attention; its MoE's grouped_mm takes no float64), and its logits at every position must match ours (xuanxue generate -logits FILE)
 within 1e-4 relative (Frobenius norm over all positions). Exit 0 when they do, 1 when not,
 2 when the files cannot be read.
     python3 hf_logits.py OUT_DIR OURS.txt"""
@@ -39,7 +39,7 @@ def main():
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     except TypeError:  # transformers 4.x names it torch_dtype
         model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
-    model = model.double().eval()
+    model = model.eval()
     with torch.no_grad():
         theirs = model(torch.tensor([tokens])).logits[0].double().numpy()
     print(f"transformers {transformers.__version__} (torch {torch.__version__}): {type(model).__name__}, "
