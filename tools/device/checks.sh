@@ -31,13 +31,26 @@ mkdir -p "$out"
 logs="$(mktemp -d /tmp/xx-logs.XXXXXX)"
 exec > >(tee "$out/checks.txt") 2>&1
 deadline=$((SECONDS + ${XX_CHECKS_SECONDS:-470}))
+export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer, cuda-gdb
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
 # This VM's MPI: shared memory between ranks, no single-copy kernel module, no network fabric.
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 PY="${PYTHON:-python3}"
 export XX_LIBS
 export -f xx_run xx_mpirun
-limited() { timeout "$LIMIT" bash -c 'xx_run "$@"' xx "$@"; }                 # limited PROGRAM ARGS...
+# limited PROGRAM ARGS...: within the stage's limit. A crash (SIGSEGV, SIGABRT) is run again under
+# cuda-gdb, time allowing, and its backtrace printed: the bundle's programs keep their symbol tables.
+limited() {
+  timeout "$LIMIT" bash -c 'xx_run "$@"' xx "$@"
+  local rc=$?
+  if { [ $rc -eq 139 ] || [ $rc -eq 134 ]; } && command -v cuda-gdb >/dev/null && [ $((deadline - SECONDS)) -gt 60 ]; then
+    echo "# exit $rc: the backtrace, from cuda-gdb:"
+    UCX_HANDLE_ERRORS=none timeout 50 bash -c 'xx_run cuda-gdb -batch -ex "set pagination off" -ex run -ex bt \
+      -ex "x/2gx \$sp" -ex "info symbol *(void**)\$sp" --args "$@"' xx "$@" 2>&1 |
+      grep -E '^(#[0-9]|Thread|0x|Program)' | cut -c1-400 | head -24 | sed 's/^/    gdb| /'
+  fi
+  return $rc
+}
 limited_np() { local n=$1; shift; timeout "$LIMIT" bash -c 'xx_mpirun -n "$@"' xx "$n" "$@"; }  # limited_np N ...
 XX="$XX_BUNDLE/bin/xuanxue"
 failed=()
@@ -289,7 +302,6 @@ fi
 if stage speed_tf32 60; then speed deepseek-gpu_tf32 input/deepseek-gpu.deck 8 494000 -var precision "fp32 products tf32"; fi
 
 # ---------------------------------------------------------------------------------------------
-export PATH="$PATH:/usr/local/cuda/bin"
 if ! command -v compute-sanitizer >/dev/null; then echo "=== sanitize: compute-sanitizer not found"
 elif stage sanitize 120; then
   t0=$SECONDS
