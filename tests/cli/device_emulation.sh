@@ -94,6 +94,13 @@ curve "$T/dense-2-em/metrics.jsonl" "$T/whole.jsonl" 2
 check [ -s "$T/resumed.jsonl" ] && check cmp -s "$T/resumed.jsonl" "$T/whole.jsonl" ||
   fail "the resumed steps 3-4 differ from the uninterrupted run's"
 
+follows_host() {  # follows_host NAME: the curve of run NAME-em equals NAME-host's bit for bit
+  curve "$T/$1-em/metrics.jsonl" "$T/$1-em.jsonl"
+  curve "$T/$1-host/metrics.jsonl" "$T/$1-host.jsonl"
+  check cmp -s "$T/$1-em.jsonl" "$T/$1-host.jsonl" ||
+    { fail "the emulated curve differs from the host's"; diff "$T/$1-em.jsonl" "$T/$1-host.jsonl" | head -4 >&2; }
+}
+
 for level in optimizer params; do
   begin "shard $level under the emulation (bf16: the fp32 master sharded), the host run's curve bit for bit"
   deck_with "shard-$level" 'precision bf16'
@@ -102,10 +109,7 @@ for level in optimizer params; do
   check grep -q 'each collective over MPI, staged through host memory' "$T/out" || fail "the sync strategy does not say it stages"
   run_xx 2 -in "$T/shard-$level.deck" "${args[@]}" -var run_dir "$T/shard-$level-host" -var shard "$level"
   check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
-  curve "$T/shard-$level-em/metrics.jsonl" "$T/shard-$level-em.jsonl"
-  curve "$T/shard-$level-host/metrics.jsonl" "$T/shard-$level-host.jsonl"
-  check cmp -s "$T/shard-$level-em.jsonl" "$T/shard-$level-host.jsonl" ||
-    { fail "the emulated curve differs from the host's"; diff "$T/shard-$level-em.jsonl" "$T/shard-$level-host.jsonl" | head -4 >&2; }
+  follows_host "shard-$level"
 done
 
 begin "sync dense transport nccl, 2 ranks sharing 1 emulated GPU: exit 2, saying why"
@@ -125,10 +129,7 @@ for level in off optimizer params; do
   [ "$level" = off ] || check grep -q 'each collective over MPI' "$T/out" || fail "the sharded strategy does not say MPI"
   run_xx 2 -in "$T/dense.deck" "${args[@]}" -var run_dir "$T/nccl-$level-host" -var shard "$level"
   check [ "$RC" -eq 0 ] || { fail "host: exit code $RC"; show_run; continue; }
-  curve "$T/nccl-$level-em/metrics.jsonl" "$T/nccl-$level-em.jsonl"
-  curve "$T/nccl-$level-host/metrics.jsonl" "$T/nccl-$level-host.jsonl"
-  check cmp -s "$T/nccl-$level-em.jsonl" "$T/nccl-$level-host.jsonl" ||
-    { fail "the emulated curve differs from the host's"; diff "$T/nccl-$level-em.jsonl" "$T/nccl-$level-host.jsonl" | head -4 >&2; }
+  follows_host "nccl-$level"
 done
 
 finish
