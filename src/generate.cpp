@@ -102,7 +102,8 @@ Program checkpoint_program(const std::string& ckpt) {
 // The logits at every prompt position, as text (9 significant digits: a float's round trip).
 void write_prompt_logits(Decoder& decoder, const std::vector<int32_t>& prompt, const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) input_error("{}: cannot write the logits ({}) (expected a writable path for -logits)", path, std::strerror(errno));
+  if (!f)
+    input_error("{}: cannot write the logits ({}) (expected a writable path for -logits)", path, std::strerror(errno));
   std::string text = "# tokens";
   for (int32_t t : prompt) text += fmt::format(" {}", t);
   text += "\n";

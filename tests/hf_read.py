@@ -319,13 +319,15 @@ class HF:
             y, aux = self.mlp(pre + "mlp.", h), torch.zeros((), dtype=h.dtype)
         return x + y, aux
 
-    def logits(self, inputs):
-        """The main model's logits (B, T, V)."""
+    def trunk(self, inputs):
+        """The main model: (logits (B, T, V), the last hidden state before model.norm, the summed aux loss)."""
         c, w = self.c, self.w
         x = w["model.embed_tokens.weight"][inputs]
+        aux = torch.zeros((), dtype=torch.float64)
         for i in range(c["num_hidden_layers"]):
-            x, _ = self.layer(i, x)
-        return hf_rmsnorm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T
+            x, a = self.layer(i, x)
+            aux = aux + a
+        return hf_rmsnorm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T, x, aux
 
     def losses(self, inputs, targets):
         """(main, mtp mean over depths, aux); MTP as DeepSeek-V3 defines it: depth d at position t
@@ -334,12 +336,7 @@ class HF:
         c, w = self.c, self.w
         B, T = inputs.shape
         L, V, eps = c["num_hidden_layers"], c["vocab_size"], c["rms_norm_eps"]
-        x = w["model.embed_tokens.weight"][inputs]
-        aux = torch.zeros((), dtype=torch.float64)
-        for i in range(L):
-            x, a = self.layer(i, x)
-            aux = aux + a
-        logits = hf_rmsnorm(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        logits, x, aux = self.trunk(inputs)
         main = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
         self.accuracy = (logits.argmax(-1) == targets).double().mean().item()  # next-token accuracy
         D = c.get("num_nextn_predict_layers", 0)
@@ -482,7 +479,7 @@ def main():
         prompt = torch.tensor([[int(t) for t in lines[0].split()[2:]]])
         theirs = torch.tensor([[float(x) for x in l.split()] for l in lines[1:]], dtype=torch.float64)
         with torch.no_grad():
-            mine = HF(c, tensors).logits(prompt)[0]
+            mine = HF(c, tensors).trunk(prompt)[0][0]
         r = ((mine - theirs).norm() / mine.norm()).item()
         check(r <= RTOL, f"generate -logits at {prompt.shape[1]} positions: the HF-convention forward's within "
                          f"rel {r:.1e}")

@@ -30,23 +30,30 @@ void* kernel_stream() {
   return nullptr;
 }
 
+// A float buffer summed over group by sum(part, count), in pieces of at most
+// INT_MAX (MPI counts are int), with the traffic counted; nothing for a group of one.
+template <class Sum>
+void sum_in_int_counts(float* buffer, int64_t n, MPI_Comm group, CommStats& stats, Sum sum) {
+  int size = 1;
+  MPI_Comm_size(group, &size);
+  if (size == 1 || n == 0) return;
+  const double t0 = MPI_Wtime();
+  for (int64_t at = 0; at < n; at += INT_MAX) {
+    sum(buffer + at, int(std::min<int64_t>(INT_MAX, n - at)));
+    stats.rounds += 1;
+  }
+  stats.seconds += MPI_Wtime() - t0;
+  stats.bytes_sent += n * int64_t(sizeof(float));
+}
+
 class MpiAllreduce final : public DenseAllreduce {
  public:
   const char* name() const override { return "mpi"; }
   bool enabled() const override { return true; }
   std::string disabled_reason() const override { return ""; }
   void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
-    int size = 1;
-    MPI_Comm_size(group, &size);
-    if (size == 1 || n == 0) return;
-    const double t0 = MPI_Wtime();
-    for (int64_t at = 0; at < n; at += INT_MAX) {  // MPI counts are int
-      const int count = int(std::min<int64_t>(INT_MAX, n - at));
-      mpi_.allreduce_sum(buffer + at, count, group);  // through the host where MPI cannot read kernel memory
-      stats.rounds += 1;
-    }
-    stats.seconds += MPI_Wtime() - t0;
-    stats.bytes_sent += n * int64_t(sizeof(float));
+    // through the host where MPI cannot read kernel memory
+    sum_in_int_counts(buffer, n, group, stats, [&](float* part, int count) { mpi_.allreduce_sum(part, count, group); });
   }
 
  private:
@@ -103,17 +110,10 @@ class NcclAllreduce final : public DenseAllreduce {
 
  private:
   static void emulated_sum(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) {
-    int size = 1;
-    MPI_Comm_size(group, &size);
-    if (size == 1 || n == 0) return;
-    const double t0 = MPI_Wtime();
     DeviceWork device;  // the "library" reads and writes kernel memory in place
-    for (int64_t at = 0; at < n; at += INT_MAX) {
-      MPI_Allreduce(MPI_IN_PLACE, buffer + at, int(std::min<int64_t>(INT_MAX, n - at)), MPI_FLOAT, MPI_SUM, group);
-      stats.rounds += 1;
-    }
-    stats.seconds += MPI_Wtime() - t0;
-    stats.bytes_sent += n * int64_t(sizeof(float));
+    sum_in_int_counts(buffer, n, group, stats, [&](float* part, int count) {
+      MPI_Allreduce(MPI_IN_PLACE, part, count, MPI_FLOAT, MPI_SUM, group);
+    });
   }
   MPI_Comm world_;
   bool emulated_;

@@ -190,6 +190,7 @@ void check_model(const ModelConfig& m, const std::string& where) {
 
 // The registry, bound to `c`; `steps` receives `run N`.
 std::vector<Command> registry(Config& c, int64_t& steps) {
+  const Option dense_transport = choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"});  // every sync kind
   auto data_variant = [&](std::string kind) {
     return Variant{std::move(kind),
                    {path("path", &c.data.path)},
@@ -380,19 +381,18 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "kind",
        {{"dense",
          {},
-         {real("bucket_mb", &c.sync.bucket_mb, above(0)), choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
+         {real("bucket_mb", &c.sync.bucket_mb, above(0)), dense_transport},
          {},
          [&c](const std::string&) { c.sync.every = 1; }},
         {"accumulate",
          {integer("steps", &c.sync.every, at_least(1))},
-         {real("bucket_mb", &c.sync.bucket_mb, above(0)), choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
+         {real("bucket_mb", &c.sync.bucket_mb, above(0)), dense_transport},
          {},
          {}},
         {"local",
          {integer("steps", &c.sync.every, at_least(1))},
          {choice("outer", &c.sync.outer, {"average", "sgd", "nesterov"}), real("lr", &c.sync.outer_lr, above(0)),
-          real("momentum", &c.sync.momentum, within(0, 1, false, true)),
-          choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"})},
+          real("momentum", &c.sync.momentum, within(0, 1, false, true)), dense_transport},
          {},
          {}}},
        "sync dense [bucket_mb X] [transport auto|nccl|mpi] | accumulate K [bucket_mb X] [transport auto|nccl|mpi] | "
@@ -794,7 +794,8 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       check_phase(config, where, topk);
       if (!program.phases.empty() && config.sync.transport != program.phases.front().config.sync.transport)
         input_error("{}: sync transport {} ({}), unlike the first phase's {} (expected one dense transport per job: "
-                    "it is chosen once, at start-up)", where, config.sync.transport, last_set.count("sync") ? last_set["sync"] : "the default",
+                    "it is chosen once, at start-up)",
+                    where, config.sync.transport, last_set.count("sync") ? last_set["sync"] : "the default",
                     program.phases.front().config.sync.transport);
       check_shard(config, where, last_set,
                   program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);

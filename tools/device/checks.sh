@@ -74,32 +74,8 @@ stage() {  # stage NAME CAP_SECONDS: prints its start; sets LIMIT (0: no time le
 verdict() {  # verdict RC DETAIL
   if [ "$1" -eq 0 ]; then echo "PASS  $STAGE: $2"; else echo "FAIL  $STAGE: $2"; failed+=("$STAGE"); fi
 }
-losses() {  # losses RUN_DIR: "step loss" per line, 17 digits
-  "$PY" - "$1/metrics.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if "loss" in r and "step" in r:
-        print(r["step"], repr(float(r["loss"])))
-PY
-}
-follows() {  # follows REFERENCE RUN WHAT-REF WHAT-RUN: within 1e-4 relative at every step
-  "$PY" - "$@" <<'PY'
-import sys
-def read(path):
-    return {int(s): float(v) for s, v in (l.split() for l in open(path) if l.strip() and not l.startswith("#"))}
-ref, run = read(sys.argv[1]), read(sys.argv[2])
-worst, at = 0.0, 0
-for step, want in ref.items():
-    if step not in run:
-        print(f"step {step} missing from the {sys.argv[4]} run"); sys.exit(1)
-    rel = abs(run[step] - want) / abs(want)
-    if rel > worst: worst, at = rel, step
-print(f"{len(ref)} steps, largest relative difference {worst:.2e} at step {at} (allowed 1e-4); "
-      f"last loss {sys.argv[3]} {ref[max(ref)]:.6f} {sys.argv[4]} {run[max(ref)]:.6f}")
-sys.exit(0 if worst <= 1e-4 else 1)
-PY
-}
+losses() { "$PY" "$here/losses.py" curve "$1"; }      # losses RUN_DIR: "step loss" per line, 17 digits
+follows() { "$PY" "$here/losses.py" follows "$@"; }  # follows REFERENCE RUN WHAT-REF WHAT-RUN: within 1e-4
 tiny() {  # tiny NAME ATTENTION [RANKS] [ARGS...]: deepseek-tiny fp32 at lr 3e-4, a record every step
   local name=$1 attention=$2 ranks=${3:-1}
   shift 3 2>/dev/null || shift $#
