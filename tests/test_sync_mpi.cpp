@@ -94,6 +94,38 @@ TEST_CASE("sync dense: the gradients become their mean over every rank, the rank
   CHECK(state.entries().empty());  // nothing of its own to checkpoint
 }
 
+TEST_CASE("a dense all-reduce puts 2(g-1)/g of its bytes on the wire", "[mpi][sync]") {
+  const int g = mpi_size();
+  // The all-reduce op alone: 1000 floats, 4000 bytes handed to MPI.
+  Communicator ops{MPI_COMM_WORLD, "auto", "mpi"};
+  Buffer<float> buffer("buffer", 1000);
+  Kokkos::deep_copy(buffer, 1.0f);
+  CommStats op;
+  ops.dense().execute(buffer.data(), 1000, MPI_COMM_WORLD, op);
+  CHECK(op.bytes_sent == (g > 1 ? 4000 : 0));
+  CHECK(op.wire_bytes == 2 * (g - 1) * 4000 / g);  // 4000 at 2 ranks, 6000 at 4
+  if (g == 2) CHECK(op.wire_bytes == 4000);
+  if (g == 4) CHECK(op.wire_bytes == 6000);
+  CHECK(host(buffer)[999] == float(g));
+  // sync dense's buckets: each bucket's all-reduce counted on its own.
+  Fixture f;
+  SyncSettings s = settings("dense");
+  const int64_t third = (f.P + 2) / 3;
+  s.sync.bucket_mb = (double(third) + 0.5) * sizeof(float) / (1024.0 * 1024.0);
+  auto sync = choose_sync_strategy(f.buffers(), s);
+  sync->begin_step(0);
+  sync->gradients_ready(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  int64_t wire = 0;
+  for (int64_t end = f.P; end > 0; end -= third) wire += 2 * (g - 1) * (end - std::max<int64_t>(0, end - third)) * 4 / g;
+  CHECK(stats.bytes_sent == (g > 1 ? f.P * 4 : 0));
+  CHECK(stats.wire_bytes == wire);
+  CommStats sum = op;
+  sum += stats;
+  CHECK(sum.wire_bytes == op.wire_bytes + stats.wire_bytes);
+}
+
 TEST_CASE("sync accumulate K: K micro-batches, one round, divided by W*K", "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("accumulate");

@@ -174,6 +174,7 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
       got = comm.sparse().exchange(members, payload_, uint64_t(step), kExchangeTimeout);
       stats.rounds += 1;
       stats.bytes_sent += comm.sparse().bytes_sent();
+      stats.wire_bytes += comm.sparse().bytes_sent();  // point to point: what leaves this rank
     } else {
       got.push_back(payload_);
     }

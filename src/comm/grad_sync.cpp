@@ -44,6 +44,7 @@ void GradientSync::start(Bucket& b) {
   stats_.seconds += MPI_Wtime() - t0;
   stats_.rounds += 1;
   stats_.bytes_sent += (b.end - b.begin) * int64_t(sizeof(float));
+  stats_.wire_bytes += allreduce_wire_bytes((b.end - b.begin) * int64_t(sizeof(float)), b.expert ? holders_size_ : world_);
 }
 
 void GradientSync::ready(int64_t offset) {

@@ -30,12 +30,17 @@ void* kernel_stream() {
   return nullptr;
 }
 
+int group_size(MPI_Comm group) {
+  int size = 1;
+  MPI_Comm_size(group, &size);
+  return size;
+}
+
 // A float buffer summed over group by sum(part, count), in pieces of at most
 // INT_MAX (MPI counts are int), with the traffic counted; nothing for a group of one.
 template <class Sum>
 void sum_in_int_counts(float* buffer, int64_t n, MPI_Comm group, CommStats& stats, Sum sum) {
-  int size = 1;
-  MPI_Comm_size(group, &size);
+  const int size = group_size(group);
   if (size == 1 || n == 0) return;
   const double t0 = MPI_Wtime();
   for (int64_t at = 0; at < n; at += INT_MAX) {
@@ -44,6 +49,7 @@ void sum_in_int_counts(float* buffer, int64_t n, MPI_Comm group, CommStats& stat
   }
   stats.seconds += MPI_Wtime() - t0;
   stats.bytes_sent += n * int64_t(sizeof(float));
+  stats.wire_bytes += allreduce_wire_bytes(n * int64_t(sizeof(float)), size);
 }
 
 class MpiAllreduce final : public DenseAllreduce {
@@ -79,6 +85,7 @@ class NcclAllreduce final : public DenseAllreduce {
     stats.seconds += MPI_Wtime() - t0;
     stats.rounds += 1;
     stats.bytes_sent += n * int64_t(sizeof(float));
+    stats.wire_bytes += allreduce_wire_bytes(n * int64_t(sizeof(float)), group_size(group));
 #else
     throw std::logic_error("nccl all-reduce called in a build without NCCL");
 #endif
@@ -95,6 +102,7 @@ class NcclAllreduce final : public DenseAllreduce {
     stats.seconds += MPI_Wtime() - t0;
     stats.rounds += 1;
     stats.bytes_sent += n * int64_t(sizeof(float));
+    stats.wire_bytes += allreduce_wire_bytes(n * int64_t(sizeof(float)), group_size(group));
 #else
     execute(buffer, n, group, stats);
 #endif

@@ -274,6 +274,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       if (r != rank_) copy_parts(r, true);
     stats_.rounds += 1;
     stats_.bytes_sent += int64_t(read_counts_[rank_]) * int64_t(sizeof(float)) * (world_ - 1);
+    stats_.wire_bytes += gather_wire_bytes(read_total_ * int64_t(sizeof(float)), world_);
   }
 
   // The other ranks' fp32 pieces go back to the kernel (init, a restore or a warm restart may have written them).
@@ -311,6 +312,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                      &request);
     stats.rounds += 1;
     stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(Weight)) * (ranks - 1);
+    stats.wire_bytes += gather_wire_bytes((bucket.end - bucket.begin) * int64_t(sizeof(Weight)), ranks);
   }
 
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
@@ -352,6 +354,9 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     stats_.seconds += MPI_Wtime() - t0;
     stats_.rounds += 1;
     stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
+    // on the wire: the all-reduce it is, not the reduce-scatter it stands for
+    stats_.wire_bytes += allreduce_wire_bytes((bucket.end - bucket.begin) * int64_t(sizeof(float)),
+                                              int(bucket.counts.size()));
   }
 
   // Open MPI progresses nonblocking collectives only inside MPI calls; a

@@ -32,7 +32,8 @@ void GroupSync::measure_mean(bool global, CommStats& stats) {
   double sq = kernels::squared_distance(Vec<const float>(params.data(), P), Vec<const float>(mean_.data(), P)), sum = 0;
   MPI_Allreduce(&sq, &sum, 1, MPI_DOUBLE, MPI_SUM, buffers_.world);
   consensus_ = std::sqrt(sum / (double(world_) * double(P)));
-  if (world_ > 1) stats.rounds += 1, stats.bytes_sent += int64_t(sizeof(double));
+  if (world_ > 1)  // a scalar: on the wire, the 8 bytes it hands MPI
+    stats.rounds += 1, stats.bytes_sent += int64_t(sizeof(double)), stats.wire_bytes += int64_t(sizeof(double));
 }
 
 void GroupSync::take_global_mean(CommStats&) { Kokkos::deep_copy(buffers_.params, mean_); }

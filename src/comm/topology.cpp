@@ -70,6 +70,7 @@ void Topology::average(float* kernel_buf, int64_t n, CommStats& stats) {
       scale = 1.0f / float(g);
       stats.rounds += 1;
       stats.bytes_sent += n * int64_t(sizeof(float));
+      stats.wire_bytes += allreduce_wire_bytes(n * int64_t(sizeof(float)), g);
     }
   } else if (size_ > 1) {
     // (left + self + right) / 3 from host copies of both neighbours' buffers;
@@ -82,6 +83,7 @@ void Topology::average(float* kernel_buf, int64_t n, CommStats& stats) {
       for (int64_t i = 0; i < n; ++i) buf[i] = (rank_ < left ? buf[i] + left_[i] : left_[i] + buf[i]) * 0.5f;
       stats.rounds += 1;
       stats.bytes_sent += n * int64_t(sizeof(float));
+      stats.wire_bytes += n * int64_t(sizeof(float));  // point to point: what it sends
     } else {
       right_.resize(n);
       MPI_Sendrecv(buf, int(n), MPI_FLOAT, left, 18, right_.data(), int(n), MPI_FLOAT, right, 18, world_,
@@ -89,6 +91,7 @@ void Topology::average(float* kernel_buf, int64_t n, CommStats& stats) {
       for (int64_t i = 0; i < n; ++i) buf[i] = (left_[i] + buf[i] + right_[i]) * (1.0f / 3.0f);
       stats.rounds += 2;
       stats.bytes_sent += 2 * n * int64_t(sizeof(float));
+      stats.wire_bytes += 2 * n * int64_t(sizeof(float));
     }
   }
   if (staged) Kokkos::deep_copy(Vec<float>(kernel_buf, n), HostVec(staged_.data(), n));

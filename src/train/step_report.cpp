@@ -72,7 +72,8 @@ void StepReport::log_step(const StepFigures& f) {
   const std::optional<double> mfu = mfu_.mfu(flops_per_token_, tok_s, world_);
   record_ = {{"step", f.step}, {"loss", f.loss}, {"loss_main", f.parts.main}, {"lr", f.lr},
              {"grad_norm", f.norm}, {"ms_per_step", ms}, {"tokens_per_s", tok_s},
-             {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent}, {"comm_s", c.seconds}};
+             {"comm_rounds", c.rounds}, {"comm_bytes", c.bytes_sent},
+             {"comm_wire_bytes", c.wire_bytes}, {"comm_s", c.seconds}};
   if (mfu) record_["mfu"] = *mfu;  // no peak, or a wrong one: no mfu
   if (f.mtp) record_["loss_mtp"] = f.parts.mtp;
   if (f.consensus >= 0) record_["consensus_distance"] = f.consensus;
@@ -88,9 +89,10 @@ void StepReport::log_step(const StepFigures& f) {
   log_.console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
                            "| {}{}",
                            f.step, f.phase_end, f.loss, f.lr, f.norm, ms, tok_s, mfu_.format(mfu), extra));
-  log_.rank(fmt::format("step {} local batch {} comm {} B in {} rounds, {:.3f} s", f.step, f.batch_position,
-                        c.bytes_sent, c.rounds, c.seconds));
+  log_.rank(fmt::format("step {} local batch {} comm {} B ({} B on the wire) in {} rounds, {:.3f} s", f.step,
+                        f.batch_position, c.bytes_sent, c.wire_bytes, c.rounds, c.seconds));
   log_.rank_scalars(f.step, {{"loss", f.own_loss}, {"ms_per_step", ms}, {"comm_bytes", double(c.bytes_sent)},
+                             {"comm_wire_bytes", double(c.wire_bytes)},
                              {"comm_rounds", double(c.rounds)}, {"comm_s", c.seconds},
                              {"batch_position", double(f.batch_position)}});
   interval_seconds_ = 0, interval_steps_ = 0, interval_tokens_ = 0;

@@ -59,8 +59,10 @@ double Trainer::train_step() {
   step_comm_ = CommStats{};
   sync.reduce_gradients(step_, step_comm_);
   if (exchange_) step_comm_ += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
-  if (lossagg_on_ && world_ > 1)  // one loss gather per micro-batch
-    step_comm_.rounds += micro, step_comm_.bytes_sent += micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
+  if (lossagg_on_ && world_ > 1) {  // one loss gather per micro-batch; on the wire, what it hands MPI
+    const int64_t gathered = micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
+    step_comm_.rounds += micro, step_comm_.bytes_sent += gathered, step_comm_.wire_bytes += gathered;
+  }
   const ReducedGradients grads = sync.reduced_gradients();  // whole, or this rank's shard
   const bool overflow = precision_->skip_or_unscale(comm_, grads.values);
   const bool skip = agree_on_losses(mean) || overflow;  // the one NaN verdict, the same on every rank
@@ -122,7 +124,8 @@ CommStats Trainer::expert_traffic() {
   ExchangeStats& s = exchange_->stats();
   exchange_total_.rounds += s.rounds, exchange_total_.bytes_sent += s.bytes_sent;
   exchange_total_.seconds += s.seconds, exchange_total_.waited += s.waited;
-  const CommStats out{s.rounds, s.bytes_sent, s.waited};  // the time the step spent waiting for them
+  // point to point: what leaves this rank is on the wire; the time is what the step spent waiting for them
+  const CommStats out{.rounds = s.rounds, .bytes_sent = s.bytes_sent, .wire_bytes = s.bytes_sent, .seconds = s.waited};
   s = {};
   return out;
 }

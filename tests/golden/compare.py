@@ -14,7 +14,7 @@ the first disagreement otherwise.
 import json
 import sys
 
-EXACT = {"step", "comm_bytes", "comm_rounds", "lr", "skipped_steps", "overflows", "loss_scale"}
+EXACT = {"step", "comm_bytes", "comm_wire_bytes", "comm_rounds", "lr", "skipped_steps", "overflows", "loss_scale"}
 # Relative tolerance per field, the default for the rest. Measured between
 # two CPUs (AMD EPYC and Intel Xeon, the same build of 5e2b830, all 29
 # cases): losses differ by <= 1e-5 relative, grad norms by <= 4.3e-3 (bf16:
@@ -30,7 +30,8 @@ ROUTING = {"expert_load_cv", "expert_load_max", "expert_load_min", "expert_token
 # one, it is compared like any other field.
 ADDED = {"val_bpb": "9/13: bits per byte, val_loss / ln 2 for byte corpora",
          "val_acc": "10/13: next-token accuracy of the validation windows",
-         "expert_tokens": "12/13: tokens per routed expert, summed over the MoE layers and ranks"}
+         "expert_tokens": "12/13: tokens per routed expert, summed over the MoE layers and ranks",
+         "comm_wire_bytes": "bytes on the wire under each collective's bandwidth-optimal algorithm"}
 
 
 def load(path):
