@@ -6,13 +6,18 @@
 # own output dir beside it (metrics.jsonl logged at every step), its own
 # console.txt. Cases run one at a time, seed-major (all variants for the first
 # seed, then the next seed...), so that the noise of a shared machine falls on
-# every variant alike. docs/ABLATE.md describes the figures; the formulas are
-# in the docstrings of case_summary and variant_summary.
+# every variant alike; --order abba reverses the variants on every second seed.
+# Each case records its provenance (binary and corpus sha256, commit, library
+# versions, network shaping, CPU, load); --resume refuses to mix binaries or
+# corpora. docs/ABLATE.md describes the figures; the formulas are in the
+# docstrings of case_summary and variant_summary.
 #
 # Runs with /usr/bin/python3 (numpy and matplotlib for the plots only).
 
 import argparse
 import datetime
+import glob
+import hashlib
 import json
 import os
 import re
@@ -86,8 +91,17 @@ def parser():
     p.add_argument("--expect-fail", action="append", default=[], metavar="NAME",
                    help="variant NAME is meant to end in failure (an injected fault): its cases count as run "
                         "when they fail, and their figures are what they logged")
+    p.add_argument("--order", choices=ORDERS, default="seed-major",
+                   help="seed-major (default): every variant in the given order for each seed; abba: the given "
+                        "order for the 1st, 3rd, ... seed and reversed for the 2nd, 4th, ... (A B, B A, A B, ...), "
+                        "so that the baseline does not always run first")
     p.add_argument("--resume", action="store_true",
-                   help="OUT holds this ablation, partly run: keep its finished cases, run the rest")
+                   help="OUT holds this ablation, partly run: keep its finished cases, run the rest (exit 2 when they "
+                        "ran another binary or corpus than now)")
+    p.add_argument("--resume-any-binary", action="store_true",
+                   help="with --resume: keep finished cases even when they ran another binary or corpus/tokenizer "
+                        "(sha256); the mix is recorded in results.json and the table")
+    p.add_argument("--netsim-shaping", help=argparse.SUPPRESS)  # tools/netsim: its shaping, as JSON
     p.add_argument("--reload", action="store_true",
                    help="after each case, start it again with -resume auto (nothing left to train: it reads its "
                         "newest checkpoint and ends); its console goes to console_reload.txt")
@@ -95,6 +109,7 @@ def parser():
     return p
 
 
+ORDERS = ("seed-major", "abba")
 VARIANT_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*:(.*)$", re.S)
 
 
@@ -166,7 +181,8 @@ def config_from_args(a):
             "common": common, "eval_every": a.eval_every, "target_loss": a.target_loss, "out": out,
             "bin": binary, "launcher": [w for l in a.launcher for w in shlex.split(l)],
             "mpirun_args": [w for m in a.mpirun_args for w in shlex.split(m)], "timeout": a.timeout,
-            "reload": a.reload}
+            "reload": a.reload, "order": a.order,
+            "network": json.loads(a.netsim_shaping) if a.netsim_shaping else None}
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +265,193 @@ def case_deck(cfg, variant, seed, case_dir):
 
 
 # ---------------------------------------------------------------------------
+# provenance: what a case ran (binary, source, libraries, corpus, network, machine)
+#
+# The hashes are cached by (path, mtime, size): every case looks again (a binary
+# rebuilt mid-ablation shows), but each file is read once per ablation.
+
+_SHA = {}
+
+
+def sha256_file(path):
+    """sha256 of a file (hex), or None when it cannot be read; cached by path, mtime and size."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    if key not in _SHA:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except OSError:
+            return None
+        _SHA[key] = h.hexdigest()
+    return _SHA[key]
+
+
+def quiet(cmd, timeout=30, any_status=False, **kw):
+    """stdout of cmd, or '' when it is missing or fails (any_status: stdout and stderr, whatever its status)."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return p.stdout + p.stderr if any_status else p.stdout if p.returncode == 0 else ""
+
+
+def git_commit():
+    """`git rev-parse HEAD` of the repository, '+changes' when a tracked file differs from it."""
+    head = quiet(["git", "-C", ROOT, "rev-parse", "HEAD"]).strip()
+    if not head:
+        return "unknown"
+    dirty = quiet(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]).strip()
+    return head + ("+changes" if dirty else "")
+
+
+def library_versions(binary):
+    """Versions of the libraries that matter: Open MPI, HDF5, UCX from their own tools; Kokkos, oneDNN,
+    OpenBLAS (and any of the others the tools did not answer for) from the Debian package of the library the
+    binary loads (ldd), else the library file's name."""
+    v = {}
+    m = re.search(r"v?(\d+\.\d+[\w.]*)", quiet(["ompi_info", "--parsable", "--version"]) or
+                  quiet(["mpirun", "--version"]).split("\n", 1)[0])
+    if m:
+        v["openmpi"] = m.group(1)
+    h5 = (quiet(["pkg-config", "--modversion", "hdf5-openmpi"]) or quiet(["pkg-config", "--modversion", "hdf5"])).strip()
+    if not h5:
+        m = re.search(r"HDF5 Version:\s*(\S+)", quiet(["h5pcc", "-showconfig"]))
+        h5 = m.group(1) if m else ""
+    if h5:
+        v["hdf5"] = h5
+    m = re.search(r"version:?\s*([\d.]+)", quiet(["ucx_info", "-v"]), re.I)
+    ucx = m.group(1) if m else quiet(["pkg-config", "--modversion", "ucx"]).strip()
+    if ucx:
+        v["ucx"] = ucx
+    libs = {"openmpi": "libmpi.so", "hdf5": "libhdf5", "ucx": "libucp.so", "kokkos": "kokkoscore",
+            "onednn": "libdnnl.so", "openblas": "libopenblas", "nccl": "libnccl.so"}
+    for line in quiet(["ldd", binary]).splitlines():
+        m = re.match(r"\s*(\S+) => (/\S+)", line)
+        name = next((k for k, pat in libs.items() if m and pat in m.group(1)), None)
+        if not name or name in v:
+            continue
+        real = os.path.realpath(m.group(2))
+        owner = quiet(["dpkg-query", "-S", real]).split(":", 1)[0].strip()
+        version = quiet(["dpkg-query", "-W", "-f", "${Version}", owner]).strip() if owner else ""
+        v[name] = f"{version} ({owner})" if version else os.path.basename(real)
+    return v
+
+
+def cpu_info():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"model": model or "unknown", "cores": os.cpu_count(), "usable": len(os.sched_getaffinity(0))}
+
+
+def ablation_provenance(cfg):
+    """What every case of this ablation shares, computed once: source commit, libraries, CPU, network."""
+    network = cfg.get("network") or "none"
+    return {"git": git_commit(), "libraries": library_versions(cfg["bin"]), "cpu": cpu_info(), "network": network}
+
+
+def expand(text, variables):
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def deck_data_fields(deck_path, var_pairs):
+    """{'format', 'path', 'valid', 'tokenizer'} of a deck's `data` line, its variables expanded by hand (the
+    deck's `variable` lines, then -var): the fallback when the binary's -dry-run does not print them."""
+    variables, data = {}, None
+    for b in read_blocks(deck_path):
+        w = b["words"]
+        if b["key"] and b["key"].startswith("variable ") and len(w) >= 3:
+            variables[w[1]] = " ".join(w[2:])
+        elif b["key"] == "data":
+            data = w
+    variables.update(dict(var_pairs))
+    if not data or len(data) < 3:
+        return None
+    words = [expand(x, variables).strip("'\"") for x in data]
+    out = {"format": words[1], "path": words[2], "valid": None, "tokenizer": None}
+    for k in ("valid", "tokenizer"):
+        if k in words[3:-1]:
+            out[k] = words[words.index(k, 3) + 1]
+    return out
+
+
+_DATA_FIELDS = {}
+
+
+def data_fields(cfg, env, deck_path, var_pairs):
+    """The data files a case deck names, as the binary resolves them (`-dry-run` prints data.path, data.valid,
+    data.tokenizer); cached by the deck's data and variable lines and the -var pairs."""
+    blocks = read_blocks(deck_path)
+    key = (cfg["bin"], tuple(tuple(b["words"]) for b in blocks if b["key"] and
+                             (b["key"] == "data" or b["key"].startswith("variable "))), tuple(map(tuple, var_pairs)))
+    if key not in _DATA_FIELDS:
+        cmd = [cfg["bin"], "-in", deck_path, "-dry-run", "-ranks", "1"]
+        for name, value in var_pairs:
+            cmd += ["-var", name, value]
+        text = quiet(cmd, timeout=120, any_status=True, cwd=ROOT, env=env)
+        got = dict(re.findall(r"^data\.(format|path|valid|tokenizer)\s+(.*?)\s*$", text, re.M))
+        if "path" in got:
+            fields = {"format": got.get("format"), "path": got["path"], "valid": got.get("valid"),
+                      "tokenizer": got.get("tokenizer"), "resolved_by": "xuanxue -dry-run"}
+        else:
+            fields = deck_data_fields(deck_path, var_pairs)
+            if fields:
+                fields["resolved_by"] = "the deck's variables"
+        _DATA_FIELDS[key] = fields
+    return _DATA_FIELDS[key]
+
+
+def data_provenance(fields):
+    """sha256 of every file the data line names (the corpus glob expanded, the valid file, the tokenizer),
+    relative to the repository root as the cases run; 'digest' is one sha256 over them all."""
+    if not fields:
+        return None
+    files = {}
+    for role in ("path", "valid", "tokenizer"):
+        name = fields.get(role)
+        if not name or name == "(none)":
+            continue
+        full = name if os.path.isabs(name) else os.path.join(ROOT, name)
+        matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
+        if role != "path" and not os.path.exists(full):
+            continue  # valid 0.05 (a fraction), a tokenizer by name such as bytes
+        for m in matches or [full]:
+            files[os.path.relpath(m, ROOT) if not os.path.isabs(name) else m] = sha256_file(m)
+    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
+    return dict(fields, sha256=files, digest=digest)
+
+
+def backends(console_path):
+    """The '# backends' table of a case's console: {'kernels': 'Kokkos 30401 (Serial)', 'gemm': ...}."""
+    out = {}
+    try:
+        with open(console_path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    if "# backends" in lines:
+        for line in lines[lines.index("# backends") + 1:]:
+            m = re.match(r"  (\S(?:.*?\S)?)\s{2,}(\S.*)$", line)
+            if not m:
+                break
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def short(sha):
+    return (sha or "unknown")[:12]
+
+
+# ---------------------------------------------------------------------------
 # running one case
 
 
@@ -266,17 +469,21 @@ def mpirun_command(cfg, deck_path, case_dir):
     else:
         bind = ["--oversubscribe", "--bind-to", "none"]
     cmd = cfg["launcher"] + ["mpirun", "-n", str(cfg["ranks"])] + bind + cfg["mpirun_args"]
-    cmd += [cfg["bin"], "-in", deck_path, "-var", "run_dir", case_dir]
-    if cfg["steps"] is not None:
-        cmd += ["-var", "steps", str(cfg["steps"])]
-    for name, value in cfg["vars"]:
+    cmd += [cfg["bin"], "-in", deck_path]
+    for name, value in case_vars(cfg, case_dir):
         cmd += ["-var", name, value]
     return cmd
 
 
-def run_case(cfg, env, variant, seed):
-    """Writes the case's deck and runs it; returns {variant, seed, dir, rc, wall_s, end_unix, command}
-    (and reload_rc, reload_wall_s with --reload)."""
+def case_vars(cfg, case_dir):
+    """The -var pairs of a case: run_dir, steps, then --var."""
+    pairs = [["run_dir", case_dir]] + ([["steps", str(cfg["steps"])]] if cfg["steps"] is not None else [])
+    return pairs + [list(v) for v in cfg["vars"]]
+
+
+def run_case(cfg, env, variant, seed, order_index=None, shared=None):
+    """Writes the case's deck and runs it; returns {variant, seed, dir, rc, wall_s, end_unix, command,
+    order_index, provenance} (and reload_rc, reload_wall_s with --reload). `shared`: ablation_provenance."""
     rel = os.path.join(variant["name"], f"seed{seed}")
     case_dir = os.path.join(cfg["out"], rel)
     os.makedirs(case_dir)
@@ -284,8 +491,16 @@ def run_case(cfg, env, variant, seed):
     with open(deck_path, "w") as f:
         f.write(case_deck(cfg, variant, seed, case_dir))
     cmd = mpirun_command(cfg, deck_path, case_dir)
-    case = {"variant": variant["name"], "seed": seed, "dir": rel, "command": shlex.join(cmd)}
+    case = {"variant": variant["name"], "seed": seed, "dir": rel, "command": shlex.join(cmd),
+            "order_index": order_index}
+    prov = {"binary": {"path": cfg["bin"], "sha256": sha256_file(cfg["bin"])}}
+    prov.update(shared or ablation_provenance(cfg))
+    prov["data"] = data_provenance(data_fields(cfg, env, deck_path, case_vars(cfg, case_dir)))
+    prov["load_before"] = list(os.getloadavg())
     case["rc"], case["wall_s"], case["end_unix"] = run_logged(cfg, env, cmd, os.path.join(case_dir, "console.txt"))
+    prov["load_after"] = list(os.getloadavg())
+    prov["backends"] = backends(os.path.join(case_dir, "console.txt"))
+    case["provenance"] = prov
     if cfg.get("reload") and case["rc"] == 0:
         cmd = cmd + ["-resume", "auto"]
         case["reload_rc"], case["reload_wall_s"], _ = run_logged(cfg, env, cmd,
@@ -357,7 +572,9 @@ def case_summary(records, target_loss):
     val_loss     'val_loss' of the last eval
     comm_bytes   sum of 'comm_bytes' (what rank 0 handed to the transport) over steps
     comm_rounds  sum of 'comm_rounds'; comm_s: sum of 'comm_s'
-    *_per_step   ms_per_step (from train_s), bytes, rounds and comm ms: the sums over steps / steps
+    wire_bytes   sum of 'comm_wire_bytes' (what rank 0 put on the wire: 2(g-1)/g of a ring all-reduce's
+                 buffer, what a point-to-point exchange sends); None when no step logged it
+    *_per_step   ms_per_step (from train_s), bytes, wire bytes, rounds and comm ms: the sums over steps / steps
     train_s      sum over logged steps of (steps since the previous record) * ms_per_step / 1e3:
                  training time without start-up, eval and checkpoints
     tokens_per_s tokens / train_s, tokens = sum of tokens_per_s * seconds of each record
@@ -372,6 +589,8 @@ def case_summary(records, target_loss):
          "comm_bytes": sum(r.get("comm_bytes", 0) for r in train),
          "comm_rounds": sum(r.get("comm_rounds", 0) for r in train),
          "comm_s": sum(r.get("comm_s", 0.0) for r in train)}
+    wired = [r["comm_wire_bytes"] for r in train if "comm_wire_bytes" in r]
+    s["wire_bytes"] = sum(wired) if wired else None
     vals = [r for r in records if "val_loss" in r]
     s["val_loss"] = vals[-1]["val_loss"] if vals else None
     elapsed, tokens, prev, at = 0.0, 0.0, 0, {}
@@ -383,6 +602,7 @@ def case_summary(records, target_loss):
     s["tokens_per_s"] = tokens / elapsed if elapsed > 0 else None
     s["ms_per_step"] = 1e3 * elapsed / s["steps"]
     s["bytes_per_step"] = s["comm_bytes"] / s["steps"]
+    s["wire_bytes_per_step"] = s["wire_bytes"] / s["steps"] if wired else None
     s["rounds_per_step"] = s["comm_rounds"] / s["steps"]
     s["comm_ms_per_step"] = 1e3 * s["comm_s"] / s["steps"]
     s["target_step"] = s["target_s"] = None
@@ -394,8 +614,9 @@ def case_summary(records, target_loss):
 
 
 METRICS = ("train_loss", "val_loss", "comm_bytes", "comm_rounds", "comm_s", "train_s", "wall_s", "tokens_per_s",
-           "ms_per_step", "bytes_per_step", "rounds_per_step", "comm_ms_per_step", "target_s", "target_step")
-RELATIVE = {"val_loss": "difference", "train_loss": "difference", "comm_bytes": "ratio",
+           "ms_per_step", "bytes_per_step", "rounds_per_step", "comm_ms_per_step", "target_s", "target_step",
+           "wire_bytes", "wire_bytes_per_step")
+RELATIVE = {"val_loss": "difference", "train_loss": "difference", "comm_bytes": "ratio", "wire_bytes": "ratio",
             "tokens_per_s": "ratio", "train_s": "ratio", "target_s": "ratio"}
 
 
@@ -411,9 +632,10 @@ def variant_summary(cfg, cases):
     """Per variant across seeds: mean, sd, median, min, max of each figure, over the cases that ran.
 
     Relative figures compare each seed with the first variant's case of the same
-    seed (run just before it), then average over seeds:
+    seed (run next to it: just before, or with --order abba on every second seed
+    just after), then average over seeds:
       difference: 100 * (x - x_base) / x_base  (in %; val_loss, train_loss)
-      ratio:      x / x_base                   (comm_bytes, tokens_per_s, train_s, target_s)
+      ratio:      x / x_base                   (comm_bytes, wire_bytes, tokens_per_s, train_s, target_s)
     """
     ok = [c for c in cases if c.get("rc") == 0 and c.get("summary")]
     figure = lambda c, k: c["wall_s"] if k == "wall_s" else c["summary"].get(k)
@@ -446,18 +668,50 @@ def fmt(s, f, scale=1.0):
     return m if s["n"] < 2 else f"{m} ± {format(s['sd'] * scale, f.lstrip('+'))}"
 
 
-def table_md(cfg, summary, failures):
+def provenance_lines(cfg, cases):
+    """The table's provenance: the binary, source commit, libraries, corpus, network and CPU of the cases
+    (each distinct value with its count when they differ) and any mix accepted by --resume-any-binary."""
+    provs = [c["provenance"] for c in cases if c.get("provenance")]
+    if not provs:
+        return []
+
+    def distinct(get):
+        seen = {}
+        for p in provs:
+            k = get(p)
+            seen[k] = seen.get(k, 0) + 1
+        return ", ".join(k if len(seen) == 1 else f"{k} ({n} cases)" for k, n in seen.items())
+
+    libs = lambda p: ", ".join(f"{k} {v.split(' (')[0]}" for k, v in sorted(p.get("libraries", {}).items()))
+    net = lambda p: p["network"] if isinstance(p.get("network"), str) else f"tbf {p['network'].get('rate')}"
+    cpu = lambda p: f"{p['cpu']['model']}, {p['cpu']['usable']} of {p['cpu']['cores']} cores"
+    data = lambda p: short((p.get("data") or {}).get("digest")) if p.get("data") else "-"
+    out = [f"provenance: binary sha256 {distinct(lambda p: short(p['binary']['sha256']))}; source "
+           f"{distinct(lambda p: short_commit(p.get('git')))}; corpus+tokenizer digest {distinct(data)}; "
+           f"{distinct(libs)}; network {distinct(net)}; CPU {distinct(cpu)}; "
+           f"load (1 min) before/after a case {min(p['load_before'][0] for p in provs):.2f}-"
+           f"{max(p['load_after'][0] for p in provs):.2f}."]
+    for m in cfg.get("mixed") or []:
+        out.append(f"MIXED (--resume-any-binary, {m['when']}): {m['what']}")
+    return out
+
+
+def table_md(cfg, summary, failures, cases=None):
     base = cfg["variants"][0]["name"]
-    cols = ["variant", "seeds", "train loss", "val loss", f"Δ val % vs {base}", "MB/rank", f"bytes × {base}",
-            "rounds", "train s", "wall s", "tok/s", f"tok/s × {base}"]
+    wire = any(r.get("wire_bytes") for r in summary.values())
+    cols = ["variant", "seeds", "train loss", "val loss", f"Δ val % vs {base}", "MB/rank", f"bytes × {base}"]
+    cols += ["wire MB/rank", "wire KB/step"] if wire else []
+    cols += ["rounds", "train s", "wall s", "tok/s", f"tok/s × {base}"]
     if cfg["target_loss"] is not None:
         cols += [f"s to val ≤ {cfg['target_loss']:g}", "step", "reached"]
     rows = []
     for name, r in summary.items():
         rel = r["relative"]
         row = [name, f"{r['cases']}/{r['of']}", fmt(r["train_loss"], ".4f"), fmt(r["val_loss"], ".4f"),
-               fmt(rel["val_loss"], "+.2f"), fmt(r["comm_bytes"], ".3g", 1e-6), fmt(rel["comm_bytes"], ".3g"),
-               fmt(r["comm_rounds"], ".0f"), fmt(r["train_s"], ".1f"), fmt(r["wall_s"], ".1f"),
+               fmt(rel["val_loss"], "+.2f"), fmt(r["comm_bytes"], ".3g", 1e-6), fmt(rel["comm_bytes"], ".3g")]
+        if wire:
+            row += [fmt(r.get("wire_bytes"), ".3g", 1e-6), fmt(r.get("wire_bytes_per_step"), ".4g", 1e-3)]
+        row += [fmt(r["comm_rounds"], ".0f"), fmt(r["train_s"], ".1f"), fmt(r["wall_s"], ".1f"),
                fmt(r["tokens_per_s"], ".0f"), fmt(rel["tokens_per_s"], ".3f")]
         if cfg["target_loss"] is not None:
             t = r["target_s"]
@@ -471,15 +725,20 @@ def table_md(cfg, summary, failures):
              + (f", common `{'; '.join(cfg['common'])}`" if cfg["common"] else "")
              + (f", vars `{' '.join(f'{n}={v}' for n, v in cfg['vars'])}`" if cfg["vars"] else "")
              + (f", launcher `{shlex.join(cfg['launcher'])}`" if cfg["launcher"] else "")
-             + (f", mpirun `{shlex.join(cfg['mpirun_args'])}`" if cfg["mpirun_args"] else ""), ""]
+             + (f", mpirun `{shlex.join(cfg['mpirun_args'])}`" if cfg["mpirun_args"] else "")
+             + f", order {cfg.get('order', 'seed-major')}", ""]
     lines += [f"- `{v['name']}`: " + ("; ".join(f"`{l}`" for l in v["lines"]) or "the deck as it is")
               for v in cfg["variants"]]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", f"mean ± sd over seeds. train loss: next-token loss (loss_main), mean of the last {LAST_N} steps; val loss: the last eval; "
-              "MB/rank: bytes rank 0 handed to the transport, summed over steps (1e6 B); rounds: summed; "
+              "MB/rank: bytes rank 0 handed to the transport, summed over steps (1e6 B); "
+              + ("wire MB/rank: bytes rank 0 put on the wire (comm_wire_bytes: 2(g-1)/g of a ring all-reduce's "
+                 "buffer, what an exchange sends), summed; wire KB/step: per step (1e3 B); " if wire else "")
+              + "rounds: summed; "
               "train s: sum of ms_per_step (no start-up, eval, checkpoints); wall s: the whole mpirun; "
               f"Δ and × compare each seed with {base}'s case of the same seed."]
+    lines += [""] + provenance_lines(cfg, cases) if cases and provenance_lines(cfg, cases) else []
     if cfg["target_loss"] is not None:
         lines += [f"s to val ≤ {cfg['target_loss']:g}: train s up to the first eval at or below it "
                   "(mean over the seeds that reached it)."]
@@ -589,7 +848,7 @@ def report(cfg, cases):
                                     cfg["target_loss"])
     failures = [c for c in cases if not finished(cfg, c)]
     summary = write_results(cfg, cases)
-    text = table_md(cfg, summary, failures)
+    text = table_md(cfg, summary, failures, cases)
     with open(os.path.join(cfg["out"], "table.md"), "w") as f:
         f.write(text)
     try:
@@ -620,19 +879,79 @@ def finished(cfg, case):
 
 # What must match for --resume to continue an ablation (the rest, such as the timeout or the seeds, may change).
 SAME_ABLATION = ("deck", "variants", "ranks", "steps", "vars", "common", "eval_every", "launcher",
-                 "mpirun_args", "reload")
+                 "mpirun_args", "reload", "order", "network")
+DEFAULTS = {"order": "seed-major"}  # what a results.json from before the key meant
 
 
-def kept_cases(cfg):
+def comparable(cfg, key):
+    value = cfg.get(key, DEFAULTS.get(key))
+    if key == "launcher":  # tools/netsim's namespace is named after its process: a new one each run
+        value = [re.sub(r"^xxnetsim\d+$", "xxnetsim<pid>", w) for w in value or []]
+    return value or None
+
+
+def mixing(cfg, keep):
+    """What the kept cases ran that the cases to come would not: another binary (sha256 of --bin now),
+    corpus or tokenizer (the sha256 of the files their data line names, now). [] when nothing differs."""
+    problems, now_bin = [], sha256_file(cfg["bin"])
+    now_git = git_commit()
+    old_bins = {}
+    for c in keep:
+        p = c.get("provenance") or {}
+        sha = (p.get("binary") or {}).get("sha256")
+        if sha and sha != now_bin:
+            old_bins.setdefault(sha, set()).add(p.get("git", "unknown"))
+    for sha, commits in old_bins.items():
+        n = sum(1 for c in keep if ((c.get("provenance") or {}).get("binary") or {}).get("sha256") == sha)
+        problems.append(f"{n} finished case(s) ran binary sha256 {short(sha)} (source tree "
+                        f"{' or '.join(sorted(short_commit(g) for g in commits))}), but --bin {cfg['bin']} is "
+                        f"sha256 {short(now_bin)} (source tree {short_commit(now_git)})")
+    changed = {}
+    for c in keep:
+        data = (c.get("provenance") or {}).get("data") or {}
+        now = data_provenance({k: data.get(k) for k in ("format", "path", "valid", "tokenizer")}) if data else None
+        for path, sha in sorted((data.get("sha256") or {}).items()):
+            new = (now or {}).get("sha256", {}).get(path)
+            if new != sha:
+                changed[path] = (sha, new)
+        for path in sorted(set((now or {}).get("sha256", {})) - set(data.get("sha256") or {})):
+            changed[path] = (None, now["sha256"][path])
+    for path, (old, new) in changed.items():
+        problems.append(f"corpus/tokenizer file {path} was sha256 {short(old) if old else 'absent'} when the "
+                        f"finished cases ran, is {short(new) if new else 'absent'} now")
+    return problems
+
+
+def short_commit(git):
+    head, _, rest = (git or "unknown").partition("+")
+    return head[:10] + ("+" + rest if rest else "")
+
+
+def kept_cases(cfg, any_binary=False):
     """--resume: the finished cases of OUT's results.json (their folders stay); every other case folder is
-    removed, to run again."""
+    removed, to run again. Refuses (UsageError, before anything is written) when the finished cases ran
+    another binary or corpus, unless any_binary (--resume-any-binary): then the mix goes into cfg['mixed']."""
     doc = load_results(cfg["out"])
     old = doc["config"]
-    changed = [k for k in SAME_ABLATION if (old.get(k) or None) != (cfg.get(k) or None)]
+    changed = [k for k in SAME_ABLATION if comparable(old, k) != comparable(cfg, k)]
     if changed:
         raise UsageError(f"--resume {cfg['out']}: it holds another ablation ({', '.join(changed)} differ; expected "
                          "the same command line, or a new --out)")
     keep = [c for c in doc["cases"] if finished(cfg, c) and c["seed"] in cfg["seeds"]]  # seeds may be added
+    cfg["mixed"] = list(old.get("mixed") or [])
+    problems = mixing(cfg, keep)
+    if problems and not any_binary:
+        raise UsageError(f"--resume {cfg['out']}: refusing to mix programs or data in one ablation: "
+                         + "; ".join(problems) + ". Expected the same --bin and corpus as the finished cases: "
+                         "run the ablation again in a new --out, or add --resume-any-binary to accept the mix "
+                         "(recorded in results.json and the table)")
+    if problems:
+        cfg["mixed"].append({"when": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "what": "; ".join(problems)})
+        print(f"# tools/ablate: --resume-any-binary: mixing: {'; '.join(problems)}", flush=True)
+    unknown = sum(1 for c in keep if not c.get("provenance"))
+    if unknown:
+        print(f"# tools/ablate: {unknown} finished case(s) predate provenance: their binary and corpus are "
+              "unknown; kept", flush=True)
     kept = {c["dir"] for c in keep}
     for v in cfg["variants"]:
         for seed in cfg["seeds"]:
@@ -642,15 +961,23 @@ def kept_cases(cfg):
     return keep
 
 
-def run_all(cfg, resume=False):
+def case_order(seeds, variants, order="seed-major"):
+    """The (seed, variant) pairs in the order they run: seed-major, the variants in the given order for
+    each seed; abba: the given order for the 1st, 3rd, ... seed, reversed for the 2nd, 4th, ..."""
+    return [(s, v) for i, s in enumerate(seeds)
+            for v in (variants[::-1] if order == "abba" and i % 2 == 1 else variants)]
+
+
+def run_all(cfg, resume=False, any_binary=False):
     cases = []
     if resume and os.path.isfile(os.path.join(cfg["out"], RESULTS)):
-        cases = kept_cases(cfg)
+        cases = kept_cases(cfg, any_binary)
     elif os.path.isdir(cfg["out"]) and os.listdir(cfg["out"]):
         raise UsageError(f"--out {cfg['out']}: not empty (expected a new folder; every case needs a fresh run dir)")
     os.makedirs(cfg["out"], exist_ok=True)
     env = sourced_env()
-    order = [(s, v) for s in cfg["seeds"] for v in cfg["variants"]]  # seed-major, interleaved
+    shared = ablation_provenance(cfg)
+    order = case_order(cfg["seeds"], cfg["variants"], cfg.get("order", "seed-major"))  # interleaved
     print(f"# tools/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
           f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}"
           + (f" ({len(cases)} finished before, kept)" if cases else ""), flush=True)
@@ -659,7 +986,7 @@ def run_all(cfg, resume=False):
     for i, (seed, v) in enumerate(order):
         if (v["name"], seed) in done:
             continue
-        case = run_case(cfg, env, v, seed)
+        case = run_case(cfg, env, v, seed, order_index=i, shared=shared)
         case["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], case["dir"], "metrics.jsonl")),
                                        cfg["target_loss"])
         cases.append(case)
@@ -697,7 +1024,9 @@ def main(argv=None):
             cfg, cases = doc["config"], doc["cases"]
         else:
             cfg = config_from_args(args)
-            cases = run_all(cfg, resume=args.resume)
+            if args.resume_any_binary and not args.resume:
+                raise UsageError("--resume-any-binary: only with --resume")
+            cases = run_all(cfg, resume=args.resume, any_binary=args.resume_any_binary)
     except UsageError as e:
         print(f"tools/ablate: {e}", file=sys.stderr)
         return 2
