@@ -154,6 +154,47 @@ TEST_CASE("UCX and MPI give identical results", "[mpi][exchange]") {
   }
 }
 
+TEST_CASE("personalized: each member gets its own slice, empty ones included", "[mpi][exchange]") {
+  auto transports = both_transports();
+  const auto group = world_group();
+  const int n = mpi_size(), me = mpi_rank();
+  // The payload from rank s to member i, round r: distinct bytes, of a size
+  // that cycles through kSizes (empty among them).
+  auto slice_size = [](int s, int i, int r) { return kSizes[size_t(s * 5 + i * 3 + r) % kSizes.size()]; };
+  auto slice = [&](int s, int i, int r) { return make_payload(s * 1000 + i, r, slice_size(s, i, r)); };
+  std::vector<std::vector<Payload>> got(transports.size());
+  for (int round = 0; round < int(kSizes.size()); ++round) {
+    // The slices one after the other in the send buffer, in reverse member order (any layout is fine).
+    Payload send;
+    std::vector<Slice> to(n);
+    for (int i = n - 1; i >= 0; --i) {
+      const Payload p = slice(me, i, round);
+      to[i] = {int64_t(send.size()), int64_t(p.size())};
+      send.insert(send.end(), p.begin(), p.end());
+    }
+    for (size_t t = 0; t < transports.size(); ++t) {
+      PayloadExchange& x = *transports[t];
+      INFO(x.name() << " round " << round);
+      got[t] = x.personalized(group, send, to, 700 + round, kTimeout);
+      REQUIRE(got[t].size() == size_t(n));
+      for (int s = 0; s < n; ++s) REQUIRE(got[t][s] == slice(s, me, round));  // own slice included
+      // bytes_sent: the slices to the peers, plus MPI's 16-byte header per peer
+      int64_t expect = 0;
+      for (int i = 0; i < n; ++i)
+        if (i != me) expect += int64_t(slice_size(me, i, round)) + (std::string(x.name()) == "mpi" ? 16 : 0);
+      REQUIRE(x.bytes_sent() == expect);
+    }
+    REQUIRE(got[0] == got[1]);
+  }
+  for (auto& x : transports) {  // a slice outside the buffer, or one slice too few
+    const Payload p(10);
+    REQUIRE_THROWS_AS(x->personalized(group, p, std::vector<Slice>(n, Slice{4, 7}), 1, 1.0), std::invalid_argument);
+    REQUIRE_THROWS_AS(x->personalized(group, p, std::vector<Slice>(n - 1, Slice{0, 1}), 1, 1.0),
+                      std::invalid_argument);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("bad groups and tags are refused before anything is sent", "[mpi][exchange]") {
   for (auto& x : both_transports()) {
     const Payload p(10);

@@ -1,7 +1,9 @@
 // Exchange of variable-size byte payloads among the ranks of a group: the
-// transport under top-k gradient compression. Per step, every member of a
-// group (a subset of the communicator's ranks) hands in its own payload and
-// gets back the payloads of all members, in group order.
+// transport under top-k gradient compression. Per round, every member of a
+// group (a subset of the communicator's ranks) hands in one payload for each
+// member (personalized(): slices of one send buffer; its own slice is kept,
+// not sent) and gets back one from each member, in group order. exchange()
+// is the special case of one payload for all (a broadcast to the group).
 //
 // Two transports behind one interface:
 //   "ucx" — UCP tag messages on a private UCX context and worker (one
@@ -36,9 +38,10 @@
 //     5 s (at once for a failed peer); the MPI one waits up to 1 s, and only
 //     after a failed round.
 //
-// bytes_sent() after an exchange over a group of n ranks, payload of s bytes:
-//   ucx: (n - 1) * s
-//   mpi: (n - 1) * (16 + s)   (kMpiHeaderBytes = 16 per peer)
+// bytes_sent() after a round over a group of n ranks, slice s_i to member i:
+//   ucx: sum over the peers i != me of s_i
+//   mpi: sum over the peers i != me of (16 + s_i)   (kMpiHeaderBytes = 16 per peer)
+// so for exchange() of one payload of s bytes: (n - 1) s, and (n - 1) (16 + s).
 #pragma once
 #include <mpi.h>
 
@@ -50,6 +53,11 @@
 
 namespace xx {
 
+// Bytes [offset, offset + size) of a send buffer.
+struct Slice {
+  int64_t offset = 0, size = 0;
+};
+
 // One transport's way of exchanging variable-size byte payloads within a group.
 class PayloadExchange {
  public:
@@ -59,12 +67,21 @@ class PayloadExchange {
   // Why enabled() is false; empty when enabled.
   virtual std::string disabled_reason() const = 0;
   // Every rank in `group` (sorted, distinct ranks of the communicator, containing this rank) calls this
-  // with its payload; returns the payloads of all group members in group order (own included). `tag`
-  // separates rounds. Throws std::invalid_argument for a bad group or tag, and std::runtime_error naming
-  // the peer rank(s) on failure (peer died, or no payload within `timeout_s` seconds); never hangs.
-  virtual std::vector<std::vector<std::byte>> exchange(const std::vector<int>& group,
-                                                       const std::vector<std::byte>& payload, uint64_t tag,
-                                                       double timeout_s) = 0;
+  // with one send buffer and one slice of it per member, to[i] for group[i] (slices may overlap, be empty, or
+  // all be the whole buffer); returns what each member sent this rank, in group order: for this rank itself,
+  // a copy of its own slice to[me], which is not sent. `tag` separates rounds. Throws std::invalid_argument
+  // for a bad group, tag or slice, and std::runtime_error naming the peer rank(s) on failure (peer died, or
+  // no payload within `timeout_s` seconds); never hangs.
+  virtual std::vector<std::vector<std::byte>> personalized(const std::vector<int>& group,
+                                                           const std::vector<std::byte>& send,
+                                                           const std::vector<Slice>& to, uint64_t tag,
+                                                           double timeout_s) = 0;
+  // The broadcast: `payload` to every member; returns the payloads of all members in group order (own included).
+  std::vector<std::vector<std::byte>> exchange(const std::vector<int>& group, const std::vector<std::byte>& payload,
+                                               uint64_t tag, double timeout_s) {
+    return personalized(group, payload, std::vector<Slice>(group.size(), Slice{0, int64_t(payload.size())}), tag,
+                        timeout_s);
+  }
   // Bytes this rank handed to the transport in the last exchange (payload plus any headers); see above.
   virtual int64_t bytes_sent() const = 0;
 };
@@ -81,6 +98,9 @@ namespace detail {
 // Checks the group (sorted, distinct, in [0, size), contains rank) and the tag; returns this rank's index in
 // the group. Throws std::invalid_argument naming the problem.
 int check_group(const char* transport, const std::vector<int>& group, int rank, int size, uint64_t tag);
+// Checks one slice per member, each inside a send buffer of `bytes` and at most `max_size` long.
+void check_slices(const char* transport, const std::vector<Slice>& to, size_t members, size_t bytes,
+                  int64_t max_size);
 // "rank 1, rank 3"
 std::string rank_list(const std::vector<int>& ranks);
 // Why a round timed out: peers whose payload never came, peers that never took ours.

@@ -1,7 +1,7 @@
 // The MPI payload exchange (see exchange.h): on a private duplicate of the
 // communicator, each rank posts a header receive from every peer, then sends
-// every peer a 16-byte header {round tag, size} followed by the payload (not
-// sent when empty). A header that arrives posts the payload receive of its
+// every peer a 16-byte header {round tag, size} followed by that peer's slice
+// of the send buffer (not sent when empty). A header that arrives posts the payload receive of its
 // size. Everything is polled with MPI_Testsome until done or the deadline, so
 // a peer that never answers becomes an error naming it, not a hang.
 #include <fmt/format.h>
@@ -39,6 +39,22 @@ int check_group(const char* transport, const std::vector<int>& group, int rank, 
   return me;
 }
 
+void check_slices(const char* transport, const std::vector<Slice>& to, size_t members, size_t bytes,
+                  int64_t max_size) {
+  if (to.size() != members)
+    throw std::invalid_argument(
+        fmt::format("{} exchange: {} slices for a group of {} (expected one per member)", transport, to.size(), members));
+  for (size_t i = 0; i < to.size(); ++i) {
+    const Slice& s = to[i];
+    if (s.offset < 0 || s.size < 0 || uint64_t(s.offset) + uint64_t(s.size) > bytes)
+      throw std::invalid_argument(fmt::format("{} exchange: slice {} [{}, {} + {}) is outside the {}-byte send buffer",
+                                              transport, i, s.offset, s.offset, s.size, bytes));
+    if (s.size > max_size)
+      throw std::invalid_argument(fmt::format("{} exchange: payload of {} bytes is over the {} limit of one message",
+                                              transport, s.size, max_size == INT_MAX ? "2 GiB" : "size"));
+  }
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}rank {}", i ? ", " : "", ranks[i]);
@@ -70,8 +86,8 @@ std::string mpi_error_string(int code) {
 
 // What one round keeps alive while its requests may still be in flight.
 struct RoundBuffers {
-  std::array<uint64_t, 2> send_header{};  // {tag, size}
-  std::vector<std::byte> send_data;       // the staged copy of the payload
+  std::vector<std::array<uint64_t, 2>> send_headers;  // {tag, size} per member
+  std::vector<std::byte> send_data;                   // the staged copy of the send buffer
   std::vector<std::array<uint64_t, 2>> recv_headers;
   std::vector<std::vector<std::byte>> inbox;
 };
@@ -132,16 +148,18 @@ class MpiExchange final : public PayloadExchange {
   std::string disabled_reason() const override { return {}; }
   int64_t bytes_sent() const override { return bytes_sent_; }
 
-  std::vector<std::vector<std::byte>> exchange(const std::vector<int>& group, const std::vector<std::byte>& payload,
-                                               uint64_t tag, double timeout_s) override {
+  std::vector<std::vector<std::byte>> personalized(const std::vector<int>& group, const std::vector<std::byte>& send,
+                                                   const std::vector<Slice>& to, uint64_t tag,
+                                                   double timeout_s) override {
     const int me = detail::check_group("mpi", group, rank_, size_, tag);
-    if (payload.size() > size_t(INT_MAX))
-      throw std::invalid_argument(
-          fmt::format("mpi exchange: payload of {} bytes is over the 2 GiB limit of one MPI message", payload.size()));
+    detail::check_slices("mpi", to, group.size(), send.size(), INT_MAX);  // one MPI message each
     bytes_sent_ = 0;
     reap_orphans();
     const int n = int(group.size());
-    if (n == 1) return {payload};
+    auto own = [&] {
+      return std::vector<std::byte>(send.begin() + to[me].offset, send.begin() + to[me].offset + to[me].size);
+    };
+    if (n == 1) return {own()};
 
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -149,8 +167,9 @@ class MpiExchange final : public PayloadExchange {
 
     // Reuse the last round's staging capacity unless a failed round still holds it.
     auto round = spare_ && spare_.use_count() == 1 ? std::move(spare_) : std::make_shared<RoundBuffers>();
-    round->send_header = {tag, uint64_t(payload.size())};
-    round->send_data.assign(payload.begin(), payload.end());
+    round->send_headers.assign(n, {tag, 0});
+    for (int i = 0; i < n; ++i) round->send_headers[i][1] = uint64_t(to[i].size);
+    round->send_data.assign(send.begin(), send.end());
     round->recv_headers.assign(n, {0, 0});
     round->inbox.assign(n, {});
 
@@ -167,13 +186,13 @@ class MpiExchange final : public PayloadExchange {
     }
     for (int k = 1; k < n; ++k) {
       const int i = (me + k) % n;
-      check(MPI_Isend(round->send_header.data(), 2, MPI_UINT64_T, group[i], header_tag, comm_, &req[2 * n + i]),
+      check(MPI_Isend(round->send_headers[i].data(), 2, MPI_UINT64_T, group[i], header_tag, comm_, &req[2 * n + i]),
             group[i], "sending the header to");
-      if (!payload.empty())
-        check(MPI_Isend(round->send_data.data(), int(payload.size()), MPI_BYTE, group[i], payload_tag, comm_,
-                        &req[3 * n + i]),
+      if (to[i].size > 0)
+        check(MPI_Isend(round->send_data.data() + to[i].offset, int(to[i].size), MPI_BYTE, group[i], payload_tag,
+                        comm_, &req[3 * n + i]),
               group[i], "sending the payload to");
-      bytes_sent_ += kMpiHeaderBytes + int64_t(payload.size());
+      bytes_sent_ += kMpiHeaderBytes + to[i].size;
     }
 
     std::vector<int> done(4 * n);
@@ -221,7 +240,7 @@ class MpiExchange final : public PayloadExchange {
         std::this_thread::yield();
       }
     }
-    round->inbox[me] = payload;
+    round->inbox[me] = own();
     auto result = std::move(round->inbox);
     round->inbox.clear();
     spare_ = std::move(round);

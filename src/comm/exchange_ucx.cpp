@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -71,7 +72,7 @@ struct Op {
 
 // What one round keeps alive while its requests may still be in flight.
 struct RoundBuffers {
-  std::vector<std::byte> send_data;  // the staged copy of the payload
+  std::vector<std::byte> send_data;  // the staged copy of the send buffer
   std::vector<std::vector<std::byte>> inbox;
 };
 
@@ -183,14 +184,19 @@ class UcxExchange final : public PayloadExchange {
   std::string disabled_reason() const override { return reason_; }
   int64_t bytes_sent() const override { return bytes_sent_; }
 
-  std::vector<std::vector<std::byte>> exchange(const std::vector<int>& group, const std::vector<std::byte>& payload,
-                                               uint64_t tag, double timeout_s) override {
+  std::vector<std::vector<std::byte>> personalized(const std::vector<int>& group, const std::vector<std::byte>& send,
+                                                   const std::vector<Slice>& to, uint64_t tag,
+                                                   double timeout_s) override {
     if (!worker_) throw std::runtime_error("ucx exchange is disabled: " + reason_);
     const int me = detail::check_group("ucx", group, rank_, size_, tag);
+    detail::check_slices("ucx", to, group.size(), send.size(), std::numeric_limits<int64_t>::max());
     bytes_sent_ = 0;
     reap_orphans();
     const int n = int(group.size());
-    if (n == 1) return {payload};
+    auto own = [&] {
+      return std::vector<std::byte>(send.begin() + to[me].offset, send.begin() + to[me].offset + to[me].size);
+    };
+    if (n == 1) return {own()};
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
 
@@ -210,10 +216,9 @@ class UcxExchange final : public PayloadExchange {
 
     // Reuse the last round's staging capacity unless a failed round still holds it.
     auto round = spare_ && spare_.use_count() == 1 ? std::move(spare_) : std::make_shared<RoundBuffers>();
-    round->send_data.assign(payload.begin(), payload.end());
+    round->send_data.assign(send.begin(), send.end());
     round->inbox.assign(n, {});
     static std::byte empty[1];  // a valid address for zero-length messages
-    const void* send_ptr = payload.empty() ? empty : round->send_data.data();
 
     std::vector<Op> sends(n), recvs(n);
     std::vector<char> received(n, 0);  // probed and receive started
@@ -224,8 +229,9 @@ class UcxExchange final : public PayloadExchange {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
       param.cb.send = on_send;
-      sends[i].start(ucp_tag_send_nbx(ep, send_ptr, payload.size(), make_tag(tag, rank_), &param));
-      bytes_sent_ += int64_t(payload.size());
+      const void* data = to[i].size > 0 ? static_cast<const void*>(round->send_data.data() + to[i].offset) : empty;
+      sends[i].start(ucp_tag_send_nbx(ep, data, size_t(to[i].size), make_tag(tag, rank_), &param));
+      bytes_sent_ += to[i].size;
       if (!sends[i].pending && sends[i].status != UCS_OK)
         fail(group, sends, recvs, round, tag,
              fmt::format("sending to rank {} failed: {}", group[i], ucs_status_string(sends[i].status)));
@@ -299,7 +305,7 @@ class UcxExchange final : public PayloadExchange {
       }
       if (!work) std::this_thread::yield();
     }
-    round->inbox[me] = payload;
+    round->inbox[me] = own();
     auto result = std::move(round->inbox);
     round->inbox.clear();
     spare_ = std::move(round);
