@@ -148,6 +148,8 @@ struct Workspace {
   Buffer<uint32_t> cand;               // (max_n) keys in the threshold's top bin, in index order
   Buffer<int64_t> cand_off;            // (chunks + 1) where each chunk's candidates start
   Buffer<int64_t> state;               // (2) threshold prefix, entries still to take at it
+  Buffer<uint32_t> rel;                // (max_k) indices relative to their piece (partitioned exchange)
+  Buffer<int64_t> bounds;              // (pieces + 1) where each piece's entries start (partitioned exchange)
 
   Workspace() = default;
   Workspace(int64_t max_n_, int64_t max_k_)
@@ -164,7 +166,8 @@ struct Workspace {
         off_eq("compress::off_eq", ceil_div(max_n_, kChunk)),
         cand("compress::cand", max_n_),
         cand_off("compress::cand_off", ceil_div(max_n_, kChunk) + 1),
-        state("compress::state", 2) {}
+        state("compress::state", 2),
+        rel("compress::rel", max_k_) {}
 
   void check(int64_t n, int64_t k) const {
     if (n > max_n || k > max_k)
@@ -713,6 +716,13 @@ inline void add_parsed(Vec<float> out, const Parsed& p, bool assign) {
   }
 }
 
+// out (n) = the sum of parsed payloads of n values, in order: the first one's
+// values stored, each later one's added; 0 where none has an entry.
+inline void sum_parsed(Vec<float> out, const std::vector<Parsed>& parsed) {
+  Kokkos::deep_copy(out, 0.0f);
+  for (size_t r = 0; r < parsed.size(); ++r) add_parsed(out, parsed[r], r == 0);
+}
+
 // out (n) += the payload's values at its indices (indices are distinct, so
 // one pass in parallel is deterministic).
 inline void decode_add(Vec<float> out, Vec<const uint8_t> payload) {
@@ -734,8 +744,7 @@ inline void decode_sum(Vec<float> out, const std::vector<Vec<const uint8_t>>& pa
       throw std::runtime_error(fmt::format("rank {}: {}", r, e.what()));
     }
   }
-  Kokkos::deep_copy(out, 0.0f);
-  for (size_t r = 0; r < parsed.size(); ++r) add_parsed(out, parsed[r], r == 0);
+  sum_parsed(out, parsed);
 }
 
 // ----------------------------------------------------------------------------
@@ -777,6 +786,101 @@ inline int64_t compress(Vec<uint8_t> payload, Vec<float> residual, Vec<const flo
   }
   update_residual(residual, acc, idx, sent);
   return bytes;
+}
+
+// ----------------------------------------------------------------------------
+// the sender side, cut into pieces (the partitioned exchange, src/comm/compressed_sync.h)
+//
+// The bucket [0, n) is cut into R contiguous pieces, piece j = [n j / R, n (j+1) / R).
+// The selection is the whole bucket's top-k, exactly as compress() makes it;
+// piece j gets the selected entries that fall inside it, as a payload of its
+// own: n = the piece's length, indices relative to its start, quantization
+// blocks counted from its first entry. A piece without entries sends nothing.
+//   1. select_pieces: acc and top-k as in compress(); the R + 1 bounds
+//      bounds[j] = entries below piece j's start, a binary search in the
+//      sorted indices each (one thread per bound), copied to the host;
+//   2. encode_piece, per piece with entries: its indices made relative, encoded;
+//      the values as decoded kept in ws.sent at the piece's entries;
+//   3. finish_pieces: residual(idx) = acc(idx) - sent, as compress() does.
+// Mass is conserved per element exactly as in compress(): every selected entry
+// is in exactly one piece, and each piece's sent_i + residual_i == acc_i.
+
+KOKKOS_INLINE_FUNCTION constexpr int64_t piece_begin(int64_t n, int64_t j, int64_t pieces) { return n * j / pieces; }
+
+// What select_pieces leaves for encode_piece and finish_pieces (the k entries
+// themselves are in the workspace: ws.idx, ws.val).
+struct Selection {
+  int64_t n = 0, k = 0, pieces = 1;
+  std::vector<int64_t> bounds;  // (pieces + 1) piece j's entries are [bounds[j], bounds[j + 1])
+  int64_t begin(int64_t j) const { return piece_begin(n, j, pieces); }
+  int64_t length(int64_t j) const { return piece_begin(n, j + 1, pieces) - piece_begin(n, j, pieces); }
+  int64_t entries(int64_t j) const { return bounds[j + 1] - bounds[j]; }
+};
+
+// Bytes of piece j's payload: payload_bytes(its length, its entries), 0 without entries.
+inline int64_t piece_payload_bytes(const Selection& sel, int64_t j, const Settings& s) {
+  const int64_t e = sel.entries(j);
+  return e == 0 ? 0 : payload_bytes(sel.length(j), e, s.quant, s.block);
+}
+
+// Steps 1 and 2 of compress() on grad (n) and residual (n), then the piece bounds.
+inline Selection select_pieces(Vec<float> residual, Vec<const float> grad, const Settings& s, int64_t pieces,
+                               Workspace& ws) {
+  const int64_t n = grad.extent(0), k = topk_count(n, s.ratio);
+  if (int64_t(residual.extent(0)) != n || pieces < 1)
+    throw std::invalid_argument(
+        fmt::format("compress::select_pieces: residual {}, grad {}, {} pieces", residual.extent(0), n, pieces));
+  ws.check(n, k);
+  Vec<const float> acc = grad;
+  if (s.feedback) {
+    error_feedback(residual, residual, grad);
+    acc = residual;
+  }
+  topk_select(Vec<uint32_t>(ws.idx.data(), k), Vec<float>(ws.val.data(), k), acc, ws);
+  if (int64_t(ws.bounds.extent(0)) < pieces + 1)
+    ws.bounds = Buffer<int64_t>("compress::bounds", pieces + 1);
+  auto bounds = ws.bounds;
+  const uint32_t* ix = ws.idx.data();
+  Kokkos::parallel_for(
+      "compress::piece_bounds", Kokkos::RangePolicy<ExecSpace>(0, pieces + 1),
+      KOKKOS_LAMBDA(int64_t j) { bounds(j) = count_below(ix, k, piece_begin(n, j, pieces)); });
+  Selection sel{n, k, pieces, std::vector<int64_t>(pieces + 1)};
+  Kokkos::deep_copy(Kokkos::View<int64_t*, Kokkos::HostSpace, Unmanaged>(sel.bounds.data(), pieces + 1),
+                    Kokkos::subview(bounds, Kokkos::make_pair(int64_t(0), pieces + 1)));
+  return sel;
+}
+
+// payload (piece_payload_bytes(sel, j, s)) of piece j, which has entries;
+// returns its bytes.
+inline int64_t encode_piece(Vec<uint8_t> payload, const Selection& sel, int64_t j, const Settings& s,
+                            Workspace& ws) {
+  const int64_t b0 = sel.bounds[j], e = sel.entries(j), start = sel.begin(j);
+  if (e < 1) throw std::invalid_argument(fmt::format("compress::encode_piece: piece {} has no entries", j));
+  Vec<uint32_t> rel(ws.rel.data() + b0, e);
+  const uint32_t* ix = ws.idx.data() + b0;
+  Kokkos::parallel_for(
+      "compress::piece_indices", Kokkos::RangePolicy<ExecSpace>(0, e),
+      KOKKOS_LAMBDA(int64_t t) { rel(t) = uint32_t(int64_t(ix[t]) - start); });
+  Vec<const float> val(ws.val.data() + b0, e);
+  const int64_t bytes = encode(payload, rel, val, sel.length(j), s.quant, s.block);
+  if (s.feedback && s.quant != Quant::none) {  // what the owner will decode
+    const Layout L = layout_of(Header{sel.length(j), e, s.quant, s.block});
+    dequantize(Vec<float>(ws.sent.data() + b0, e),
+               Vec<const float>(reinterpret_cast<const float*>(payload.data() + L.scales), ceil_div(e, s.block)),
+               Vec<const uint8_t>(payload.data() + L.values, L.used - L.values), s.quant, s.block);
+  }
+  return bytes;
+}
+
+// residual (n) = acc - what the pieces sent (feedback on; every piece with
+// entries encoded), or 0 (feedback off).
+inline void finish_pieces(Vec<float> residual, const Selection& sel, const Settings& s, Workspace& ws) {
+  if (!s.feedback) {
+    Kokkos::deep_copy(residual, 0.0f);
+    return;
+  }
+  const Vec<const float> sent(s.quant == Quant::none ? ws.val.data() : ws.sent.data(), sel.k);
+  update_residual(residual, residual, Vec<const uint32_t>(ws.idx.data(), sel.k), sent);
 }
 
 }  // namespace xx::kernels::compress

@@ -761,3 +761,57 @@ TEST_CASE("compress: segment counts are validated", "[kernels][compress]") {
   const auto o = on_host(out);
   CHECK(std::all_of(o.begin(), o.end(), [](float x) { return x == 42.0f; }));
 }
+
+TEST_CASE("compress: the pieces of a selection carry exactly its entries, and conserve every element",
+          "[kernels][compress]") {
+  // select_pieces / encode_piece / finish_pieces (the partitioned exchange's
+  // sender): the same top-k as compress(), cut at n j / R; each piece's
+  // payload decodes (relative indices) to exactly the selected entries in it;
+  // sent + residual == acc per element. Quant none: the same values and
+  // residual bits as compress() itself.
+  const int64_t n = 70001;  // two index segments, and pieces that do not divide it
+  for (Quant q : {Quant::none, Quant::int8})
+    for (int64_t R : {1, 3, 8})
+      for (double ratio : {0.001, 0.05, 1.0}) {
+        CAPTURE(c::quant_name(q), R, ratio);
+        const c::Settings s{ratio, q, 64, true};
+        const auto g = make_grad(n, 40 + R, Data::wide);
+        const auto r0 = make_grad(n, 41, Data::wide);
+        Buffer<float> residual = on_device(r0), whole_residual = on_device(r0);
+        auto grad = on_device(g);
+        const Sent whole = compress_once(whole_residual, grad, s);
+        const auto whole_sent = dense_sent(whole.payload, n);
+        c::Workspace ws(n, c::topk_count(n, ratio));
+        const c::Selection sel = c::select_pieces(V(residual), CV(grad), s, R, ws);
+        REQUIRE(sel.k == c::topk_count(n, ratio));
+        REQUIRE(sel.bounds.front() == 0);
+        REQUIRE(sel.bounds.back() == sel.k);
+        std::vector<float> sent(n, 0.0f);
+        std::vector<char> chosen(n, 0);
+        for (int64_t j = 0; j < R; ++j) {
+          const int64_t bytes = c::piece_payload_bytes(sel, j, s);
+          if (sel.entries(j) == 0) {
+            REQUIRE(bytes == 0);
+            continue;
+          }
+          Buffer<uint8_t> payload("test::piece", bytes);
+          REQUIRE(c::encode_piece(V(payload), sel, j, s, ws) == bytes);
+          std::vector<uint32_t> idx;
+          const auto d = dense_sent(payload, sel.length(j), &idx);  // checks the header says the piece's length
+          REQUIRE(int64_t(idx.size()) == sel.entries(j));
+          for (auto i : idx) chosen[sel.begin(j) + i] = 1, sent[sel.begin(j) + i] = d[i];
+        }
+        c::finish_pieces(V(residual), sel, s, ws);
+        const auto r1 = on_host(residual);
+        int64_t bad = 0, count = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          count += chosen[i];
+          const float acc = feedback_of(r0[i], g[i]);
+          bad += chosen[i] ? sent[i] + r1[i] != acc : bits(r1[i]) != bits(acc);
+          bad += (whole_sent[i] != 0) && !chosen[i];  // the same selection as compress()
+        }
+        REQUIRE(count == sel.k);
+        REQUIRE(bad == 0);
+        if (q == Quant::none) REQUIRE(on_host(whole_residual) == r1);  // compare as floats: -0 == +0 is fine
+      }
+}
