@@ -2,6 +2,12 @@
 // over the real transports; ctest runs this binary at 2 and 4 ranks with UCX
 // on TCP, so both the UCX and the MPI exchange can serve it.
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/format.h>
+#include "comm/compressed_sync.h"
+#include "comm/ops.h"
 #include "core/error.h"
 #include "kernels/compress.h"
 #include "mpi_fixture.h"
@@ -34,31 +40,117 @@ Trace train(const std::string& dir, const std::string& name, const std::string& 
   return t;
 }
 
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Rank r's gradient at step s, entry i: magnitudes over four decades, some -0.
+float gradient(int r, int s, int64_t i) {
+  if (i % 97 == 0) return -0.0f;
+  const uint64_t u = mix(uint64_t(r) << 48 ^ uint64_t(s) << 40 ^ uint64_t(i));
+  return float(int64_t(u % 20001) - 10000) * 1e-4f * float(1 << (2 * ((u >> 32) % 4)));
+}
+
+std::vector<float> to_host(const Buffer<float>& b) {
+  std::vector<float> out(b.extent(0));
+  Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(out.data(),
+                                                                                                    out.size()),
+                    b);
+  return out;
+}
+
+void from_host(Buffer<float>& b, const std::vector<float>& v) {
+  Kokkos::deep_copy(b, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                           v.data(), v.size()));
+}
+
+// One CompressedSync over a flat buffer of tensors of `sizes`, averaging
+// over the world, without a Trainer.
+struct Direct {
+  std::vector<TensorSpan> spans;
+  int64_t P = 0;
+  Buffer<float> grads;
+  Communicator ops;
+  CompressedSync sync;
+  Direct(const std::vector<int64_t>& sizes, CompressConfig cfg, double bucket_mb, const std::string& transport)
+      : spans(make_spans(sizes)),
+        P(spans.back().offset + spans.back().size),
+        grads("grads", P),
+        ops(MPI_COMM_WORLD, "mpi", transport),
+        sync(spans, grads, cfg, bucket_mb) {}
+  static std::vector<TensorSpan> make_spans(const std::vector<int64_t>& sizes) {
+    std::vector<TensorSpan> out;
+    int64_t at = 0;
+    for (size_t t = 0; t < sizes.size(); ++t) out.push_back({fmt::format("t{}", t), at, sizes[t]}), at += sizes[t];
+    return out;
+  }
+  // The world's average of this rank's `g`; returns it, with the step's traffic in `stats`.
+  std::vector<float> reduce(const std::vector<float>& g, int64_t step, CommStats& stats) {
+    from_host(grads, g);
+    std::vector<int> members(mpi_size());
+    for (int r = 0; r < mpi_size(); ++r) members[r] = r;
+    sync.reduce(members, MPI_COMM_WORLD, step, 1, ops, stats);
+    return to_host(grads);
+  }
+};
+
+// min_size 0: every tensor in the sparse part.
+CompressConfig topk(double ratio, const std::string& quant, const std::string& exchange) {
+  CompressConfig c;
+  c.kind = "topk", c.ratio = ratio, c.quant = quant, c.exchange = exchange, c.min_size = 0;
+  return c;
+}
+
+std::vector<float> world_gather(const std::vector<float>& mine) {  // every rank's, rank after rank
+  std::vector<float> all(mine.size() * mpi_size());
+  MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  return all;
+}
+
+// The buckets CompressedSync cuts (each tensor on its own, in pieces of bucket_mb), as (begin, end).
+std::vector<std::pair<int64_t, int64_t>> buckets_of(const std::vector<int64_t>& sizes, double bucket_mb) {
+  const int64_t per = int64_t(bucket_mb * 1024 * 1024 / sizeof(float));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    for (int64_t b = 0; b < n; b += per) out.push_back({at + b, at + std::min(n, b + per)});
+    at += n;
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("compress topk 1 without quantization is the dense all-reduce, bit for bit", "[compress][mpi]") {
   const auto sync = GENERATE(as<std::string>{}, "sync dense", "sync accumulate 2");
   const auto transport = GENERATE(as<std::string>{}, "ucx", "mpi");
-  CAPTURE(sync, transport);
+  const auto exchange = GENERATE(as<std::string>{}, "allgather", "partitioned");
+  CAPTURE(sync, transport, exchange);
   const auto dir = shared_scratch("topk1");
   const Trace dense = train(dir, "dense", sync + "\n", 4);
   // min_size 100: the norm weights (32 values) take the dense part of the path.
-  const Trace topk = train(dir, "topk", sync + "\ncompress topk 1 quant none min_size 100 transport " + transport + "\n", 4);
+  const Trace topk = train(dir, "topk", sync + "\ncompress topk 1 quant none min_size 100 transport " + transport +
+                                            " exchange " + exchange + "\n", 4);
   if (mpi_size() == 2) {  // two addends: any reduction order gives the same bits
     REQUIRE(topk.losses == dense.losses);
     REQUIRE(topk.params == dense.params);
   } else {  // MPI may add four ranks' values in another order than rank order
     for (size_t s = 0; s < dense.losses.size(); ++s) REQUIRE(topk.losses[s] == Approx(dense.losses[s]).epsilon(1e-5));
   }
-  for (const auto& c : topk.comm) REQUIRE(c.rounds == 2);  // one exchange, one all-reduce of the small tensors
+  // one exchange (partitioned: two), one all-reduce of the small tensors
+  for (const auto& c : topk.comm) REQUIRE(c.rounds == (mpi_size() == 1 ? 0 : exchange == "partitioned" ? 3 : 2));
 }
 
 TEST_CASE("compressed training over UCX and over MPI gives identical results", "[compress][mpi]") {
   const auto target = GENERATE(as<std::string>{}, "gradient", "update");
-  CAPTURE(target);
-  const auto dir = shared_scratch("transports_" + target);
-  const std::string compress =
-      "compress topk 0.05 quant int8 feedback on min_size 100 warmup 2 target " + target + " transport ";
+  const auto exchange = GENERATE(as<std::string>{}, "allgather", "partitioned");
+  CAPTURE(target, exchange);
+  const auto dir = shared_scratch("transports_" + target + exchange);
+  const std::string compress = "compress topk 0.05 quant int8 feedback on min_size 100 warmup 2 target " + target +
+                               " exchange " + exchange + " transport ";
   const Trace ucx = train(dir, "ucx", compress + "ucx\n", 5);
   const Trace mpi = train(dir, "mpi", compress + "mpi\n", 5);
   REQUIRE(ucx.losses == mpi.losses);
@@ -143,5 +235,187 @@ TEST_CASE("compress topk refuses sync local and topology ring", "[compress][deck
     CAPTURE(extra);
     // The deck refuses it (at the run line), before a Trainer exists.
     REQUIRE_THROWS_AS(make_program(dir, "deck", small_deck(corpus, dir + "/run", 1, extra)), InputError);
+  }
+}
+
+// exchange partitioned (src/comm/compressed_sync.h): the sparse
+// reduce-scatter and all-gather, on CompressedSync directly.
+
+TEST_CASE("exchange partitioned at ratio 1 without quantization is allgather's sum, bit for bit", "[compress][mpi]") {
+  // Tensors smaller than the group (pieces of length 0), odd sizes, and one cut into two buckets.
+  const std::vector<int64_t> sizes = {5, 37, 1000, 70001, 300000};
+  const double mb = 1.0;
+  Direct allgather(sizes, topk(1, "none", "allgather"), mb, "auto");
+  Direct partitioned(sizes, topk(1, "none", "partitioned"), mb, "auto");
+  REQUIRE(partitioned.sync.describe().find("exchange partitioned") != std::string::npos);
+  REQUIRE(allgather.sync.describe().find("exchange allgather") != std::string::npos);
+  const int R = mpi_size();
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> g(allgather.P);
+    for (int64_t i = 0; i < allgather.P; ++i) g[i] = gradient(mpi_rank(), step, i);
+    CommStats a, p;
+    const auto ours = partitioned.reduce(g, step, p), theirs = allgather.reduce(g, step, a);
+    REQUIRE(std::memcmp(ours.data(), theirs.data(), ours.size() * sizeof(float)) == 0);
+    // Both are the rank-ordered sum, scaled by 1/R: ((g_0 + g_1) + g_2) + ..., -0 kept.
+    int64_t differ = 0;
+    for (int64_t i = 0; i < allgather.P; ++i) {
+      float sum = gradient(0, step, i);
+      for (int r = 1; r < R; ++r) sum += gradient(r, step, i);
+      if (R > 1) sum *= 1.0f / float(R);
+      differ += std::memcmp(&sum, &ours[i], sizeof(float)) != 0;
+    }
+    REQUIRE(differ == 0);
+    REQUIRE(p.rounds == (R > 1 ? 2 : 0));  // no dense part here: the two exchanges
+    REQUIRE(p.wire_bytes == p.bytes_sent);
+  }
+}
+
+TEST_CASE("exchange partitioned conserves mass: what was put in is what was summed plus what is held back",
+          "[compress][mpi]") {
+  // top-k 0.01 with int8; the 37-value tensor is not worth compressing and
+  // goes dense, with both residuals flushed into the all-reduce. Feedback
+  // off: nothing is held back (and what was not sent is dropped).
+  const std::vector<int64_t> sizes = {200000, 5000, 37};
+  const double mb = 0.5;
+  const auto feedback = GENERATE(true, false);
+  CAPTURE(feedback);
+  CompressConfig cfg = topk(0.01, "int8", "partitioned");
+  cfg.feedback = feedback;
+  Direct d(sizes, cfg, mb, "auto");
+  const int R = mpi_size();
+  d.sync.own_pieces(R, mpi_rank());  // as the sync strategy does (else the first reduce does it)
+  const auto buckets = buckets_of(sizes, mb);
+  REQUIRE(buckets.size() == 4);
+  // Owner r's residual, placed at the flat positions of its pieces.
+  auto owner_flat = [&](const std::vector<float>& all_held) {
+    const int64_t per_rank = int64_t(all_held.size()) / R;
+    std::vector<double> flat(d.P, 0.0);
+    for (int r = 0; r < R; ++r) {
+      int64_t at = 0;
+      for (const auto& [b, e] : buckets) {
+        const int64_t n = e - b, begin = n * r / R, m = n * (r + 1) / R - begin;
+        for (int64_t t = 0; t < m; ++t) flat[b + begin + t] += all_held[r * per_rank + at + t];
+        at += (n + R - 1) / R;
+      }
+    }
+    return flat;
+  };
+  auto column_sums = [&](const std::vector<float>& all) {
+    std::vector<double> s(d.P, 0.0);
+    for (int r = 0; r < R; ++r)
+      for (int64_t i = 0; i < d.P; ++i) s[i] += all[r * d.P + i];
+    return s;
+  };
+  double held_back = 0;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g(d.P);
+    for (int64_t i = 0; i < d.P; ++i) g[i] = gradient(mpi_rank(), step, i);
+    const auto res0 = world_gather(to_host(d.sync.residual())), own0 = world_gather(to_host(d.sync.owner_residual()));
+    const auto grads = world_gather(g);
+    CommStats stats;
+    const auto avg = d.reduce(g, step, stats);
+    const auto res1 = world_gather(to_host(d.sync.residual())), own1 = world_gather(to_host(d.sync.owner_residual()));
+    int64_t places = 0;  // each bucket's piece in ceil(n / R) places, on every rank
+    for (const auto& [b, e] : buckets) places += (e - b + R - 1) / R;
+    REQUIRE(int64_t(own1.size()) == R * places);
+    const auto in_g = column_sums(grads), in_r = column_sums(res0), out_r = column_sums(res1);
+    const auto in_o = owner_flat(own0), out_o = owner_flat(own1);
+    CAPTURE(step);
+    int64_t bad = 0;
+    if (!feedback) {  // nothing is held back, so what was not sent is dropped
+      for (int64_t i = 0; i < d.P; ++i) bad += in_r[i] != 0 || out_r[i] != 0 || in_o[i] != 0 || out_o[i] != 0;
+      REQUIRE(bad == 0);
+      continue;
+    }
+    for (int64_t i = 0; i < d.P; ++i) {
+      const double put_in = in_g[i] + in_r[i] + in_o[i];
+      const double out = double(R) * avg[i] + out_r[i] + out_o[i];
+      double scale = 0;
+      for (int r = 0; r < R; ++r) scale += std::abs(grads[r * d.P + i]) + std::abs(res0[r * d.P + i]);
+      scale += std::abs(in_o[i]) + std::abs(out_o[i]) + 1e-30;
+      if (!(std::abs(put_in - out) <= 1e-5 * scale)) ++bad;
+      held_back += std::abs(out_r[i]) + std::abs(out_o[i]);
+    }
+    REQUIRE(bad == 0);
+  }
+  if (feedback) REQUIRE(held_back > 0);  // not trivially: the residuals did hold mass back
+}
+
+namespace {
+
+// Bytes this rank sends in one partitioned step over a group of R, top-k
+// `ratio` int8 (B = 64) of one bucket of n whose selected entries are the
+// multiples of 100 (compressed_sync.h's formula; h = the per-peer header).
+int64_t partitioned_bytes(int64_t n, double ratio, int R, int me, int64_t h) {
+  using cx::payload_bytes, cx::topk_count;
+  int64_t bytes = 0;
+  for (int j = 0; j < R; ++j) {  // round 1: the entries in piece j, to its owner, behind a table of 1 size
+    if (j == me) continue;
+    const int64_t begin = n * j / R, end = n * (j + 1) / R, e = (end + 99) / 100 - (begin + 99) / 100;
+    bytes += h + 4 + (e ? payload_bytes(end - begin, e, cx::Quant::int8, 64) : 0);
+  }
+  const int64_t m = n * (me + 1) / R - n * me / R;  // round 2: this rank's piece of the sum, to everyone
+  return bytes + (R - 1) * (h + payload_bytes(m, topk_count(m, ratio), cx::Quant::int8, 64));
+}
+
+}  // namespace
+
+TEST_CASE("exchange partitioned: bytes per rank are the formula, bounded in the group size", "[compress][mpi]") {
+  const auto transport = GENERATE(as<std::string>{}, "ucx", "mpi");
+  CAPTURE(transport);
+  const int64_t n = int64_t(1) << 20, k = cx::topk_count(n, 0.01);
+  REQUIRE(k == 10486);  // the multiples of 100 below 2^20: exactly the entries top-k takes
+  const int64_t h = transport == "mpi" ? kMpiHeaderBytes : 0;
+  const int R = mpi_size(), me = mpi_rank();
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i)
+    g[i] = i % 100 == 0 ? 1.0f + float((i / 100 + me) % 89) / 89.0f : float((i * 7 + me) % 13) * 1e-4f;
+  Direct partitioned({n}, topk(0.01, "int8", "partitioned"), 4.0, transport);
+  Direct allgather({n}, topk(0.01, "int8", "allgather"), 4.0, transport);
+  REQUIRE(partitioned.sync.buckets() == 1);
+  CommStats p, a;
+  partitioned.reduce(g, 0, p);
+  allgather.reduce(g, 0, a);
+  const int64_t payload = cx::payload_bytes(n, k, cx::Quant::int8, 64);
+  REQUIRE(a.bytes_sent == int64_t(R - 1) * (h + payload));
+  REQUIRE(p.bytes_sent == (R > 1 ? partitioned_bytes(n, 0.01, R, me, h) : 0));
+  REQUIRE(p.wire_bytes == p.bytes_sent);
+  REQUIRE(p.rounds == (R > 1 ? 2 : 0));
+  // What the ring all-reduce of the dense bucket would put on the wire, per rank.
+  auto ring = [&](int g) { return allreduce_wire_bytes(4 * n, g); };
+  auto most = [&](int g) {  // the formula's largest figure over the ranks of a group of g
+    int64_t top = 0;
+    for (int r = 0; r < g; ++r) top = std::max(top, partitioned_bytes(n, 0.01, g, r, h));
+    return top;
+  };
+  if (R > 1) REQUIRE(p.bytes_sent * 50 < ring(R));
+  for (int g : {2, 4, 8}) REQUIRE(most(g) * 50 < ring(g));
+  // From 4 to 8 ranks: partitioned grows like the ring's 2 (g-1)/g (7/6), allgather like g - 1 (7/3).
+  CHECK(double(most(8)) / double(most(4)) <= 1.02 * double(ring(8)) / double(ring(4)));
+  CHECK(double(most(8)) / double(most(4)) < 1.2);
+  if (std::getenv("XX_PRINT_BYTES") && me == 0)
+    std::printf("bytes per rank, %d ranks, %s, n %lld top-k 0.01 int8: partitioned %lld (most %lld), allgather "
+                "%lld, ring all-reduce of the dense bucket %lld\n",
+                R, transport.c_str(), (long long)n, (long long)p.bytes_sent, (long long)most(R),
+                (long long)a.bytes_sent, (long long)ring(R));
+}
+
+TEST_CASE("exchange partitioned: 2N steps equal N steps, checkpoint, resume, N steps", "[compress][mpi]") {
+  const int N = 4;
+  const auto dir = shared_scratch("partitioned_resume");
+  const auto corpus = make_corpus(dir);
+  // Feedback on, momentum correction, and a ratio that leaves the owners residuals to carry over.
+  const std::string compress =
+      "compress topk 0.05 quant int8 momentum 0.9 min_size 100 exchange partitioned transport mpi\n";
+  const auto full = run_deck(make_program(dir, "full", small_deck(corpus, dir + "/full", 2 * N, compress)));
+  const auto first = run_deck(make_program(dir, "first", small_deck(corpus, dir + "/half", N, compress)));
+  const auto second =
+      run_deck(make_program(dir, "second", small_deck(corpus, dir + "/half", 2 * N, compress)), "auto");
+  REQUIRE(first.size() == size_t(N));
+  REQUIRE(second.size() == size_t(N));
+  for (int i = 0; i < N; ++i) REQUIRE(first[i] == full[i]);
+  for (int i = 0; i < N; ++i) {
+    INFO("step " << N + i + 1);
+    REQUIRE(second[i] == full[N + i]);  // bit-identical after the restart: the owner residual came back
   }
 }

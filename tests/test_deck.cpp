@@ -189,6 +189,26 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
   check("model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n\nrun 1\n", 3, "'run' before any 'data' command");
 }
 
+TEST_CASE("deck: compress ... exchange allgather|partitioned", "[deck]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  CHECK(build(t, kBase + "compress topk 0.1\nrun 1\n").phases[0].config.compress.exchange == "allgather");
+  const Program p = build(t, kBase + "compress topk 0.1 quant int8 exchange partitioned\nrun 1\n");
+  CHECK(p.phases[0].config.compress.exchange == "partitioned");
+  CHECK(p.phases[0].config.compress.quant == "int8");
+  CHECK(build(t, kBase + "compress topk 0.1 exchange allgather\nrun 1\n").phases[0].config.compress.exchange ==
+        "allgather");
+  CHECK(error_of(t, kBase + "compress topk 0.1 exchange ring\nrun 1\n") ==
+        file + ":3: bad value 'ring' for 'exchange' (expected one of: allgather, partitioned)");
+  CHECK(error_of(t, kBase + "compress topk 0.1 exchange\nrun 1\n") ==
+        file + ":3: keyword 'exchange' needs a value (expected one of: allgather, partitioned)");
+  // The owner residual is laid out for one fixed group: the whole world.
+  CHECK_THAT(error_of(t, kBase + "topology clusters 2\ncompress topk 0.1 exchange partitioned\nrun 1\n"),
+             Catch::StartsWith(file + ":5: compress exchange partitioned with topology clusters (expected topology "
+                                      "full, or exchange allgather"));
+  CHECK(error_of(t, kBase + "topology clusters 2\ncompress topk 0.1 exchange allgather\nrun 1\n").empty());
+}
+
 TEST_CASE("deck: reals parse strictly and accept exponents", "[deck]") {
   TempDir t;
   const auto p = build(t, kBase + "optimizer adamw lr 1e-3 eps 1E-10\nrun 1\n");

@@ -245,6 +245,46 @@ TEST_CASE("compress topk 1: every entry through the sparse path is the mean; the
   CHECK(state.entries()[0].place == StatePlace::rank_buffer);
 }
 
+TEST_CASE("compress exchange partitioned: the owner residual is named state and round-trips", "[mpi][sync]") {
+  Fixture f;
+  SyncSettings s = settings("dense");
+  s.compress.kind = "topk", s.compress.ratio = 1, s.compress.quant = "int8", s.compress.transport = "mpi";
+  s.compress.exchange = "partitioned";
+  std::string report;
+  auto sync = choose_sync_strategy(f.buffers(), s, &report);
+  CHECK(report.find("exchange partitioned") != std::string::npos);
+  sync->begin_step(0);
+  CommStats stats;
+  sync->reduce_gradients(0, stats);
+  StateRegistry state;
+  sync->register_state(state);
+  REQUIRE(state.entries().size() == 2);
+  const StateEntry& held = state.entries()[1];
+  CHECK(held.name == "compress.owner_residual");
+  CHECK(held.place == StatePlace::rank_buffer);
+  CHECK_FALSE(held.required);  // a checkpoint of an allgather run has none
+  // ceil(n / R) places per compressed bucket, on every rank
+  const CompressedSync& c = *sync->compressor();
+  const std::vector<float> saved = held.save_floats();
+  int64_t places = 0;
+  for (const auto& t : f.layout.spans()) places += (t.size + mpi_size() - 1) / mpi_size();
+  CHECK(int64_t(saved.size()) == places);
+  CHECK(c.buckets() == int(f.layout.spans().size()));
+  // The ranks agree on the mean, and the owners did hold something back.
+  double kept = 0;
+  for (float v : saved) kept += std::abs(v);
+  double all = 0;
+  MPI_Allreduce(&kept, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  if (mpi_size() > 1) CHECK(all > 0);
+  held.load_floats(std::vector<float>(saved.size(), 0.0f));
+  CHECK(held.save_floats() == std::vector<float>(saved.size(), 0.0f));
+  held.load_floats(saved);
+  CHECK(held.save_floats() == saved);
+  // Of another world size (another length): the owners held other pieces; it starts from zero.
+  held.load_floats(std::vector<float>(saved.size() + 1, 1.0f));
+  CHECK(held.save_floats() == std::vector<float>(saved.size(), 0.0f));
+}
+
 TEST_CASE("compress target update: the parameters move by the group's mean change", "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("dense");

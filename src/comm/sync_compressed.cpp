@@ -10,10 +10,27 @@
 namespace xx::sync_detail {
 namespace {
 
+// exchange partitioned: what this rank held back as the owner of its pieces
+// of the group's sums. Optional (a checkpoint of an allgather run has none:
+// nothing was held back). Its length depends on the world size; a checkpoint
+// of another world size (whose owners held other pieces) leaves it at zero,
+// as it does the residuals' exact values (they are averaged then).
+StateEntry owner_residual_entry(Buffer<float> held) {
+  StateEntry e = buffer_entry("compress.owner_residual", StatePlace::rank_buffer, held, false);
+  e.size = -1;
+  e.load_floats = [held](const std::vector<float>& v) {
+    if (v.size() != held.extent(0)) return Kokkos::deep_copy(held, 0.0f);
+    Kokkos::deep_copy(held, Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
+  };
+  return e;
+}
+
 class CompressedSyncBase : public GroupSync {
  public:
   CompressedSyncBase(const SyncBuffers& b, const SyncSettings& s, Buffer<float> target)
-      : GroupSync(b, s), compressor_(b.make_compressor(target, s.compress, s.sync.bucket_mb)) {}
+      : GroupSync(b, s), compressor_(b.make_compressor(target, s.compress, s.sync.bucket_mb)) {
+    compressor_->own_pieces(world_, rank_);  // partitioned: topology full, the group is the world (deck check)
+  }
   std::string describe() const override {
     const std::string group = full() ? "all ranks" : fmt::format("clusters of {}", settings_.topology.size);
     return fmt::format("{} over {}", compressor_->describe(), group);
@@ -24,6 +41,8 @@ class CompressedSyncBase : public GroupSync {
     registry.add(buffer_entry("compress.residual", StatePlace::rank_buffer, compressor_->residual()));
     if (compressor_->momentum().extent(0) > 0)
       registry.add(buffer_entry("compress.momentum", StatePlace::rank_buffer, compressor_->momentum()));
+    if (compressor_->exchange() == CompressedSync::Exchange::partitioned)
+      registry.add(owner_residual_entry(compressor_->owner_residual()));
   }
   const CompressedSync* compressor() const override { return compressor_.get(); }
 

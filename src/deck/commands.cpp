@@ -415,11 +415,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           integer("min_size", &c.compress.min_size, at_least(0)), integer("warmup", &c.compress.warmup, at_least(0)),
           integer("block", &c.compress.block, at_least(1)),
           choice("target", &c.compress.target, {"gradient", "update"}),
-          choice("transport", &c.compress.transport, {"auto", "ucx", "mpi"})},
+          choice("transport", &c.compress.transport, {"auto", "ucx", "mpi"}),
+          choice("exchange", &c.compress.exchange, {"allgather", "partitioned"})},
          {},
          {}}},
        "compress off | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
-       "[block B] [target gradient|update] [transport auto|ucx|mpi]"},
+       "[block B] [target gradient|update] [transport auto|ucx|mpi] [exchange allgather|partitioned]"},
       {"output",
        nullptr,
        "",
@@ -659,6 +660,10 @@ void check_phase(const Config& c, const std::string& where, std::optional<Compre
                   "gradients)", where);
     if (c.topology.kind == "ring")
       input_error("{}: compress topk with topology ring (expected topology full or clusters)", where);
+    if (c.compress.exchange == "partitioned" && c.topology.kind != "full")
+      input_error("{}: compress exchange partitioned with topology {} (expected topology full, or exchange "
+                  "allgather: each rank keeps the owner residual of its pieces of a fixed group)",
+                  where, c.topology.kind);
     if (topk && c.compress != *topk)
       input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
                   where);

@@ -145,7 +145,7 @@ struct TopologyConfig {
 // compress off
 //        | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M]
 //                     [min_size N] [warmup STEPS] [block B] [target gradient|update]
-//                     [transport auto|ucx|mpi]
+//                     [transport auto|ucx|mpi] [exchange allgather|partitioned]
 // Gradient compression under sync dense|accumulate (docs/COMMUNICATION.md).
 struct CompressConfig {
   std::string kind = "off";        // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
@@ -161,6 +161,12 @@ struct CompressConfig {
   // or the change this rank's own optimizer step made (for AdamW, whose
   // per-element normalisation undoes sparse gradients; see docs/COMMUNICATION.md).
   std::string target = "gradient";
+  // How the payloads travel (docs/COMPRESSION.md): allgather, every rank's
+  // payload to every member ((R-1) payloads per rank); partitioned, a sparse
+  // reduce-scatter to the owner of each piece, then a sparse all-gather of the
+  // owners' pieces (about 2 (R-1)/R payloads per rank). Resolved once to
+  // CompressedSync::Exchange.
+  std::string exchange = "allgather";
   bool operator==(const CompressConfig&) const = default;
 };
 

@@ -60,6 +60,9 @@ bad_deck "malformed real" 's/^peak_gflops 50$/peak_gflops fast/' \
 bad_deck "bad choice: checkpoint's writer" 's/^run /checkpoint every 2 writer rank1\nrun /' \
   "$D:11: bad value 'rank1' for 'writer'" "(expected one of: collective, rank0)"
 
+bad_deck "bad choice: compress's exchange" 's/^run /compress topk 0.1 exchange ring\nrun /' \
+  "$D:11: bad value 'ring' for 'exchange'" "(expected one of: allgather, partitioned)"
+
 bad_deck "bad choice: attention_kernel" 's/^run /attention_kernel fast\nrun /' \
   "$D:11: unknown kind 'fast' for 'attention_kernel'" "(expected one of: auto, packed, flash)"
 
