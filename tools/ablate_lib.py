@@ -88,6 +88,9 @@ def parser():
     p.add_argument("--mpirun-args", action="append", default=[], metavar="'FLAGS'",
                    help="extra mpirun flags (repeatable)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a case is stopped (default 3600)")
+    p.add_argument("--any-end", action="append", default=[], metavar="NAME",
+                   help="variant NAME meets a fault it may not catch: its cases count as run however they end "
+                        "(exit 0, a failure, or stopped at --timeout: a hang)")
     p.add_argument("--expect-fail", action="append", default=[], metavar="NAME",
                    help="variant NAME is meant to end in failure (an injected fault): its cases count as run "
                         "when they fail, and their figures are what they logged")
@@ -165,6 +168,10 @@ def config_from_args(a):
         if name not in names:
             raise UsageError(f"--expect-fail {name}: no such variant (expected one of {', '.join(names)})")
         next(v for v in variants if v["name"] == name)["expect_fail"] = True
+    for name in a.any_end:
+        if name not in names:
+            raise UsageError(f"--any-end {name}: no such variant (expected one of {', '.join(names)})")
+        next(v for v in variants if v["name"] == name)["any_end"] = True
     common = [" ".join(w) for c in a.common for w in split_lines(c)]
     check_lines([c.split() for c in common], "--common")
     binary = os.path.abspath(a.bin)
@@ -870,8 +877,11 @@ def load_results(out):
 
 def finished(cfg, case):
     """A case that needs no rerun: it ran to its end (exit 0, metrics; with --reload, the reload too), or a
-    variant that is meant to fail (`expect_fail`, tools/verdicts' faults) failed, without a timeout."""
+    variant that is meant to fail (`expect_fail`, tools/verdicts' faults) failed, without a timeout, or a
+    variant whose every end counts (`any_end`: it ran on, failed, or hung until --timeout)."""
     v = next((v for v in cfg["variants"] if v["name"] == case["variant"]), {})
+    if v.get("any_end"):
+        return case.get("rc") is not None
     if v.get("expect_fail"):
         return case.get("rc") not in (0, None, "timeout")
     return case.get("rc") == 0 and bool(case.get("summary")) and (not cfg.get("reload") or case.get("reload_rc") == 0)
@@ -993,7 +1003,10 @@ def run_all(cfg, resume=False, any_binary=False):
         write_results(cfg, cases)  # after every case, so that an interrupted ablation can still be reported
         s = case["summary"]
         head = f"# case {i + 1}/{len(order)}: {v['name']} seed {seed}:"
-        if finished(cfg, case) and v.get("expect_fail"):
+        if v.get("any_end") and case["rc"] != 0:
+            print(f"{head} " + (f"hung: stopped at --timeout {cfg['timeout']:g} s" if case["rc"] == "timeout" else
+                                f"failed (exit status {case['rc']})") + f", {case['wall_s']:.1f} s wall", flush=True)
+        elif finished(cfg, case) and v.get("expect_fail"):
             print(f"{head} failed as intended (exit status {case['rc']}), {case['wall_s']:.1f} s wall", flush=True)
         elif case["rc"] == 0 and s:
             val = f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"

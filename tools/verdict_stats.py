@@ -1,107 +1,157 @@
-"""Paired statistics and the verdict rule of tools/verdicts (issue 10/13).
+"""Paired statistics and the verdict rule of tools/verdicts (issue 15/18).
 
-A claim is tested as a paired experiment: the baseline and the variant run
-on the same seeds; d_i = variant_i - baseline_i (or, for a relative claim,
-(variant_i - baseline_i) / baseline_i). The effect is the mean of d with its
-95% confidence interval, mean +- t(0.975, n-1) * sd / sqrt(n).
+A claim is tested as a paired experiment: the baseline and the variant run on
+the same seeds, and each seed gives one difference d_i on one of three scales:
 
-Two kinds of claim, each with a stated rule:
+  difference  d = v - b                 (accuracy points, nats)
+  relative    d = (v - b) / b           (bytes, losses: a fraction of the baseline)
+  log         d = ln(v / b)             (times and rates: the effect is exp(mean) - 1,
+                                         the geometric mean ratio less one)
 
-  superiority, "the variant changes the metric by `size` (signed)":
-    confirmed                     the interval lies on the claimed side of 0
-                                  and reaches the claimed size (it holds size,
-                                  or lies beyond it);
-    confirmed, smaller than claimed  on the claimed side of 0, but the
-                                  interval excludes the claimed size;
-    refuted                       the interval excludes the claimed size and
-                                  does not lie on the claimed side of 0;
-    inconclusive                  the interval holds both 0 and the claimed
-                                  size; the smallest effect this n could
-                                  detect is given (80% power, two-sided 5%).
+Every row has two one-sided hypotheses, fixed with the row before it runs
+(oriented so that the claim points to +; S the claimed size, M the margin):
 
-  non-inferiority, "the variant is no worse than `margin`" (the sign of
-  margin says which way is worse: +0.01 = "at most 1% higher"):
-    confirmed                     the interval lies entirely on the good side
-                                  of the margin;
-    refuted                       the interval lies entirely beyond it;
-    inconclusive                  the interval holds the margin.
+  superiority ("the variant changes the metric by S"):
+    support   H0: delta <= 0       rejected: the change is real and in the claimed direction
+    against   H0: delta >= |S|     rejected: the change is smaller than claimed
+  non-inferiority ("the variant is no worse than M"):
+    support   H0: delta >= |M|     rejected: it is better than the margin
+    against   H0: delta <= |M|     rejected: it is worse than the margin
+
+Each is a one-sided paired t test. Where every pair gives the same d (a
+deterministic metric such as bytes), the t statistic is infinite and the
+p-value is 0 or 1 exactly: such rows are decided by their exact value.
+
+The p-values of a family are adjusted together: Holm over the primary rows
+(one per claim, both hypotheses of each: the family-wise error stays below
+ALPHA), Benjamini-Hochberg over the exploratory rows (the false discovery rate
+stays below ALPHA). A row judged on a second look (seeds added after an
+inconclusive first pass) has its p-values multiplied by the number of looks
+first (Bonferroni alpha spending: ALPHA / looks per look).
+
+The verdict, from the adjusted p-values at ALPHA:
+  superiority:     support and against rejected: confirmed, smaller than claimed
+                   support only:                 confirmed
+                   against only:                 refuted
+                   neither:                      inconclusive (and the n that would decide it)
+  non-inferiority: support: confirmed; against: refuted; neither: inconclusive
 """
 import math
 
-# Two-sided 95% quantiles of Student's t, by degrees of freedom.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-         10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101,
-         19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
-# One-sided 80% quantiles (power): t(0.80, df).
-_T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883,
-        10: 0.879, 15: 0.866, 20: 0.860, 30: 0.854, 60: 0.848, 120: 0.845}
+from scipy import stats as _st
+
+ALPHA = 0.05
+POWER = 0.80
 
 
-def _quantile(table, df):
-    """The quantile at the largest tabulated df <= df: exact where tabulated, else a little
-    larger than the true one (a wider interval: conservative)."""
-    if df < 1:
-        raise ValueError("a paired interval needs at least 2 pairs")
-    return table[max(k for k in table if k <= df)]
-
-
-def t975(df):
-    return _quantile(_T975, df)
-
-
-def t80(df):
-    return _quantile(_T80, df)
-
-
-def paired(baseline, variant, relative=False):
-    """{n, mean, sd, lo, hi, mde} of the paired differences (variant - baseline)."""
+def paired(baseline, variant, scale="difference"):
+    """{n, mean, sd, se, df, scale} of the paired differences on `scale` (see the module's docstring)."""
     if len(baseline) != len(variant):
         raise ValueError(f"{len(baseline)} baseline values but {len(variant)} variant values (expected pairs)")
-    d = [(v - b) / b if relative else v - b for b, v in zip(baseline, variant)]
+    if scale not in ("difference", "relative", "log"):
+        raise ValueError(f"scale {scale!r} (expected difference, relative or log)")
+    if scale == "log" and any(x <= 0 for x in list(baseline) + list(variant)):
+        raise ValueError("a log ratio needs positive values")
+    if scale == "relative" and any(b == 0 for b in baseline):
+        raise ValueError("a relative difference needs a non-zero baseline")
+    d = [math.log(v / b) if scale == "log" else (v - b) / b if scale == "relative" else v - b
+         for b, v in zip(baseline, variant)]
     n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else float("nan")
-    se = sd / math.sqrt(n)
-    half = t975(n - 1) * se
-    return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half,
-            "mde": (t975(n - 1) + t80(n - 1)) * se, "relative": relative}
+    if n < 2:
+        raise ValueError("a paired test needs at least 2 pairs")
+    mean = math.fsum(d) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
+    if all(x == d[0] for x in d):
+        sd = 0.0  # exactly: no rounding residue makes a deterministic metric look noisy
+    return {"n": n, "mean": mean, "sd": sd, "se": sd / math.sqrt(n), "df": n - 1, "scale": scale,
+            "exact": sd == 0.0}
 
 
-def superiority(effect, size):
-    """The verdict on "the variant changes the metric by `size`" (signed, not 0)."""
+def to_scale(size, scale):
+    """A claimed size given as a fraction of the baseline (or points, for `difference`) on the row's scale."""
+    return math.log1p(size) if scale == "log" else size
+
+
+def from_scale(x, scale):
+    """A value on the row's scale back to a fraction of the baseline (log: exp(x) - 1)."""
+    return math.expm1(x) if scale == "log" else x
+
+
+def interval(effect, level=0.95):
+    """The two-sided `level` t interval of the mean difference (on the row's scale)."""
+    if effect["se"] == 0:
+        return effect["mean"], effect["mean"]
+    half = _st.t.ppf(0.5 + level / 2, effect["df"]) * effect["se"]
+    return effect["mean"] - half, effect["mean"] + half
+
+
+def p_above(effect, null):
+    """One-sided p of H0: mean <= null against mean > null."""
+    if effect["se"] == 0:
+        return 0.0 if effect["mean"] > null else 1.0
+    return float(_st.t.sf((effect["mean"] - null) / effect["se"], effect["df"]))
+
+
+def p_below(effect, null):
+    """One-sided p of H0: mean >= null against mean < null."""
+    if effect["se"] == 0:
+        return 0.0 if effect["mean"] < null else 1.0
+    return float(_st.t.cdf((effect["mean"] - null) / effect["se"], effect["df"]))
+
+
+def hypotheses(effect, rule, size):
+    """(p_support, p_against) of a row, unadjusted; `size` is on the row's scale, signed."""
     if size == 0:
-        raise ValueError("a superiority claim needs a non-zero claimed size")
-    s = 1 if size > 0 else -1
-    lo, hi = sorted((s * effect["lo"], s * effect["hi"]))  # oriented: the claim points to +
-    claim = abs(size)
-    if lo > 0 and hi >= claim:
-        return "confirmed"
-    if lo > 0:
+        raise ValueError(f"a {rule} row needs a non-zero size")
+    s = 1.0 if size > 0 else -1.0
+    oriented = dict(effect, mean=s * effect["mean"])  # the claim (or the worse side) points to +
+    if rule == "superiority":
+        return p_above(oriented, 0.0), p_below(oriented, abs(size))
+    if rule == "non_inferiority":
+        return p_below(oriented, abs(size)), p_above(oriented, abs(size))
+    raise ValueError(f"rule {rule!r} (expected superiority or non_inferiority)")
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values, in the input's order (family-wise error control)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def bh(pvalues):
+    """Benjamini-Hochberg adjusted p-values (q-values), in the input's order (false discovery rate control)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i], reverse=True)
+    out, running = [0.0] * m, 1.0
+    for k, i in enumerate(order):
+        rank = m - k  # 1-based rank in ascending order
+        running = min(running, pvalues[i] * m / rank)
+        out[i] = min(1.0, running)
+    return out
+
+
+def decide(rule, p_support, p_against, alpha=ALPHA):
+    """The verdict from the adjusted p-values (see the module's docstring)."""
+    sup, ag = p_support < alpha, p_against < alpha
+    if rule == "non_inferiority":
+        return "confirmed" if sup else "refuted" if ag else "inconclusive"
+    if sup and ag:
         return "confirmed, smaller than claimed"
-    if hi < claim:
-        return "refuted"
-    return "inconclusive"
+    return "confirmed" if sup else "refuted" if ag else "inconclusive"
 
 
-def non_inferiority(effect, margin):
-    """The verdict on "the variant is no worse than `margin`" (worse is margin's sign)."""
-    if margin == 0:
-        raise ValueError("a non-inferiority claim needs a non-zero margin")
-    s = 1 if margin > 0 else -1
-    lo, hi = sorted((s * effect["lo"], s * effect["hi"]))
-    if hi < abs(margin):
-        return "confirmed"
-    if lo > abs(margin):
-        return "refuted"
-    return "inconclusive"
-
-
-def describe(effect, verdict):
-    """One line: effect +- half-width, n, verdict (and the detectable effect when inconclusive)."""
-    pct = 100.0 if effect["relative"] else 1.0
-    unit = "%" if effect["relative"] else ""
-    half = (effect["hi"] - effect["lo"]) / 2
-    text = f"{effect['mean'] * pct:+.3g}{unit} ± {half * pct:.2g}{unit} (n={effect['n']}): {verdict}"
-    if verdict == "inconclusive":
-        text += f"; this n detects {effect['mde'] * pct:.2g}{unit} or more"
-    return text
+def n_needed(effect, size, alpha=ALPHA, power=POWER, tests=1, limit=10000):
+    """Pairs a paired one-sided t test at alpha / tests needs for `power` against a true difference of |size|
+    (on the row's scale) with the observed sd; None where the sd is 0 (no test needed) or it passes `limit`."""
+    if effect["sd"] == 0 or size == 0:
+        return None
+    a = alpha / tests
+    for n in range(2, limit + 1):
+        if (_st.t.ppf(1 - a, n - 1) + _st.t.ppf(power, n - 1)) * effect["sd"] / math.sqrt(n) <= abs(size):
+            return n
+    return None
