@@ -85,14 +85,19 @@ with tempfile.TemporaryDirectory() as tmp:
     close(netsim.rank_bytes("allreduce", 2 * (R - 1) / R * dense_b, R, N, "wire"), dense_at_n,
           "allreduce from wire bytes: D = b*R/(2(R-1))")
     close(netsim.rank_bytes("alltoall", (R - 1) * topk_s, R, N), (N - 1) * topk_s, "alltoall bytes/rank = (N-1)*s")
-    close(netsim.rank_bytes("partitioned", part_b, R, N), part_b, "partitioned bytes/rank = b, constant in N")
-    close(netsim.rank_bytes("partitioned", part_b, R, 8), part_b, "partitioned bytes/rank @8 = b")
+    o = netsim.PARTITIONED_PEER_BYTES
+    part_at = lambda n: (part_b - o * (R - 1)) * ((n - 1) / n) / ((R - 1) / R) + o * (n - 1)
+    close(netsim.rank_bytes("partitioned", part_b, R, R), part_b, "partitioned bytes/rank at the measured R = b")
+    close(netsim.rank_bytes("partitioned", part_b, R, N), part_at(N),
+          "partitioned bytes/rank: payloads as (N-1)/N, headers as N-1")
+    check(part_at(N) - o * (N - 1) < 1.4 * part_b,
+          f"partitioned payload bytes bounded in N ({part_at(N) - o * (N - 1):.0f} against {part_b:.0f})")
     close(netsim.comm_seconds("allreduce", dense_b, 4, R, N, B, ALPHA), dense_at_n / B + 4 * 2 * (N - 1) * ALPHA,
           "allreduce seconds")
     close(netsim.comm_seconds("alltoall", (R - 1) * topk_s, 1, R, N, B, ALPHA),
           (N - 1) * topk_s / B + (N - 1) * ALPHA, "alltoall seconds")
-    close(netsim.comm_seconds("partitioned", part_b, 1, R, N, B, ALPHA), part_b / B + 2 * (N - 1) * ALPHA,
-          "partitioned seconds: b/B + rounds*2(N-1)*alpha")
+    close(netsim.comm_seconds("partitioned", part_b, 1, R, N, B, ALPHA), part_at(N) / B + 2 * (N - 1) * ALPHA,
+          "partitioned seconds: P/B + rounds*2(N-1)*alpha")
     check(netsim.comm_seconds("alltoall", 1e4, 1, 1, N, B, ALPHA) is None, "alltoall measured on 1 rank: none")
 
     # the whole table: tools/netsim --project on results.json; the partitioned variant logs wire bytes
@@ -118,18 +123,18 @@ with tempfile.TemporaryDirectory() as tmp:
         close(ms("dense"), 1e3 * (dense_at_n / B + 8 * (N - 1) * ALPHA), "table: dense comm ms @512", 1e-3)
         close(ms("topk"), 1e3 * ((N - 1) * topk_s / B + (N - 1) * ALPHA), "table: topk comm ms @512", 1e-3)
         close(ms("topk-ag"), ms("topk"), "table: topk-ag from its wire bytes, as topk", 1e-3)
-        close(ms("part"), 1e3 * (part_b / B + 2 * (N - 1) * ALPHA), "table: partitioned comm ms @512", 1e-3)
+        close(ms("part"), 1e3 * (part_at(N) / B + 2 * (N - 1) * ALPHA), "table: partitioned comm ms @512", 1e-3)
         b = {name: rows[name][1] for name in summary}  # second table: variant, pattern, from, (KB, x dense) per N
         check(b["part"][2] == "wire bytes" and b["dense"][2] == "comm bytes", "bytes from: wire where logged")
-        close(float(b["part"][5]), part_b / 1e3, "table: partitioned KB/rank @512 = b", 1e-3)
-        ratio = part_b / dense_at_n  # 0.0025: below 1/50 of dense
+        close(float(b["part"][5]), part_at(N) / 1e3, "table: partitioned KB/rank @512", 1e-3)
+        ratio = part_at(N) / dense_at_n  # below 1/50 of dense
         check(b["part"][6] == f"{ratio:.3g} (1/{1 / ratio:.0f})" and 1 / ratio > 50,
               f"table: partitioned × dense @512 = {b['part'][6]} (1/{1 / ratio:.0f})")
         check(b["topk"][6].startswith(f"{(N - 1) * topk_s / dense_at_n:.3g}"), f"table: topk × dense @512 {b['topk'][6]}")
         check(b["dense"][4] == "1" and b["dense"][6] == "1", "table: dense × dense = 1")
         check(b["local4"][6] == "0.25", f"table: local4 × dense = {b['local4'][6]}")
         check("4n = 4000 KB the buffer of `dense` (n = 1e+06 floats" in p.stdout, "footer names 4n and n")
-        check("partitioned b/B + rounds*2(N-1)*alpha" in p.stdout, "footer has the partitioned formula")
+        check("partitioned P/B + rounds*2(N-1)*alpha" in p.stdout, "footer has the partitioned formula")
 
 # tools/ablate_lib: wire bytes in case_summary; the abba order
 recs = [{"step": s, "loss": 3.0, "ms_per_step": 10.0, "tokens_per_s": 100.0, "comm_bytes": 8, "comm_rounds": 1,
