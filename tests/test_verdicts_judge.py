@@ -137,7 +137,7 @@ class Claims(unittest.TestCase):
                     if not c.untestable:
                         self.assertIn(t.experiment, names, t.row)
                     if t.rule in ("superiority", "non_inferiority"):
-                        self.assertTrue(t.source.startswith(("the seed:", "default")), t.row)
+                        self.assertTrue(t.source.startswith(("the seed:", "default", "goal:")), t.row)
                         self.assertTrue(t.size == "compute" or t.size != 0, t.row)
                 for e in c.experiments:
                     for arm in list(e.tune) + list(e.lr_like):

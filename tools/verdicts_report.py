@@ -46,8 +46,8 @@ time of the first case that ran under them.
   Non-inferiority: support: *confirmed*; against: *refuted*; neither: *inconclusive*. Functional rows:
   *identical* is confirmed when every rerun's loss equals the first run's at every step; *caught* when every
   run with the switch ended naming the fault and every run without it ran on (or hung) as the row states.
-- **Sizes.** Each row names its source: the seed's own words (~15%, up to 70%, 40%, ~2% accuracy), or the
-  one default: 10%. For a loss the default is in compute terms: the margin is how much worse the baseline's
+- **Sizes.** Each row names its source: the seed's own words (~15%, up to 70%, 40%, ~2% accuracy), the
+  project's own goal (A4.8: the compressed exchange below 1/50 of dense), or the one default: 10%. For a loss the default is in compute terms: the margin is how much worse the baseline's
   val loss was with 10% fewer steps (its val loss at 0.9 T against T, as a fraction, averaged over its seeds).
 - **LRs.** For A1, A2, A4 and B4 each arm's LR is its best of {{1.5e-3, 3e-3, 6e-3}} by mean final val loss on
   two seeds (101, 102) that the verdict does not use; the verdict's runs then compare best against best."""
@@ -121,6 +121,7 @@ def results_doc(cfg, chosen, seeds_of, looks_of, rows_of, experiments):
         doc["claims"].append({"id": c.id, "folklore": c.folklore, "switch": c.switch, "metric": c.metric,
                               "seeds": seeds_of[c.id], "looks": looks_of[c.id], "note": c.note,
                               "untestable": c.untestable, "commands": cfg["commands"][c.id],
+                              "projection": cfg["projections"].get(c.id, ""),
                               "variants": {e.name: e.variants for e in c.experiments}, "rows": rows_of[c.id]})
     return doc
 
@@ -243,6 +244,9 @@ def verdicts_md(doc, plots_rel):
             lines += [f"- {r['row']} ({'primary' if r['primary'] else 'exploratory'}; {r['metric']}, "
                       f"{r['baseline']} → {r['variant']}; by seed: {pairs_text(r)}): **{r['verdict']}**. "
                       f"{r.get('effect_text', '')}; {why(r)}"]
+        if c.get("projection"):
+            lines += ["", f"Bytes per rank per step projected from these runs to 8, 64 and 512 ranks "
+                      f"(`tools/netsim --project`; its formulas are in docs/ABLATE.md):", "", c["projection"]]
         if c["id"] in plots_rel:
             lines += ["", f"![{c['id']}]({plots_rel[c['id']]})"]
         lines.append("")
@@ -271,7 +275,14 @@ def plot_claim(c, experiments, path):
         vals = [(r["step"], r["val_loss"]) for r in case.records if "val_loss" in r]
         if len(vals) > 1 and seed in c["seeds"]:
             curves.setdefault(variant, []).append(dict(vals))
-    panels = bool(rows) + bool(curves)
+    # val loss against bytes on the wire, one point per variant (A4's curve over ratios)
+    tradeoff = {}
+    for (variant, seed), case in (experiments.get(first) or {}).items():
+        b, v = vj.wire_bytes(case), vj.last_eval(case, "val_loss")
+        if b is not None and v is not None and seed in c["seeds"]:
+            tradeoff.setdefault(variant, []).append((b, v))
+    tradeoff = tradeoff if len(tradeoff) >= 3 else {}
+    panels = bool(rows) + bool(curves) + bool(tradeoff)
     if not panels:
         return False
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 3.5), squeeze=False)
@@ -302,6 +313,17 @@ def plot_claim(c, experiments, path):
         a.set_xlabel("step")
         a.set_ylabel("val loss")
         a.legend(fontsize=7)
+        a.grid(alpha=0.3)
+        i += 1
+    if tradeoff:
+        a = ax[i]
+        for k, (variant, pts) in enumerate(sorted(tradeoff.items())):
+            x, y = statistics.fmean(p[0] for p in pts) / 1e6, statistics.fmean(p[1] for p in pts)
+            a.scatter([x], [y], color=f"C{k}")
+            a.annotate(variant, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        a.set_xscale("log")
+        a.set_xlabel("MB on the wire per rank, whole run (log)")
+        a.set_ylabel("final val loss (mean over seeds)")
         a.grid(alpha=0.3)
     fig.suptitle(f"{c['id']}: {c['folklore'][:90]}", fontsize=9)
     fig.tight_layout()
