@@ -21,7 +21,8 @@
 // rebuilds each index by a binary search in the counts' prefix sums (one
 // thread per entry). Quantized values decode to q * scale with the product
 // exact in float (scales keep 17 significant bits), so decoding involves no
-// rounding and an FMA cannot change it.
+// rounding and an FMA cannot change it. bf16 values (round to nearest even
+// from fp32, no scales) widen exactly to float on decode.
 //
 // Outputs are written (=); the residual is updated in place; decode_add adds
 // into its output (+=), decode_sum overwrites it with the sum over ranks.
@@ -44,13 +45,14 @@ namespace xx::kernels::compress {
 
 static_assert(std::endian::native == std::endian::little, "the payload is little-endian and written natively");
 
-enum class Quant : uint32_t { none = 0, int8 = 1, int4 = 2 };
+enum class Quant : uint32_t { none = 0, int8 = 1, int4 = 2, bf16 = 3 };
 
 inline const char* quant_name(Quant q) {
   switch (q) {
     case Quant::none: return "none";
     case Quant::int8: return "int8";
     case Quant::int4: return "int4";
+    case Quant::bf16: return "bf16";
   }
   return "?";
 }
@@ -58,12 +60,21 @@ inline const char* quant_name(Quant q) {
 // Largest code magnitude: int8 codes lie in [-127, 127], int4 in [-7, 7].
 constexpr int32_t quant_max(Quant q) { return q == Quant::int8 ? 127 : q == Quant::int4 ? 7 : 0; }
 
+// Whether the values travel with one fp32 scale per block (int8, int4); none
+// and bf16 carry no scales and have block 0 in the header.
+constexpr bool has_scales(Quant q) { return q == Quant::int8 || q == Quant::int4; }
+
+// Bytes of the values section of k values: 4k (none), k (int8), ceil(k/2) (int4), 2k (bf16).
+constexpr int64_t value_bytes(Quant q, int64_t k) {
+  return q == Quant::none ? 4 * k : q == Quant::int8 ? k : q == Quant::int4 ? (k + 1) / 2 : 2 * k;
+}
+
 // How one bucket is compressed. Which buckets are compressed at all (min_size,
 // the warmup ramp, buckets not worth it) is src/comm/compressed_sync.h's call.
 struct Settings {
   double ratio = 0.01;        // k = topk_count(n, ratio); ratio >= 1 sends every entry, without indices
   Quant quant = Quant::none;  // how the selected values travel
-  int64_t block = 64;         // B: values per fp32 scale (int8, int4)
+  int64_t block = 64;         // B: values per fp32 scale (int8, int4; ignored for none, bf16)
   bool feedback = true;       // keep what was not sent, add it to the next step's gradient
 };
 
@@ -95,21 +106,20 @@ inline int64_t topk_count(int64_t n, double ratio) {
 }
 
 // Bytes of one payload, the closed form (docs/COMPRESSION.md), nseg = ceil(n / 65536):
-//   20 + [k < n] (4 nseg + 4 ceil(k/2)) + [quant != none] 4 ceil(k/B) + {4k | k | ceil(k/2)},
+//   20 + [k < n] (4 nseg + 4 ceil(k/2)) + [int8, int4] 4 ceil(k/B) + {4k | k | ceil(k/2) | 2k},
 // rounded up to a multiple of 4. The index section is nseg uint32 counts and k
 // uint16 low bits padded to 4 bytes (2k rounded up to 4 = 4 ceil(k/2)).
 inline int64_t payload_bytes(int64_t n, int64_t k, Quant quant, int64_t block) {
   const int64_t index = k < n ? 4 * segments(n) + 4 * ceil_div(k, 2) : 0;
-  const int64_t scales = quant == Quant::none ? 0 : 4 * ceil_div(k, block);
-  const int64_t values = quant == Quant::none ? 4 * k : quant == Quant::int8 ? k : ceil_div(k, 2);
-  return (kHeaderBytes + index + scales + values + 3) / 4 * 4;
+  const int64_t scales = has_scales(quant) ? 4 * ceil_div(k, block) : 0;
+  return (kHeaderBytes + index + scales + value_bytes(quant, k) + 3) / 4 * 4;
 }
 
 // What a payload header says.
 struct Header {
   int64_t n = 0, k = 0;
   Quant quant = Quant::none;
-  int64_t block = 0;  // 0 for quant none
+  int64_t block = 0;  // 0 for quant none and bf16
 };
 
 // Byte offsets of the sections, laid out one after the other (encode and
@@ -127,9 +137,9 @@ inline Layout layout_of(const Header& h) {
   L.low = off;
   if (h.k < h.n) off += ceil_div(h.k, 2) * 2 * int64_t(sizeof(uint16_t));  // k low halves, padded to 4 bytes
   L.scales = off;
-  if (h.quant != Quant::none) off += ceil_div(h.k, h.block) * int64_t(sizeof(float));
+  if (has_scales(h.quant)) off += ceil_div(h.k, h.block) * int64_t(sizeof(float));
   L.values = off;
-  off += h.quant == Quant::none ? h.k * int64_t(sizeof(float)) : h.quant == Quant::int8 ? h.k : ceil_div(h.k, 2);
+  off += value_bytes(h.quant, h.k);
   L.used = off;
   L.end = (off + 3) / 4 * 4;  // payloads concatenated in one receive buffer stay 4-byte aligned
   return L;
@@ -234,6 +244,27 @@ KOKKOS_INLINE_FUNCTION int32_t quant_code(float v, float s, int32_t qmax) {
   return round_half_even(t);
 }
 
+// x rounded to bfloat16 (the top 16 bits of a float), to nearest, ties to
+// even: add 0x7fff plus the lowest kept bit, keep the top half. A value at or
+// past the largest bf16 plus half its ulp rounds to inf, as IEEE rounding
+// does; inf stays inf; a NaN stays a NaN (quiet bit set, so that dropping the
+// low half cannot make it inf).
+KOKKOS_INLINE_FUNCTION uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x0040u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+
+// The float a bfloat16 stands for: exact (its 16 bits become the top half).
+KOKKOS_INLINE_FUNCTION float from_bf16(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
 // Value j of a values section as the receiver decodes it.
 template <Quant Q>
 KOKKOS_INLINE_FUNCTION float value_of(const uint8_t* values, const float* scales, int64_t block, int64_t j) {
@@ -241,6 +272,8 @@ KOKKOS_INLINE_FUNCTION float value_of(const uint8_t* values, const float* scales
     return reinterpret_cast<const float*>(values)[j];
   } else if constexpr (Q == Quant::int8) {
     return float(int8_t(values[j])) * scales[j / block];
+  } else if constexpr (Q == Quant::bf16) {
+    return from_bf16(reinterpret_cast<const uint16_t*>(values)[j]);
   } else {
     const int32_t nib = (j & 1) ? values[j >> 1] >> 4 : values[j >> 1] & 0xf;
     return float(nib >= 8 ? nib - 16 : nib) * scales[j / block];
@@ -445,8 +478,8 @@ inline void topk_select(Vec<uint32_t> idx, Vec<float> val, Vec<const float> acc,
 inline void quantize(Vec<float> scale, Vec<uint8_t> codes, Vec<const float> val, Quant quant, int64_t block) {
   const int64_t k = val.extent(0), nb = ceil_div(k, block);
   const int32_t qmax = quant_max(quant);
-  if (quant == Quant::none || block < 1 || int64_t(scale.extent(0)) != nb ||
-      int64_t(codes.extent(0)) != (quant == Quant::int8 ? k : ceil_div(k, 2)))
+  if (!has_scales(quant) || block < 1 || int64_t(scale.extent(0)) != nb ||
+      int64_t(codes.extent(0)) != value_bytes(quant, k))
     throw std::invalid_argument(fmt::format("compress::quantize: quant {}, block {}, k = {}, scales {}, codes {}",
                                             quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
   // a team row per block: the largest |value|, or the block's first NaN
@@ -486,12 +519,34 @@ void dequantize_as(Vec<float> out, const float* scales, const uint8_t* values, i
 // out (k) = code * scale (exact in float), from scale (nb) and codes as quantize writes them.
 inline void dequantize(Vec<float> out, Vec<const float> scale, Vec<const uint8_t> codes, Quant quant, int64_t block) {
   const int64_t k = out.extent(0);
-  if (quant == Quant::none || block < 1 || int64_t(scale.extent(0)) != ceil_div(k, block) ||
-      int64_t(codes.extent(0)) != (quant == Quant::int8 ? k : ceil_div(k, 2)))
+  if (!has_scales(quant) || block < 1 || int64_t(scale.extent(0)) != ceil_div(k, block) ||
+      int64_t(codes.extent(0)) != value_bytes(quant, k))
     throw std::invalid_argument(fmt::format("compress::dequantize: quant {}, block {}, k = {}, scales {}, codes {}",
                                             quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
   if (quant == Quant::int8) dequantize_as<Quant::int8>(out, scale.data(), codes.data(), block);
   else dequantize_as<Quant::int4>(out, scale.data(), codes.data(), block);
+}
+
+// out (k) = val (k) rounded to bfloat16 (to_bf16), one thread per value.
+inline void quantize_bf16(Vec<uint16_t> out, Vec<const float> val) {
+  if (out.extent(0) != val.extent(0))
+    throw std::invalid_argument(fmt::format("compress::quantize_bf16: {} outputs for {} values", out.extent(0), val.extent(0)));
+  Kokkos::parallel_for(
+      "compress::quant_bf16", Kokkos::RangePolicy<ExecSpace>(0, val.extent(0)),
+      KOKKOS_LAMBDA(int64_t j) { out(j) = to_bf16(val(j)); });
+}
+
+// out (k) = the values of the payload at base with header h, as the receiver
+// decodes them (value_of): what compress() keeps out of the residual.
+inline void sent_values(Vec<float> out, const uint8_t* base, const Header& h) {
+  const Layout L = layout_of(h);
+  const float* scales = reinterpret_cast<const float*>(base + L.scales);
+  switch (h.quant) {
+    case Quant::none: dequantize_as<Quant::none>(out, scales, base + L.values, h.block); break;
+    case Quant::int8: dequantize_as<Quant::int8>(out, scales, base + L.values, h.block); break;
+    case Quant::int4: dequantize_as<Quant::int4>(out, scales, base + L.values, h.block); break;
+    case Quant::bf16: dequantize_as<Quant::bf16>(out, scales, base + L.values, h.block); break;
+  }
 }
 
 // ----------------------------------------------------------------------------
@@ -527,10 +582,10 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
                       int64_t block) {
   const int64_t k = idx.extent(0);
   if (n < 1 || n > int64_t(UINT32_MAX) || k < 1 || k > n || int64_t(val.extent(0)) != k ||
-      (quant != Quant::none && (block < 1 || block > int64_t(UINT32_MAX))))
+      (has_scales(quant) && (block < 1 || block > int64_t(UINT32_MAX))))
     throw std::invalid_argument(fmt::format("compress::encode: n = {}, k = {} (val {}), quant {}, block {}", n, k,
                                             val.extent(0), quant_name(quant), block));
-  const Header h{n, k, quant, quant == Quant::none ? 0 : block};
+  const Header h{n, k, quant, has_scales(quant) ? block : 0};
   const Layout L = layout_of(h);
   if (int64_t(payload.extent(0)) != L.end)
     throw std::invalid_argument(fmt::format("compress::encode: payload buffer is {} bytes, the encoding takes {}",
@@ -561,6 +616,8 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
     Kokkos::parallel_for(
         "compress::encode_values", Kokkos::RangePolicy<ExecSpace>(0, k),
         KOKKOS_LAMBDA(int64_t j) { out[j] = val(j); });
+  } else if (quant == Quant::bf16) {
+    quantize_bf16(Vec<uint16_t>(reinterpret_cast<uint16_t*>(base + L.values), k), val);
   } else {
     quantize(Vec<float>(reinterpret_cast<float*>(base + L.scales), ceil_div(k, block)),
              Vec<uint8_t>(base + L.values, L.used - L.values), val, quant, block);
@@ -580,7 +637,7 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
 struct Parsed {
   Header h;
   Buffer<uint32_t> indices;        // (k) full indices; empty (data() null) when k == n: 0..n-1
-  const float* scales = nullptr;   // null for quant none
+  const float* scales = nullptr;   // null for quant none and bf16
   const uint8_t* values = nullptr;
 };
 
@@ -603,13 +660,13 @@ inline Header read_header(Vec<const uint8_t> payload) {
         "compressed payload has magic 0x{:08x}, expected 0x{:08x} (\"XXC\" version 2): corrupted, an older "
         "format, or not a payload",
         w[0], kMagic));
-  if (w[3] > uint32_t(Quant::int4))
+  if (w[3] > uint32_t(Quant::bf16))
     throw std::runtime_error(
-        fmt::format("compressed payload header: unknown quant kind {} (0 none, 1 int8, 2 int4)", w[3]));
+        fmt::format("compressed payload header: unknown quant kind {} (0 none, 1 int8, 2 int4, 3 bf16)", w[3]));
   const Header h{w[1], w[2], Quant(w[3]), w[4]};
   if (h.n < 1 || h.k < 1 || h.k > h.n)
     throw std::runtime_error(fmt::format("compressed payload header: k = {} for n = {} (need 1 <= k <= n)", h.k, h.n));
-  if (h.quant == Quant::none ? h.block != 0 : h.block < 1)
+  if (has_scales(h.quant) ? h.block < 1 : h.block != 0)
     throw std::runtime_error(
         fmt::format("compressed payload header: block {} with quant {}", h.block, quant_name(h.quant)));
   const int64_t expect = layout_of(h).end;
@@ -636,7 +693,7 @@ inline Parsed parse(Vec<const uint8_t> payload, int64_t n_expected = -1) {
   const Layout L = layout_of(p.h);
   const uint8_t* base = payload.data();
   p.values = base + L.values;
-  if (p.h.quant != Quant::none) p.scales = reinterpret_cast<const float*>(base + L.scales);
+  if (has_scales(p.h.quant)) p.scales = reinterpret_cast<const float*>(base + L.scales);
   if (p.h.k < p.h.n) {
     const int64_t n = p.h.n, k = p.h.k, nseg = segments(n);
     const uint32_t* counts = reinterpret_cast<const uint32_t*>(base + L.counts);
@@ -688,6 +745,7 @@ inline void decode(Vec<uint32_t> idx, Vec<float> val, Vec<const uint8_t> payload
     case Quant::none: dequantize_as<Quant::none>(val, p.scales, p.values, block); break;
     case Quant::int8: dequantize_as<Quant::int8>(val, p.scales, p.values, block); break;
     case Quant::int4: dequantize_as<Quant::int4>(val, p.scales, p.values, block); break;
+    case Quant::bf16: dequantize_as<Quant::bf16>(val, p.scales, p.values, block); break;
   }
 }
 
@@ -713,6 +771,7 @@ inline void add_parsed(Vec<float> out, const Parsed& p, bool assign) {
     case Quant::none: add_as<Quant::none>(out, p, assign); break;
     case Quant::int8: add_as<Quant::int8>(out, p, assign); break;
     case Quant::int4: add_as<Quant::int4>(out, p, assign); break;
+    case Quant::bf16: add_as<Quant::bf16>(out, p, assign); break;
   }
 }
 
@@ -779,10 +838,8 @@ inline int64_t compress(Vec<uint8_t> payload, Vec<float> residual, Vec<const flo
   }
   Vec<float> sent = val;
   if (s.quant != Quant::none) {
-    const Layout L = layout_of(Header{n, k, s.quant, s.block});
     sent = Vec<float>(ws.sent.data(), k);
-    dequantize(sent, Vec<const float>(reinterpret_cast<const float*>(payload.data() + L.scales), ceil_div(k, s.block)),
-               Vec<const uint8_t>(payload.data() + L.values, L.used - L.values), s.quant, s.block);
+    sent_values(sent, payload.data(), Header{n, k, s.quant, has_scales(s.quant) ? s.block : 0});
   }
   update_residual(residual, acc, idx, sent);
   return bytes;
@@ -863,12 +920,9 @@ inline int64_t encode_piece(Vec<uint8_t> payload, const Selection& sel, int64_t 
       KOKKOS_LAMBDA(int64_t t) { rel(t) = uint32_t(int64_t(ix[t]) - start); });
   Vec<const float> val(ws.val.data() + b0, e);
   const int64_t bytes = encode(payload, rel, val, sel.length(j), s.quant, s.block);
-  if (s.feedback && s.quant != Quant::none) {  // what the owner will decode
-    const Layout L = layout_of(Header{sel.length(j), e, s.quant, s.block});
-    dequantize(Vec<float>(ws.sent.data() + b0, e),
-               Vec<const float>(reinterpret_cast<const float*>(payload.data() + L.scales), ceil_div(e, s.block)),
-               Vec<const uint8_t>(payload.data() + L.values, L.used - L.values), s.quant, s.block);
-  }
+  if (s.feedback && s.quant != Quant::none)  // what the owner will decode
+    sent_values(Vec<float>(ws.sent.data() + b0, e), payload.data(),
+                Header{sel.length(j), e, s.quant, has_scales(s.quant) ? s.block : 0});
   return bytes;
 }
 

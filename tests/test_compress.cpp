@@ -228,6 +228,13 @@ TEST_CASE("compress: topk_count and payload_bytes by hand", "[kernels][compress]
   CHECK(c::payload_bytes(1000, 129, Quant::int8, 64) == 428);   // 20 + (4 + 260) + 12 + 129 = 425
   CHECK(c::payload_bytes(1000, 129, Quant::int4, 64) == 364);   // 20 + (4 + 260) + 12 + 65 = 361
   CHECK(c::payload_bytes(10, 3, Quant::int4, 2) == 44);         // 20 + (4 + 8) + 8 + 2 = 42
+  // bf16: 2 bytes a value, no scales, whatever the block
+  CHECK(c::payload_bytes(1000, 10, Quant::bf16, 64) == 64);      // 20 + (4 + 20) + 20
+  CHECK(c::payload_bytes(1000, 10, Quant::bf16, 1) == 64);
+  CHECK(c::payload_bytes(1000, 129, Quant::bf16, 64) == 544);    // 20 + (4 + 260) + 258 = 542
+  CHECK(c::payload_bytes(1000, 1000, Quant::bf16, 64) == 2020);  // 20 + 2000: half of none's 4020, less the header
+  CHECK(c::payload_bytes(1001, 1001, Quant::bf16, 64) == 2024);  // 20 + 2002 = 2022
+  CHECK(c::payload_bytes(1 << 20, 1 << 20, Quant::bf16, 64) == 20 + 2 * (1 << 20));
   // one more segment at 65537
   CHECK(c::payload_bytes(65536, 10, Quant::none, 64) == 84);  // 20 + (4 + 20) + 40
   CHECK(c::payload_bytes(65537, 10, Quant::none, 64) == 88);  // 20 + (8 + 20) + 40
@@ -242,7 +249,7 @@ TEST_CASE("compress: the payload handed over is payload_bytes long", "[kernels][
   int64_t cases = 0;
   for (int64_t n : {1, 2, 100, 1000, 4097})
     for (double ratio : {0.001, 0.013, 0.1, 0.5, 1.0})
-      for (Quant q : {Quant::none, Quant::int8, Quant::int4})
+      for (Quant q : {Quant::none, Quant::int8, Quant::int4, Quant::bf16})
         for (int64_t block : {1, 3, 64, 1000}) {
           const int64_t k = c::topk_count(n, ratio);
           CAPTURE(n, ratio, c::quant_name(q), block, k);
@@ -254,10 +261,10 @@ TEST_CASE("compress: the payload handed over is payload_bytes long", "[kernels][
           CHECK(int64_t(sent.payload.extent(0)) == sent.bytes);
           CHECK(sent.bytes % 4 == 0);
           const auto h = c::read_header(CV(sent.payload));
-          CHECK((h.n == n && h.k == k && h.quant == q && h.block == (q == Quant::none ? 0 : block)));
+          CHECK((h.n == n && h.k == k && h.quant == q && h.block == (c::has_scales(q) ? block : 0)));
           ++cases;
         }
-  REQUIRE(cases == 300);
+  REQUIRE(cases == 400);
 }
 
 TEST_CASE("compress: RATIO 1 without quantization sums ranks bit for bit", "[kernels][compress]") {
@@ -306,7 +313,7 @@ TEST_CASE("compress: error feedback conserves every element", "[kernels][compres
   // with sent_i the value decode() returns (0 where nothing was sent) and
   // acc_i = residual_old_i + grad_i; unselected entries keep acc's bits.
   const int64_t n = 6007;
-  for (Quant q : {Quant::none, Quant::int8, Quant::int4})
+  for (Quant q : {Quant::none, Quant::int8, Quant::int4, Quant::bf16})
     for (double ratio : {0.01, 0.1, 0.5, 1.0})
       for (int64_t block : {7, 64}) {
         CAPTURE(c::quant_name(q), ratio, block);
@@ -559,6 +566,7 @@ TEST_CASE("compress: corrupted or truncated payloads are rejected", "[kernels][c
     CHECK_THAT(error_of([&] { decode_bytes(with_word(2, 51)); }), Catch::Contains("truncated"));  // size no longer fits
     CHECK_THAT(error_of([&] { decode_bytes(with_word(4, 1)); }), Catch::Contains("truncated"));   // 50 scales, not 4
     CHECK_THAT(error_of([&] { decode_bytes(with_word(3, 0)); }), Catch::Contains("block 16 with quant none"));
+    CHECK_THAT(error_of([&] { decode_bytes(with_word(3, 3)); }), Catch::Contains("block 16 with quant bf16"));
     CHECK_THAT(error_of([&] { decode_bytes(with_low(10, 5000)); }),
                Catch::Contains("indices are out of order or not below n = 1000"));
     auto swapped = bytes;  // indices 3 and 4 swapped
@@ -770,7 +778,7 @@ TEST_CASE("compress: the pieces of a selection carry exactly its entries, and co
   // sent + residual == acc per element. Quant none: the same values and
   // residual bits as compress() itself.
   const int64_t n = 70001;  // two index segments, and pieces that do not divide it
-  for (Quant q : {Quant::none, Quant::int8})
+  for (Quant q : {Quant::none, Quant::int8, Quant::bf16})
     for (int64_t R : {1, 3, 8})
       for (double ratio : {0.001, 0.05, 1.0}) {
         CAPTURE(c::quant_name(q), R, ratio);
@@ -814,4 +822,120 @@ TEST_CASE("compress: the pieces of a selection carry exactly its entries, and co
         REQUIRE(bad == 0);
         if (q == Quant::none) REQUIRE(on_host(whole_residual) == r1);  // compare as floats: -0 == +0 is fine
       }
+}
+
+namespace {
+
+// x rounded to bfloat16, as bits, computed independently of kernels/compress.h:
+// the two bf16 neighbours of |x| (its top 16 bits, and one bf16 ulp above;
+// the one above the largest finite bf16 counts as 2^128, i.e. inf), the nearer
+// in double arithmetic (exact for these magnitudes), a tie to the one with an
+// even last bit. NaN gives any NaN (checked as such by the caller).
+uint16_t reference_bf16(float x) {
+  const uint32_t b = bits(x), sign = b & 0x80000000u, mag = b & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return uint16_t(b >> 16);  // inf (NaN handled by the caller)
+  const uint32_t down = mag & 0xffff0000u, up = down + 0x10000u;
+  const double ax = std::fabs(double(x));
+  const double vdown = double(std::bit_cast<float>(down));
+  const double vup = up == 0x7f800000u ? std::ldexp(1.0, 128) : double(std::bit_cast<float>(up));
+  const double ddown = ax - vdown, dup = vup - ax;
+  const bool take_up = dup < ddown || (dup == ddown && (down & 0x10000u) != 0);
+  return uint16_t((sign | (take_up ? up : down)) >> 16);
+}
+
+}  // namespace
+
+TEST_CASE("compress: bf16 rounds to nearest even and decodes exactly", "[kernels][compress]") {
+  // Every entry (ratio 1, k == n: no index section), so the values section is
+  // the whole tail of the payload: k uint16, then padding.
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 3.14159265f, -2.71828182f, 1e-3f, 65504.0f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::min()};
+  for (uint32_t top : {0x3f80u, 0x3f81u, 0x0000u, 0x0001u, 0x7f7eu, 0x7f7fu, 0xbf80u, 0xbf81u, 0x0080u})
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})  // ties with both parities
+      v.push_back(std::bit_cast<float>(top << 16 | low));
+  std::mt19937_64 gen(2024);
+  for (int i = 0; i < 20000; ++i) {  // any bit pattern but NaN
+    const uint32_t b = uint32_t(gen());
+    if ((b & 0x7fffffffu) > 0x7f800000u) continue;
+    v.push_back(std::bit_cast<float>(b));
+  }
+  const auto normal = make_grad(3001, 9, Data::wide);
+  v.insert(v.end(), normal.begin(), normal.end());
+  v.push_back(std::numeric_limits<float>::quiet_NaN());
+  const int64_t n = int64_t(v.size()), nan_at = n - 1;
+  CAPTURE(n);
+
+  std::vector<uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  auto idx = on_device(all);
+  auto val = on_device(v);
+  Buffer<uint8_t> payload("test::payload", c::payload_bytes(n, n, Quant::bf16, 64));
+  REQUIRE(c::encode(V(payload), CV(idx), CV(val), n, Quant::bf16, 64) == 20 + (2 * n + 3) / 4 * 4);
+  const auto bytes = on_host(payload);
+  const auto h = c::read_header(CV(payload));
+  REQUIRE((h.n == n && h.k == n && h.quant == Quant::bf16 && h.block == 0));
+  Buffer<uint32_t> back_idx("test::back_idx", n);
+  Buffer<float> back("test::back", n);
+  c::decode(V(back_idx), V(back), CV(payload));
+  const auto got = on_host(back);
+
+  int64_t wrong_bits = 0, wrong_decode = 0, first = -1;
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t code;
+    std::memcpy(&code, bytes.data() + 20 + 2 * j, 2);
+    if (j == nan_at) {
+      REQUIRE(std::isnan(got[j]));
+      continue;
+    }
+    const uint16_t want = reference_bf16(v[j]);
+    const bool bad = code != want;
+    wrong_bits += bad;
+    wrong_decode += bits(got[j]) != uint32_t(want) << 16;  // widening is exact: the code's bits, then 16 zeros
+    if (bad && first < 0) first = j;
+  }
+  INFO("first wrong " << first << (first >= 0 ? fmt::format(" (0x{:08x})", bits(v[first])) : std::string()));
+  CHECK(wrong_bits == 0);
+  CHECK(wrong_decode == 0);
+
+  SECTION("bf16 values round-trip bit for bit") {
+    std::vector<float> exact;
+    for (float x : v)
+      if (!std::isnan(x)) exact.push_back(std::bit_cast<float>(bits(x) & 0xffff0000u));
+    const int64_t m = int64_t(exact.size());
+    std::vector<uint32_t> hi(m);
+    std::iota(hi.begin(), hi.end(), 0u);
+    auto i2 = on_device(hi);
+    auto v2 = on_device(exact);
+    Buffer<uint8_t> p2("test::payload2", c::payload_bytes(m, m, Quant::bf16, 64));
+    c::encode(V(p2), CV(i2), CV(v2), m, Quant::bf16, 64);
+    Buffer<uint32_t> bi("test::bi", m);
+    Buffer<float> bv("test::bv", m);
+    c::decode(V(bi), V(bv), CV(p2));
+    const auto out = on_host(bv);
+    int64_t differ = 0;
+    for (int64_t j = 0; j < m; ++j) differ += bits(out[j]) != bits(exact[j]);
+    REQUIRE(differ == 0);
+  }
+  SECTION("feedback keeps the rounding error: sent + residual == acc, and the residual is below half a bf16 ulp") {
+    const int64_t m = 3001;
+    const c::Settings s{1.0, Quant::bf16, 64, true};
+    Buffer<float> residual("test::residual", m);
+    auto grad = on_device(normal);
+    const auto sent = compress_once(residual, grad, s);
+    const auto d = dense_sent(sent.payload, m);
+    const auto r = on_host(residual);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const float g = normal[i];
+      bad += d[i] + r[i] != g;
+      bad += bits(d[i]) != uint32_t(reference_bf16(g)) << 16;
+      // |g - bf16(g)| <= half a bf16 ulp at g's exponent: 2^-8 of the power of two at or below |g|,
+      // and 2^-134 (half the subnormal spacing 2^-133) at the least
+      const float ulp_half = g == 0 ? 0.0f : std::ldexp(1.0f, std::max(std::ilogb(g), -126) - 8);
+      bad += std::fabs(r[i]) > ulp_half;
+    }
+    REQUIRE(bad == 0);
+  }
 }

@@ -161,7 +161,7 @@ TEST_CASE("compressed training over UCX and over MPI gives identical results", "
 }
 
 TEST_CASE("bytes on the wire are the payload formula", "[compress][mpi]") {
-  const auto quant = GENERATE(as<std::string>{}, "none", "int8", "int4");
+  const auto quant = GENERATE(as<std::string>{}, "none", "int8", "int4", "bf16");
   const auto transport = GENERATE(as<std::string>{}, "ucx", "mpi");
   CAPTURE(quant, transport);
   const auto dir = shared_scratch("bytes_" + quant + transport);
@@ -173,7 +173,10 @@ TEST_CASE("bytes on the wire are the payload formula", "[compress][mpi]") {
   // From the layout, independently of CompressedSync: each tensor of >= 100
   // values is one bucket (smaller than 1 MB) with its own payload; the rest
   // is all-reduced.
-  const cx::Quant q = quant == "int8" ? cx::Quant::int8 : quant == "int4" ? cx::Quant::int4 : cx::Quant::none;
+  const cx::Quant q = quant == "int8"   ? cx::Quant::int8
+                      : quant == "int4" ? cx::Quant::int4
+                      : quant == "bf16" ? cx::Quant::bf16
+                                        : cx::Quant::none;
   int64_t sparse = 0, dense = 0, payload = 0;
   for (const auto& t : trainer.model().layout().tensors()) {
     REQUIRE(t.size < 262144);
@@ -273,13 +276,18 @@ TEST_CASE("exchange partitioned at ratio 1 without quantization is allgather's s
 TEST_CASE("exchange partitioned conserves mass: what was put in is what was summed plus what is held back",
           "[compress][mpi]") {
   // top-k 0.01 with int8; the 37-value tensor is not worth compressing and
-  // goes dense, with both residuals flushed into the all-reduce. Feedback
-  // off: nothing is held back (and what was not sent is dropped).
+  // goes dense, with both residuals flushed into the all-reduce. Ratio 1
+  // with bf16 (the bf16 all-reduce): every bucket sparse, the residuals hold
+  // the rounding errors. Feedback off: nothing is held back (and what was not
+  // sent is dropped).
   const std::vector<int64_t> sizes = {200000, 5000, 37};
   const double mb = 0.5;
   const auto feedback = GENERATE(true, false);
-  CAPTURE(feedback);
-  CompressConfig cfg = topk(0.01, "int8", "partitioned");
+  const auto mode = GENERATE(table<double, std::string>({{0.01, "int8"}, {1.0, "bf16"}}));
+  const double ratio = std::get<0>(mode);
+  const std::string quant = std::get<1>(mode);
+  CAPTURE(feedback, ratio, quant);
+  CompressConfig cfg = topk(ratio, quant, "partitioned");
   cfg.feedback = feedback;
   Direct d(sizes, cfg, mb, "auto");
   const int R = mpi_size();
@@ -417,5 +425,51 @@ TEST_CASE("exchange partitioned: 2N steps equal N steps, checkpoint, resume, N s
   for (int i = 0; i < N; ++i) {
     INFO("step " << N + i + 1);
     REQUIRE(second[i] == full[N + i]);  // bit-identical after the restart: the owner residual came back
+  }
+}
+
+TEST_CASE("exchange partitioned at ratio 1 with bf16 is a bf16 all-reduce: its sum, and 2 (R-1)/R x 2n bytes",
+          "[compress][mpi]") {
+  // Step 1 (nothing held back yet): each rank sends its values rounded to
+  // bf16; the owner of a piece sums them in rank order in fp32, rounds the sum
+  // to bf16 and sends it to everyone; the average is that times 1/R. Bytes:
+  // to every other owner its piece (table of nb sizes + payload), then this
+  // rank's piece of the sum to every other member; per value 2 bytes, so
+  // about 2 (R-1)/R x 2n, half the fp32 ring all-reduce.
+  const std::vector<int64_t> sizes = {5, 1000, 70001};
+  Direct d(sizes, topk(1, "bf16", "partitioned"), 1.0, "mpi");
+  REQUIRE(d.sync.describe().find("bf16 quant") != std::string::npos);
+  const int R = mpi_size(), me = mpi_rank();
+  std::vector<float> g(d.P);
+  for (int64_t i = 0; i < d.P; ++i) g[i] = gradient(me, 0, i);
+  CommStats stats;
+  const auto avg = d.reduce(g, 0, stats);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < d.P; ++i) {
+    float sum = cx::from_bf16(cx::to_bf16(gradient(0, 0, i)));
+    for (int r = 1; r < R; ++r) sum += cx::from_bf16(cx::to_bf16(gradient(r, 0, i)));
+    float want = cx::from_bf16(cx::to_bf16(sum));
+    if (R > 1) want *= 1.0f / float(R);
+    differ += !(want == avg[i]);
+  }
+  REQUIRE(differ == 0);
+  int64_t expect = 0;
+  const int64_t nb = int64_t(sizes.size());
+  for (int j = 0; j < R && R > 1; ++j) {
+    int64_t piece = 0;  // this rank's piece j of every bucket (one bucket per tensor here)
+    for (int64_t n : sizes) {
+      const int64_t m = n * (j + 1) / R - n * j / R;
+      piece += m ? cx::payload_bytes(m, m, cx::Quant::bf16, 64) : 0;
+    }
+    if (j != me) expect += kMpiHeaderBytes + 4 * nb + piece;  // round 1: to owner j
+    else expect += (R - 1) * (kMpiHeaderBytes + piece);        // round 2: this rank's piece of the sum
+  }
+  REQUIRE(stats.bytes_sent == expect);
+  REQUIRE(stats.wire_bytes == expect);
+  if (R > 1) {  // headers and tables aside, 2 bytes a value: 2 (R-1)/R x 2n within 1%
+    const int64_t headers = 2 * (R - 1) * (kMpiHeaderBytes + 4 * nb + nb * cx::kHeaderBytes + 4);
+    const double bf16_ring = double(2 * (R - 1)) / R * double(2 * d.P);
+    CHECK(std::abs(double(expect) - bf16_ring) <= 0.01 * bf16_ring + double(headers));
+    CHECK(expect - headers <= allreduce_wire_bytes(4 * d.P, R) / 2);  // half the fp32 ring
   }
 }

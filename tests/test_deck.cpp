@@ -196,6 +196,8 @@ TEST_CASE("deck: compress ... exchange allgather|partitioned", "[deck]") {
   const Program p = build(t, kBase + "compress topk 0.1 quant int8 exchange partitioned\nrun 1\n");
   CHECK(p.phases[0].config.compress.exchange == "partitioned");
   CHECK(p.phases[0].config.compress.quant == "int8");
+  CHECK(build(t, kBase + "compress topk 1 quant bf16 exchange partitioned\nrun 1\n").phases[0].config.compress.quant ==
+        "bf16");
   CHECK(build(t, kBase + "compress topk 0.1 exchange allgather\nrun 1\n").phases[0].config.compress.exchange ==
         "allgather");
   CHECK(error_of(t, kBase + "compress topk 0.1 exchange ring\nrun 1\n") ==

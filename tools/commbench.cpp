@@ -10,7 +10,7 @@
 //           PayloadExchange (mpi, ucx), decode_sum.
 //
 // usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]
-//          [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]
+//          [--sparse N,...] [--ratios X,...] [--quants none,int8,int4,bf16]
 //          [--transport mpi|ucx|both] [--cases CASE,...] [--timeout S] [--json FILE]
 //   CASE: dense, reduce_scatter, all_gather, all_to_all, sparse (default: all of them)
 // Sizes and counts take a K, M or G suffix (powers of 1024), as in nccl-tests.
@@ -117,7 +117,7 @@ struct Options {
 
 const char* kUsage =
     "usage: mpirun -n R xx_commbench [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS]\n"
-    "         [--sparse N,...] [--ratios X,...] [--quants none,int8,int4]\n"
+    "         [--sparse N,...] [--ratios X,...] [--quants none,int8,int4,bf16]\n"
     "         [--transport mpi|ucx|both] [--cases CASE,...] [--timeout S] [--json FILE]\n"
     "  CASE: dense (all-reduce), reduce_scatter, all_gather, all_to_all, sparse\n"
     "  defaults: -b 4K -e 64M -f 4 -w 5 -n 20 --sparse 1M,16M --ratios 0.1,0.01,0.001\n"
@@ -199,7 +199,8 @@ Options parse_options(int argc, char** argv) {
         if (s == "none") o.quants.push_back(cz::Quant::none);
         else if (s == "int8") o.quants.push_back(cz::Quant::int8);
         else if (s == "int4") o.quants.push_back(cz::Quant::int4);
-        else throw UsageError(fmt::format("--quants '{}': expected none, int8 or int4", s));
+        else if (s == "bf16") o.quants.push_back(cz::Quant::bf16);
+        else throw UsageError(fmt::format("--quants '{}': expected none, int8, int4 or bf16", s));
       }
     } else if (flag == "--transport") {
       if (v == "both") o.transports = {"mpi", "ucx"};

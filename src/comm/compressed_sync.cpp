@@ -16,7 +16,7 @@ constexpr double kExchangeTimeout = 300;  // seconds without a peer's payload be
 using HostBytes = Kokkos::View<uint8_t*, Kokkos::HostSpace, Unmanaged>;
 
 cx::Quant quant_of(const std::string& q) {
-  return q == "int8" ? cx::Quant::int8 : q == "int4" ? cx::Quant::int4 : cx::Quant::none;
+  return q == "int8" ? cx::Quant::int8 : q == "int4" ? cx::Quant::int4 : q == "bf16" ? cx::Quant::bf16 : cx::Quant::none;
 }
 
 Vec<float> part(const Buffer<float>& b, int64_t begin, int64_t end) { return Vec<float>(b.data() + begin, end - begin); }

@@ -410,7 +410,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        {{"off", {}, {}, {}, {}},
         {"topk",
          {real("ratio", &c.compress.ratio, within(0, 1, true, false))},
-         {choice("quant", &c.compress.quant, {"none", "int8", "int4"}), on_off("feedback", &c.compress.feedback),
+         {choice("quant", &c.compress.quant, {"none", "int8", "int4", "bf16"}),
+          on_off("feedback", &c.compress.feedback),
           real("momentum", &c.compress.momentum, within(0, 1, false, true)),
           integer("min_size", &c.compress.min_size, at_least(0)), integer("warmup", &c.compress.warmup, at_least(0)),
           integer("block", &c.compress.block, at_least(1)),
@@ -419,7 +420,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           choice("exchange", &c.compress.exchange, {"allgather", "partitioned"})},
          {},
          {}}},
-       "compress off | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
+       "compress off | topk RATIO [quant none|int8|int4|bf16] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
        "[block B] [target gradient|update] [transport auto|ucx|mpi] [exchange allgather|partitioned]"},
       {"output",
        nullptr,

@@ -143,14 +143,14 @@ struct TopologyConfig {
 };
 
 // compress off
-//        | topk RATIO [quant none|int8|int4] [feedback on|off] [momentum M]
+//        | topk RATIO [quant none|int8|int4|bf16] [feedback on|off] [momentum M]
 //                     [min_size N] [warmup STEPS] [block B] [target gradient|update]
 //                     [transport auto|ucx|mpi] [exchange allgather|partitioned]
 // Gradient compression under sync dense|accumulate (docs/COMMUNICATION.md).
 struct CompressConfig {
   std::string kind = "off";        // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
   double ratio = 0.01;             // fraction of each bucket sent (1: every entry, through the sparse path)
-  std::string quant = "none";      // how the selected values travel
+  std::string quant = "none";      // how the selected values travel: fp32, int8/int4 with block scales, bf16
   bool feedback = true;            // error feedback: what was not sent is added to the next gradient
   double momentum = 0.0;           // DGC momentum correction (0: off)
   int64_t min_size = 0;            // tensors smaller than this go dense
