@@ -277,15 +277,17 @@ def all_claims(s):
         Claim("A4", "top-k% of gradients plus quantisation: up to 70% less traffic, little accuracy loss",
               "Deep Gradient Compression's recipe: `compress topk R quant int8 momentum 0.9 warmup W exchange "
               "partitioned` (error feedback, momentum correction, warm-up); and top-k of the AdamW update "
-              "(`target update`)", "val loss against bytes on the wire, over ratios, with int8-only and dense "
+              "(`target update`)", "val loss against bytes on the wire, over ratios, with int8-only, bf16-only and dense "
               "baselines; the same at 8x the steps",
               [E("A4", dense_vs_dgc + ["dgc0.1: " + DGC.format(r=0.1, w=w), "dgc0.001: " + DGC.format(r=0.001, w=w),
                                        "int8: compress topk 1 quant int8 exchange partitioned",
+                                       "bf16: compress topk 1 quant bf16 exchange partitioned",
                                        "topk0.01: compress topk 0.01 quant int8 exchange partitioned",
                                        f"update0.01: compress topk 0.01 quant int8 warmup {w} target update exchange "
                                        "partitioned"],
                  steps, R, eval_every=ev, tune=["dense", "dgc0.01"],
-                 lr_like={"dgc0.1": "dgc0.01", "dgc0.001": "dgc0.01", "int8": "dense", "update0.01": "dgc0.01",
+                 lr_like={"dgc0.1": "dgc0.01", "dgc0.001": "dgc0.01", "int8": "dense", "bf16": "dense",
+                          "update0.01": "dgc0.01",
                           "topk0.01": "dgc0.01"}),
                E("A4-long", ["dense: compress off", "dgc0.01: " + DGC.format(r=0.01, w=s.long_steps // 10)],
                  s.long_steps, R, eval_every=s.long_steps // 10, seeds=s.long_seeds, lr_from="A4", extra=True)],
@@ -294,6 +296,7 @@ def all_claims(s):
                loss_ni("A4.3", "A4", "dense", "dgc0.1"),
                loss_ni("A4.4", "A4", "dense", "dgc0.001"),
                loss_ni("A4.5", "A4", "dense", "int8"),
+               loss_ni("A4.9", "A4", "dense", "bf16"),
                loss_ni("A4.6", "A4", "dense", "update0.01"),
                T("A4.8", "A4", "dense", "topk0.01", "wire_bytes", "superiority", -0.98,
                  "goal: below 1/50 of dense (issue 15/18)"),
