@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "core/units.h"
 #include "deck/deck.h"
 #include "generate.h"
+#include "io/run_dir_lock.h"
 #include "model/estimate.h"
 #include "resilience/flight_recorder.h"
 #include "resilience/health.h"
@@ -139,6 +141,7 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
+  std::optional<RunDirLock> run_dir_lock;  // rank 0's, held until the process ends (also past the catch below)
   try {
     if (argc > 1 && std::string(argv[1]) == "generate") return run_generate(comm, argc, argv);
     Args args;
@@ -157,6 +160,20 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     // Every rank holds the same plan against the same limit: all stop here,
     // before the model allocates anything.
     if (const std::string refusal = memory_refusal(program, world, limit); !refusal.empty()) throw InputError(refusal);
+    // One job per run directory: rank 0 locks RUN_DIR/.lock before anything
+    // is written there; a taken lock ends every rank with one message, exit 2.
+    {
+      std::string busy, failed;
+      if (rank == 0) try {
+          run_dir_lock = RunDirLock::take(program.phases.front().config.output.dir, busy);
+        } catch (const std::exception& e) {
+          failed = e.what();
+        }
+      broadcast_string(failed, comm);
+      if (!failed.empty()) throw std::runtime_error(failed);
+      broadcast_string(busy, comm);
+      if (!busy.empty()) throw InputError(busy);
+    }
     RunOptions options;
     options.resume = args.resume;
     if (rank == 0) clear_stop_marker(program.phases.front().config.output.dir);  // a marker says: this launch stopped
