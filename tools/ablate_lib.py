@@ -105,6 +105,13 @@ def parser():
                    help="with --resume: keep finished cases even when they ran another binary or corpus/tokenizer "
                         "(sha256); the mix is recorded in results.json and the table")
     p.add_argument("--netsim-shaping", help=argparse.SUPPRESS)  # tools/netsim: its shaping, as JSON
+    p.add_argument("--ckpt-root", metavar="DIR",
+                   help="each case's RUN_DIR/ckpt is a symlink to DIR/<variant>/seed<S> (made afresh before the case): "
+                        "its checkpoints go to DIR's storage (tools/slowdisk)")
+    p.add_argument("--ckpt-root-clean", action="store_true",
+                   help="with --ckpt-root: remove a case's checkpoints from DIR once it (and its --reload) has ended; "
+                        "its figures stay in console.txt")
+    p.add_argument("--slowdisk-storage", help=argparse.SUPPRESS)  # tools/slowdisk: its storage limits, as JSON
     p.add_argument("--reload", action="store_true",
                    help="after each case, start it again with -resume auto (nothing left to train: it reads its "
                         "newest checkpoint and ends); its console goes to console_reload.txt")
@@ -189,7 +196,10 @@ def config_from_args(a):
             "bin": binary, "launcher": [w for l in a.launcher for w in shlex.split(l)],
             "mpirun_args": [w for m in a.mpirun_args for w in shlex.split(m)], "timeout": a.timeout,
             "reload": a.reload, "order": a.order,
-            "network": json.loads(a.netsim_shaping) if a.netsim_shaping else None}
+            "network": json.loads(a.netsim_shaping) if a.netsim_shaping else None,
+            "ckpt_root": os.path.abspath(a.ckpt_root) if a.ckpt_root else None,
+            "ckpt_root_clean": bool(a.ckpt_root and a.ckpt_root_clean),
+            "storage": json.loads(a.slowdisk_storage) if a.slowdisk_storage else None}
 
 
 # ---------------------------------------------------------------------------
@@ -363,7 +373,8 @@ def cpu_info():
 def ablation_provenance(cfg):
     """What every case of this ablation shares, computed once: source commit, libraries, CPU, network."""
     network = cfg.get("network") or "none"
-    return {"git": git_commit(), "libraries": library_versions(cfg["bin"]), "cpu": cpu_info(), "network": network}
+    return {"git": git_commit(), "libraries": library_versions(cfg["bin"]), "cpu": cpu_info(), "network": network,
+            "storage": cfg.get("storage") or "none"}
 
 
 def expand(text, variables):
@@ -494,6 +505,11 @@ def run_case(cfg, env, variant, seed, order_index=None, shared=None):
     rel = os.path.join(variant["name"], f"seed{seed}")
     case_dir = os.path.join(cfg["out"], rel)
     os.makedirs(case_dir)
+    if cfg.get("ckpt_root"):  # RUN_DIR/ckpt -> DIR/<variant>/seed<S>, made afresh
+        target = os.path.join(cfg["ckpt_root"], rel)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        os.symlink(target, os.path.join(case_dir, "ckpt"))
     deck_path = os.path.join(case_dir, "deck.in")
     with open(deck_path, "w") as f:
         f.write(case_deck(cfg, variant, seed, case_dir))
@@ -512,6 +528,8 @@ def run_case(cfg, env, variant, seed, order_index=None, shared=None):
         cmd = cmd + ["-resume", "auto"]
         case["reload_rc"], case["reload_wall_s"], _ = run_logged(cfg, env, cmd,
                                                                   os.path.join(case_dir, "console_reload.txt"))
+    if cfg.get("ckpt_root") and cfg.get("ckpt_root_clean"):
+        shutil.rmtree(os.path.join(cfg["ckpt_root"], rel), ignore_errors=True)
     return case
 
 
@@ -691,11 +709,17 @@ def provenance_lines(cfg, cases):
 
     libs = lambda p: ", ".join(f"{k} {v.split(' (')[0]}" for k, v in sorted(p.get("libraries", {}).items()))
     net = lambda p: p["network"] if isinstance(p.get("network"), str) else f"tbf {p['network'].get('rate')}"
+    st = lambda p: p.get("storage") or "none"  # cases from before the key: none
+    disk = lambda p: (st(p) if isinstance(st(p), str) else
+                      f"{st(p).get('fs', 'throttled')}, write {st(p).get('write_mbps')} MB/s, "
+                      f"read {st(p).get('read_mbps') or 'unlimited'} MB/s")
     cpu = lambda p: f"{p['cpu']['model']}, {p['cpu']['usable']} of {p['cpu']['cores']} cores"
     data = lambda p: short((p.get("data") or {}).get("digest")) if p.get("data") else "-"
     out = [f"provenance: binary sha256 {distinct(lambda p: short(p['binary']['sha256']))}; source "
            f"{distinct(lambda p: short_commit(p.get('git')))}; corpus+tokenizer digest {distinct(data)}; "
-           f"{distinct(libs)}; network {distinct(net)}; CPU {distinct(cpu)}; "
+           f"{distinct(libs)}; network {distinct(net)}; "
+           + (f"storage {distinct(disk)}; " if any(st(p) != "none" for p in provs) else "")
+           + f"CPU {distinct(cpu)}; "
            f"load (1 min) before/after a case {min(p['load_before'][0] for p in provs):.2f}-"
            f"{max(p['load_after'][0] for p in provs):.2f}."]
     for m in cfg.get("mixed") or []:
@@ -889,7 +913,7 @@ def finished(cfg, case):
 
 # What must match for --resume to continue an ablation (the rest, such as the timeout or the seeds, may change).
 SAME_ABLATION = ("deck", "variants", "ranks", "steps", "vars", "common", "eval_every", "launcher",
-                 "mpirun_args", "reload", "order", "network")
+                 "mpirun_args", "reload", "order", "network", "storage")
 DEFAULTS = {"order": "seed-major"}  # what a results.json from before the key meant
 
 
@@ -897,6 +921,8 @@ def comparable(cfg, key):
     value = cfg.get(key, DEFAULTS.get(key))
     if key == "launcher":  # tools/netsim's namespace is named after its process: a new one each run
         value = [re.sub(r"^xxnetsim\d+$", "xxnetsim<pid>", w) for w in value or []]
+        # tools/slowdisk's cgroup and mount (xxslowdisk<pid>, in paths too): a new one each run
+        value = [re.sub(r"xxslowdisk\d+", "xxslowdisk<pid>", w) for w in value]
     return value or None
 
 
