@@ -19,7 +19,7 @@ def case(variant, seed, losses, vals, rc=0, tail=(), **facts):
     records = [{"step": i + 1, "loss": x, "ms_per_step": 10.0} for i, x in enumerate(losses)]
     for step, v in vals:
         records[step - 1]["val_loss"] = v
-    f = {"ckpt_write": [], "restored": [], "load_s": None, "fault_unix": None, "ckpt_bytes": [],
+    f = {"ckpt_write": [], "restored": [], "load_s": None, "fault_unix": None, "ckpt_mb": [],
          "console_tail": list(tail)}
     f.update(facts)
     return vj.CaseData(variant, seed, rc, {"comm_bytes": 100.0}, records, f, 1000.0, {"binary": {"sha256": "ab"}})
@@ -93,6 +93,20 @@ class Judge(unittest.TestCase):
             cases[("off", seed)] = case("off", seed, curve(seed), [], rc=1, tail=["xuanxue: rank 1 stopped"])
             cases[("on", seed)] = case("on", seed, curve(seed), [], rc=1, tail=["xuanxue: rank 1 stopped"])
         self.assertEqual(vj.judge(t, cases, [1, 2])["verdict"], "not exercised")
+
+    def test_protected_from_a_second_job(self):
+        t = vl.Test("X", "E", "a", "b", "second_job", "protected", expect="in use by another job")
+        refused = ["xuanxue: RUN in use by another job (host h, pid 1)", "# exit status 2"]
+        cases = {}
+        for seed in (1, 2):
+            cases[("a", seed)] = case("a", seed, curve(seed), [], second_job=["# exit status 0"], reload_rc=0)
+            cases[("b", seed)] = case("b", seed, curve(seed), [], second_job=refused, reload_rc=0)
+        self.assertEqual(vj.judge(t, cases, [1, 2])["verdict"], "confirmed")
+        for seed in (1, 2):
+            cases[("a", seed)] = case("a", seed, curve(seed), [], second_job=refused, reload_rc=0)
+        self.assertEqual(vj.judge(t, cases, [1, 2])["verdict"], "not exercised")
+        cases[("b", 2)] = case("b", 2, curve(2), [], second_job=refused, reload_rc=1)  # its checkpoint did not load
+        self.assertEqual(vj.judge(t, cases, [1, 2])["verdict"], "refuted")
 
     def test_holm_over_primaries_and_second_looks(self):
         rows = []

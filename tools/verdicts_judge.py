@@ -34,6 +34,8 @@ KEPT_KEYS = ("step", "loss", "loss_main", "val_loss", "val_acc", "val_bpb", "ms_
 FACT_PATTERNS = {  # console lines the metrics read (and, in console_tail, every line the program itself
                  # wrote as an error, "xuanxue: ...", then the last 15)
     "ckpt_write": r"^checkpoint .*?write ([0-9.]+) s",
+    "ckpt_stall": r"^checkpoint .*?stall ([0-9.]+) s",
+    "ckpt_mb": r"^checkpoint .*?([0-9.]+) MB, write",  # the file's size (rank 0 sees it)
     "restored": r"warm restart: .*, back to step (\d+)",
 }
 
@@ -45,7 +47,7 @@ class CaseData:
     rc: object
     summary: dict
     records: list
-    facts: dict          # ckpt_write: [s], restored: [step], load_s, fault_unix, ckpt_bytes: [B], console_tail
+    facts: dict          # ckpt_write, ckpt_stall: [s], ckpt_mb: [MB], restored, load_s, fault_unix, console_tail, second_job
     end_unix: float = None
     provenance: dict = None
 
@@ -75,11 +77,11 @@ def read_case(out_dir, case):
             m = re.search(r"fault \w+ injected at step \d+ \(unix time ([0-9.]+)\)", _text(os.path.join(d, name, "log.txt")))
             if m:
                 facts["fault_unix"] = float(m.group(1))
-    ck = os.path.join(d, "ckpt")
-    facts["ckpt_bytes"] = sorted(os.path.getsize(os.path.join(ck, f)) for f in os.listdir(ck)
-                                 if f.startswith("step_") and f.endswith(".h5")) if os.path.isdir(ck) else []
     lines = console.strip().splitlines()
     facts["console_tail"] = [l for l in lines if l.startswith("xuanxue:")][:20] + lines[-15:]
+    second = _text(os.path.join(d, "second_job.txt")).strip().splitlines()  # tools/run-twice
+    facts["second_job"] = [l for l in second if l.startswith("xuanxue:")][:5] + second[-2:]
+    facts["reload_rc"] = case.get("reload_rc")
     return CaseData(case["variant"], case["seed"], case.get("rc"), case.get("summary") or {}, records, facts,
                     case.get("end_unix"), case.get("provenance"))
 
@@ -182,14 +184,15 @@ METRICS = {
     "ms_per_step": step_ms,
     "val_oscillation": val_oscillation,
     "ckpt_write_s": lambda c: statistics.median(c.facts["ckpt_write"]) if c.facts.get("ckpt_write") else None,
+    "ckpt_stall_s": lambda c: statistics.median(c.facts["ckpt_stall"]) if c.facts.get("ckpt_stall") else None,
     "ckpt_load_s": lambda c: c.facts.get("load_s"),
-    "ckpt_bytes": lambda c: statistics.fmean(c.facts["ckpt_bytes"]) if c.facts.get("ckpt_bytes") else None,
+    "ckpt_bytes": lambda c: 1e6 * statistics.fmean(c.facts["ckpt_mb"]) if c.facts.get("ckpt_mb") else None,
     "end_after_fault_s": end_after_fault_s,
     "target_s": target_s,
     "train_s": train_s,
 }
 UNITS = {"val_loss": "nats", "val_acc": "", "val_bpb": "bits/byte", "wire_bytes": "B", "comm_bytes": "B",
-         "tokens_per_s": "tok/s", "ms_per_step": "ms", "val_oscillation": "nats", "ckpt_write_s": "s",
+         "tokens_per_s": "tok/s", "ms_per_step": "ms", "val_oscillation": "nats", "ckpt_write_s": "s", "ckpt_stall_s": "s",
          "ckpt_load_s": "s", "ckpt_bytes": "B", "end_after_fault_s": "s", "target_s": "s", "train_s": "s"}
 
 
@@ -237,6 +240,21 @@ def judge(test, cases, seeds):
         row.update(pairs=pairs, n=len(pairs),
                    verdict="no data" if not pairs else "confirmed" if all(p[2] for p in pairs) else "refuted",
                    effect_text=f"{sum(p[2] for p in pairs)} of {len(pairs)} reruns bit-identical" if pairs else "-")
+        return row
+    if test.rule == "protected":  # a second job on the run dir: refused, and the first's checkpoint loads
+        def safe(c):
+            said = any(test.expect in l for l in c.facts.get("second_job", []))
+            refused = said and any(l.strip() == "# exit status 2" for l in c.facts.get("second_job", []))
+            return refused and c.rc == 0 and c.facts.get("reload_rc") == 0
+        started = lambda c: not any("ended before the second" in l for l in c.facts.get("second_job", []))
+        pairs = [(s, safe(b), safe(v)) for s, b, v in both if started(b) and started(v)]
+        row.update(pairs=pairs, n=len(pairs), effect_text=(
+            f"protected in {sum(p[2] for p in pairs)} of {len(pairs)} runs with the switch, {sum(p[1] for p in pairs)} "
+            f"of {len(pairs)} without it") if pairs else "-")
+        row["verdict"] = ("no data" if not pairs else "not exercised" if all(p[1] and p[2] for p in pairs) else
+                          "confirmed" if all(p[2] and not p[1] for p in pairs) else "refuted")
+        if row["verdict"] == "not exercised":
+            row["effect_text"] += ": both protected, so the switch is not what protects"
         return row
     if test.rule == "caught":
         pairs = []

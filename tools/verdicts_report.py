@@ -45,7 +45,9 @@ time of the first case that ran under them.
   *inconclusive*, with the pairs that would decide it (80% power at the family's strictest level).
   Non-inferiority: support: *confirmed*; against: *refuted*; neither: *inconclusive*. Functional rows:
   *identical* is confirmed when every rerun's loss equals the first run's at every step; *caught* when every
-  run with the switch ended naming the fault and every run without it ran on (or hung) as the row states.
+  run with the switch ended naming the fault and every run without it ran on (or hung) as the row states;
+  *protected* when, with a second job started on the run directory, the second is refused and the first's
+  checkpoint loads with the switch and not without it (both protected: *not exercised*).
 - **Sizes.** Each row names its source: the seed's own words (~15%, up to 70%, 40%, ~2% accuracy), the
   project's own goal (A4.8: the compressed exchange below 1/50 of dense), or the one default: 10%. For a loss the default is in compute terms: the margin is how much worse the baseline's
   val loss was with 10% fewer steps (its val loss at 0.9 T against T, as a fraction, averaged over its seeds).
@@ -155,7 +157,7 @@ at this n, by the stated rule."""
 def size_text(r):
     """The size or margin with its source; '-' for functional rows (identical, caught), which have none."""
     s = r["size"]
-    if r["rule"] in ("identical", "caught"):
+    if r["rule"] in ("identical", "caught", "protected"):
         return "-"
     if isinstance(s, str) or s is None:
         return f"({r.get('source', '-')})"
@@ -172,7 +174,7 @@ def p_text(r):
 
 def why(r):
     if "effect" not in r:
-        return r.get("effect_text", "") if r["rule"] not in ("identical", "caught") else ""
+        return r.get("effect_text", "") if r["rule"] not in ("identical", "caught", "protected") else ""
     text = (f"{r['metric']} {vj.fmt_value(r['baseline_mean'], r['metric'])} → "
             f"{vj.fmt_value(r['variant_mean'], r['metric'])}")
     if r["verdict"] == "inconclusive":
@@ -258,6 +260,9 @@ def pairs_text(r):
         return ", ".join(f"{p[0]}: {'same' if p[2] else 'differ'}" for p in r["pairs"]) or "-"
     if r["rule"] == "caught":
         return ", ".join(f"{p[0]}: {'caught' if p[2] else 'missed'}, without: {p[1]}" for p in r["pairs"]) or "-"
+    if r["rule"] == "protected":
+        yes = lambda x: "protected" if x else "not protected"
+        return ", ".join(f"{p[0]}: {yes(p[1])} → {yes(p[2])}" for p in r["pairs"]) or "-"
     return ", ".join(f"{p[0]}: {vj.fmt_value(p[1], r['metric'])} → {vj.fmt_value(p[2], r['metric'])}"
                      for p in r["pairs"]) or "-"
 
