@@ -193,7 +193,9 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     return kExitUnhealthy;
   } catch (const InputError& e) {
     // Bad input is found collectively (rank 0 checks, then broadcasts), so
-    // every rank is here: one message, a clean exit with code 2.
+    // every rank is here: one message, a clean exit with code 2. A deck
+    // refused after the lock was taken leaves no run directory behind.
+    if (run_dir_lock) run_dir_lock->abandon();
     if (rank == 0) fmt::print(stderr, "{}\n", e.what());
     return kExitBadInput;
   } catch (const std::exception& e) {

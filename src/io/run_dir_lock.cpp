@@ -38,7 +38,7 @@ std::string now_iso8601() {
 RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
-    fd_ = o.fd_, path_ = std::move(o.path_);
+    fd_ = o.fd_, path_ = std::move(o.path_), created_ = std::move(o.created_);
     o.fd_ = -1;
   }
   return *this;
@@ -46,6 +46,21 @@ RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
 
 RunDirLock::~RunDirLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void RunDirLock::abandon() {
+  if (fd_ < 0) return;
+  std::error_code ec;
+  std::filesystem::remove(path_, ec);
+  ::close(fd_);
+  fd_ = -1;
+  if (created_.empty()) return;
+  // RUN_DIR and its parents up to the topmost one created, each only if empty
+  const std::filesystem::path top(created_);
+  for (auto dir = std::filesystem::path(path_).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (!std::filesystem::remove(dir, ec) || ec) break;  // not empty, or gone: stop
+    if (dir == top) break;
+  }
 }
 
 RunDirLock::Holder RunDirLock::read_holder(const std::string& lock_path) {
@@ -68,9 +83,16 @@ RunDirLock::Holder RunDirLock::read_holder(const std::string& lock_path) {
 std::optional<RunDirLock> RunDirLock::take(const std::string& run_dir, std::string& refusal) {
   refusal.clear();
   std::error_code ec;
+  std::string created;  // the topmost directory that does not exist yet
+  for (auto dir = std::filesystem::absolute(run_dir, ec).lexically_normal(); !dir.empty() && !ec;
+       dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir, ec)) break;
+    created = dir.string();
+    if (dir == dir.parent_path()) break;
+  }
   std::filesystem::create_directories(run_dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create the run directory {}: {}", run_dir, ec.message()));
-  const std::string path = (std::filesystem::path(run_dir) / ".lock").string();
+  const std::string path = (std::filesystem::absolute(run_dir) / ".lock").lexically_normal().string();
   // O_CLOEXEC: a program this one starts does not inherit the lock.
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0)
@@ -95,7 +117,7 @@ std::optional<RunDirLock> RunDirLock::take(const std::string& run_dir, std::stri
         path);
     return std::nullopt;
   }
-  RunDirLock lock(fd, path);
+  RunDirLock lock(fd, path, created);
   const char* job = std::getenv("SLURM_JOB_ID");
   const std::string info = fmt::format("host {}\npid {}\nslurm_job {}\nstarted {}\n", hostname(), ::getpid(),
                                        job ? job : "", now_iso8601());

@@ -27,19 +27,28 @@ class RunDirLock {
   // another reason (a read-only directory, a file system without locks).
   static std::optional<RunDirLock> take(const std::string& run_dir, std::string& refusal);
 
-  RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)), created_(std::move(o.created_)) {
+    o.fd_ = -1;
+  }
   RunDirLock& operator=(RunDirLock&& o) noexcept;
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
   ~RunDirLock();  // closing the file releases the lock
 
   const std::string& path() const { return path_; }
+
+  // For a start-up refused as bad input after the lock was taken: removes the
+  // lock file, then the directories take() created, where still empty, so a
+  // refused deck leaves no run directory behind. Releases the lock.
+  void abandon();
   static Holder read_holder(const std::string& lock_path);
 
  private:
-  RunDirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  RunDirLock(int fd, std::string path, std::string created)
+      : fd_(fd), path_(std::move(path)), created_(std::move(created)) {}
   int fd_ = -1;
   std::string path_;
+  std::string created_;  // the topmost directory take() created ("" if RUN_DIR existed)
 };
 
 }  // namespace xx
