@@ -50,6 +50,7 @@ class CaseData:
     facts: dict          # ckpt_write, ckpt_stall: [s], ckpt_mb: [MB], restored, load_s, fault_unix, console_tail, second_job
     end_unix: float = None
     provenance: dict = None
+    wall_s: float = None
 
     def to_json(self):
         return dataclasses.asdict(self)
@@ -83,7 +84,7 @@ def read_case(out_dir, case):
     facts["second_job"] = [l for l in second if l.startswith("xuanxue:")][:5] + second[-2:]
     facts["reload_rc"] = case.get("reload_rc")
     return CaseData(case["variant"], case["seed"], case.get("rc"), case.get("summary") or {}, records, facts,
-                    case.get("end_unix"), case.get("provenance"))
+                    case.get("end_unix"), case.get("provenance"), case.get("wall_s"))
 
 
 def read_experiment(out_dir):

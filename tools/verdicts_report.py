@@ -14,7 +14,7 @@ import verdict_stats as vs  # noqa: E402
 import verdicts_judge as vj  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RULE_FILES = ("tools/verdict_stats.py", "tools/verdicts_lib.py", "tools/verdicts_judge.py")
+RULE_FILES = ("tools/verdict_stats.py", "tools/verdicts_lib.py", "tools/verdicts_judge.py", "tools/verdicts_report.py")
 
 RULE = f"""\
 Fixed before the runs: the claims, their conditions, each row's metric, size and source, and which row is
@@ -25,7 +25,8 @@ time of the first case that ran under them.
 - **Pairs.** The baseline and the variant run on the same seeds; each seed gives one difference on the
   row's scale: `difference` (points, nats), `relative` (a fraction of the baseline), or `log` (times and
   rates: ln(variant / baseline), reported as the geometric-mean ratio less one). Timing rows run in ABBA
-  order (the baseline first on odd seeds, second on even ones), one rank per core.
+  order (the baseline first on odd seeds, second on even ones); those that time steps (B1, B6, B7) and B5
+  run one rank per core.
 - **Before any statistics.** *not testable here*: this machine cannot create the claim's condition (the
   reason is given; nothing runs). *not exercised*: every pair trained the same bits (identical loss curves),
   so the switch never acted; for a check that must catch a fault, the baseline ended the same way without
@@ -70,10 +71,12 @@ def git_commit():
 
 
 def rule_commit():
-    """The commit that last changed the rule's files, and its date."""
-    line = git("log", "-1", "--format=%h %cI", "--", *RULE_FILES)
-    dirty = git("status", "--porcelain", "--", *RULE_FILES)
-    return (line or "unknown") + (" (with uncommitted changes)" if dirty else "")
+    """(the commit that last changed the rule's files with its date, its unix time or None, uncommitted changes)."""
+    line = git("log", "-1", "--format=%h %cI %ct", "--", *RULE_FILES).split()
+    dirty = bool(git("status", "--porcelain", "--", *RULE_FILES))
+    if len(line) != 3:
+        return "unknown", None, dirty
+    return f"{line[0]} ({line[1]})", int(line[2]), dirty
 
 
 def machine():
@@ -115,10 +118,15 @@ def results_doc(cfg, chosen, seeds_of, looks_of, rows_of, experiments):
     vj.adjust(rows, lambda r: looks_of[r["claim"]])
     when = lambda t: datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "-"
     prov = provenance_summary(experiments)
+    rule, rule_time, rule_dirty = rule_commit()
+    starts = [c.end_unix - (c.wall_s or 0) for cases in experiments.values() for c in cases.values() if c.end_unix]
+    before = (rule_time is not None and not rule_dirty and bool(starts) and rule_time < min(starts))
     doc = {"tool": "tools/verdicts", "command": cfg["command"], "scale": dataclasses.asdict(cfg["scale"]),
-           "commit": git_commit(), "rule_commit": rule_commit(), "machine": machine(),
+           "commit": git_commit(), "machine": machine(),
            "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "provenance": prov,
-           "cases_from": when(prov["first_case_end"]), "cases_to": when(prov["last_case_end"]), "claims": []}
+           "cases_from": when(prov["first_case_end"]), "cases_to": when(prov["last_case_end"]),
+           "rule_commit": rule + (" with uncommitted changes" if rule_dirty else ""),
+           "rule_before_runs": before, "claims": []}
     for c in chosen:
         doc["claims"].append({"id": c.id, "folklore": c.folklore, "switch": c.switch, "metric": c.metric,
                               "seeds": seeds_of[c.id], "looks": looks_of[c.id], "note": c.note,
@@ -213,7 +221,10 @@ def verdicts_md(doc, plots_rel):
              f"- Report written at commit {doc['commit']}, {doc['date']}, on {doc['machine']}. Scale "
              f"`{scale['name']}`.",
              f"- The cases ran from {doc['cases_from']} to {doc['cases_to']}, on binary {bins or 'not recorded'}.",
-             f"- The rule was last changed in commit {doc['rule_commit']}.",
+             f"- The rule was last changed in commit {doc['rule_commit']}: "
+             + ("before the first case ran." if doc["rule_before_runs"] else
+                "NOT before every case ran (or not committed): these verdicts were not judged by a rule fixed in "
+                "advance."),
              "- Corpus and tokenizer (sha256): " + (", ".join(f"`{x}`" for x in prov["corpus"]) or "not recorded") + ".",
              "- Libraries: " + (", ".join(f"{k} {'/'.join(v)}" for k, v in prov["libraries"].items())
                                 or "not recorded") + f". Networks: {', '.join(prov['networks']) or '-'}.",
