@@ -79,7 +79,7 @@ class Experiment:
     ranks: int
     common: list = dataclasses.field(default_factory=list)
     eval_every: int = 0       # 0: the last step only
-    netsim: str = ""          # a rate: the ablation runs under tools/netsim --rate RATE
+    netsim: str = ""          # tools/netsim's options ('--rate 1gbit', '--nodes 2 --rate 1gbit'): the ablation runs under it
     slowdisk: str = ""        # limits: the ablation runs under tools/slowdisk LIMITS (checkpoints on slow storage)
     reload: bool = False      # each case restarted with -resume auto (timing the load)
     expect_fail: list = dataclasses.field(default_factory=list)
@@ -123,7 +123,7 @@ class Experiment:
         return a
 
     def command(self, out, seeds, variants=None, target=None):
-        tool = (["tools/netsim", "--rate", self.netsim, "--"] if self.netsim else
+        tool = (["tools/netsim"] + self.netsim.split() + ["--"] if self.netsim else
                 ["tools/slowdisk"] + self.slowdisk.split() + ["--"] if self.slowdisk else ["tools/ablate"])
         return tool + self.argv(out, seeds, variants or self.variants, target)
 
@@ -218,6 +218,8 @@ def all_claims(s):
     local = "sync local 8"  # decoupled training: ranks drift for 8 steps between averages
     iid, non_iid = data_line(epoch_data, "train_0000.bin"), data_line(epoch_data, "train_0000.bin", partition="contiguous")
     warm = min(20, s.epoch_steps // 8)
+    swarm_vars = {"early": steps // 5, "middle": steps - 2 * (steps // 5), "late": steps // 5,
+                  "clusters": s.swarm_ranks // 2, "redraw": max(1, steps // 30)}
     sgdr = f"schedule sgdr period {max(2, epoch)} min_lr 3e-4 warmup {warm}"
     cosine = f"schedule cosine warmup {warm} min_lr 3e-4"
     DGC = "compress topk {r} quant int8 momentum 0.9 warmup {w} exchange partitioned"
@@ -232,9 +234,9 @@ def all_claims(s):
                E("A1-long", ["dense: sync dense", "local3: sync local 3"], s.long_steps, R,
                  eval_every=s.long_steps // 10, seeds=s.long_seeds, lr_from="A1", extra=True),
                E("A1-1gbit", ["dense: sync dense", "local3: sync local 3"], steps, R, eval_every=max(1, ev // 3),
-                 netsim="1gbit", lr_from="A1", target_from="A1"),
+                 netsim="--rate 1gbit", lr_from="A1", target_from="A1"),
                E("A1-300mbit", ["dense: sync dense", "local3: sync local 3"], steps, R, eval_every=max(1, ev // 3),
-                 netsim="300mbit", lr_from="A1", target_from="A1", extra=True)],
+                 netsim="--rate 300mbit", lr_from="A1", target_from="A1", extra=True)],
               [loss_ni("A1", "A1", "dense", "local3", primary=True),
                T("A1.2", "A1", "dense", "local3", "wire_bytes", "superiority", -0.15, "the seed: ~15%"),
                loss_ni("A1.3", "A1-long", "dense", "local3"),
@@ -339,13 +341,17 @@ def all_claims(s):
               "1/5, 3/5, 1/5 of the steps; clusters of C = half the ranks) against `topology full` throughout",
               "val loss; bytes on the wire",
               [E("A6", ["full: topology full", "swarm:"], 0, s.swarm_ranks, eval_every=ev, deck=SWARM_DECK,
-                 vars={"early": steps // 5, "middle": steps - 2 * (steps // 5), "late": steps // 5,
-                       "clusters": s.swarm_ranks // 2, "redraw": max(1, steps // 30)})],
+                 vars=swarm_vars),
+               E("A6-nodes", ["full: topology full", "swarm:"], 0, s.swarm_ranks, deck=SWARM_DECK, vars=swarm_vars,
+                 netsim="--nodes 2 --rate 1gbit", order="abba", extra=True)],
               [loss_ni("A6", "A6", "full", "swarm", primary=True),
-               T("A6.2", "A6", "full", "swarm", "wire_bytes", "superiority", -DEFAULT)],
+               T("A6.2", "A6", "full", "swarm", "wire_bytes", "superiority", -DEFAULT),
+               T("A6.3", "A6-nodes", "full", "swarm", "train_s", "superiority", -DEFAULT, scale="log")],
               "Wire bytes: a ring all-reduce over g ranks puts 2(g-1)/g of its buffer on the wire, so a cluster of "
-              "4 sends 0.857x what 8 ranks do, and leaving the clusters adds one global average. The time on a "
-              "hierarchical network is not simulated yet (all ranks share one loopback)."),
+              "4 sends 0.857x what 8 ranks do, and leaving the clusters adds one global average. A6.3 times the "
+              "training on a simulated two-level network (tools/netsim --nodes 2: two 'nodes' of 4 ranks, each "
+              "behind a 1 Gbit/s link; ranks of one node talk through its own loopback), where a random cluster "
+              "usually spans both nodes."),
         Claim("A7", "multi-view loss aggregation stops mid-training oscillation",
               "`lossagg robust` (a rank's loss far from the others' median is trimmed)",
               "oscillation of the validation loss (fixed batches, every few steps: no minibatch noise, no trimmed "
