@@ -848,27 +848,38 @@ inline int64_t compress(Vec<uint8_t> payload, Vec<float> residual, Vec<const flo
 // ----------------------------------------------------------------------------
 // the sender side, cut into pieces (the partitioned exchange, src/comm/compressed_sync.h)
 //
-// The bucket [0, n) is cut into R contiguous pieces, piece j = [n j / R, n (j+1) / R).
-// The selection is the whole bucket's top-k, exactly as compress() makes it;
-// piece j gets the selected entries that fall inside it, as a payload of its
-// own: n = the piece's length, indices relative to its start, quantization
-// blocks counted from its first entry. A piece without entries sends nothing.
-//   1. select_pieces: acc and top-k as in compress(); the R + 1 bounds
-//      bounds[j] = entries below piece j's start, a binary search in the
-//      sorted indices each (one thread per bound), copied to the host;
-//   2. encode_piece, per piece with entries: its indices made relative, encoded;
-//      the values as decoded kept in ws.sent at the piece's entries;
-//   3. finish_pieces: residual(idx) = acc(idx) - sent, as compress() does.
+// A sorted selection of k entries of a vector of n values (one bucket's top-k,
+// or the concatenated top-k of many buckets) is cut into R contiguous pieces,
+// piece j = [n j / R, n (j+1) / R); piece j gets the selected entries that fall
+// inside it, as a payload of its own: n = the piece's length, indices relative
+// to its start, quantization blocks counted from its first entry. A piece
+// without entries sends nothing.
+//   1. select_into (per bucket): acc and top-k as in compress(), the indices
+//      moved by the bucket's offset, into the caller's idx/val at the bucket's
+//      place: concatenated in packed order, the selection stays sorted;
+//      (select_pieces: the same for one bucket, into the workspace);
+//   2. cut_selection: the R + 1 bounds bounds[j] = entries below piece j's
+//      start, a binary search in the sorted indices each (one thread per
+//      bound), copied to the host;
+//   3. encode_piece, per piece with entries: its indices made relative,
+//      encoded; the values as decoded kept in sel.sent at the piece's entries;
+//   4. finish_pieces: residual(idx) = acc(idx) - sent, as compress() does.
 // Mass is conserved per element exactly as in compress(): every selected entry
 // is in exactly one piece, and each piece's sent_i + residual_i == acc_i.
 
 KOKKOS_INLINE_FUNCTION constexpr int64_t piece_begin(int64_t n, int64_t j, int64_t pieces) { return n * j / pieces; }
 
-// What select_pieces leaves for encode_piece and finish_pieces (the k entries
-// themselves are in the workspace: ws.idx, ws.val).
+// A sorted selection and where its pieces' entries are. The views are the
+// caller's (or the workspace's): idx (k) indices into [0, n), val (k) their
+// values, sent (k) the values as decoded (written by encode_piece), rel (k)
+// scratch for the relative indices.
 struct Selection {
   int64_t n = 0, k = 0, pieces = 1;
   std::vector<int64_t> bounds;  // (pieces + 1) piece j's entries are [bounds[j], bounds[j + 1])
+  Vec<const uint32_t> idx;
+  Vec<const float> val;
+  Vec<float> sent;
+  Vec<uint32_t> rel;
   int64_t begin(int64_t j) const { return piece_begin(n, j, pieces); }
   int64_t length(int64_t j) const { return piece_begin(n, j + 1, pieces) - piece_begin(n, j, pieces); }
   int64_t entries(int64_t j) const { return bounds[j + 1] - bounds[j]; }
@@ -880,7 +891,52 @@ inline int64_t piece_payload_bytes(const Selection& sel, int64_t j, const Settin
   return e == 0 ? 0 : payload_bytes(sel.length(j), e, s.quant, s.block);
 }
 
-// Steps 1 and 2 of compress() on grad (n) and residual (n), then the piece bounds.
+// Steps 1 and 2 of compress() on grad (n) and residual (n): idx (k), val (k)
+// = the top k = topk_count(n, s.ratio) of acc, the indices plus `offset`
+// (the bucket's place in a longer vector). Returns k.
+inline int64_t select_into(Vec<uint32_t> idx, Vec<float> val, Vec<float> residual, Vec<const float> grad,
+                           int64_t offset, const Settings& s, Workspace& ws) {
+  const int64_t n = grad.extent(0), k = topk_count(n, s.ratio);
+  if (int64_t(residual.extent(0)) != n || int64_t(idx.extent(0)) != k || int64_t(val.extent(0)) != k ||
+      offset < 0 || offset + n > int64_t(UINT32_MAX))
+    throw std::invalid_argument(fmt::format("compress::select_into: residual {}, grad {}, k = {}, idx {}, val {}, "
+                                            "offset {}", residual.extent(0), n, k, idx.extent(0), val.extent(0),
+                                            offset));
+  ws.check(n, k);
+  Vec<const float> acc = grad;
+  if (s.feedback) {
+    error_feedback(residual, residual, grad);
+    acc = residual;
+  }
+  topk_select(idx, val, acc, ws);
+  if (offset != 0)
+    Kokkos::parallel_for(
+        "compress::select_offset", Kokkos::RangePolicy<ExecSpace>(0, k),
+        KOKKOS_LAMBDA(int64_t j) { idx(j) += uint32_t(offset); });
+  return k;
+}
+
+// The piece bounds of a sorted selection idx (k) of [0, n) cut in `pieces`;
+// `scratch` (grown to pieces + 1) holds them in kernel memory.
+inline Selection cut_selection(Vec<const uint32_t> idx, Vec<const float> val, Vec<float> sent, Vec<uint32_t> rel,
+                               int64_t n, int64_t pieces, Buffer<int64_t>& scratch) {
+  const int64_t k = idx.extent(0);
+  if (pieces < 1 || int64_t(val.extent(0)) != k || int64_t(sent.extent(0)) != k || int64_t(rel.extent(0)) != k)
+    throw std::invalid_argument(fmt::format("compress::cut_selection: {} pieces, idx {}, val {}, sent {}, rel {}",
+                                            pieces, k, val.extent(0), sent.extent(0), rel.extent(0)));
+  if (int64_t(scratch.extent(0)) < pieces + 1) scratch = Buffer<int64_t>("compress::bounds", pieces + 1);
+  auto bounds = scratch;
+  const uint32_t* ix = idx.data();
+  Kokkos::parallel_for(
+      "compress::piece_bounds", Kokkos::RangePolicy<ExecSpace>(0, pieces + 1),
+      KOKKOS_LAMBDA(int64_t j) { bounds(j) = count_below(ix, k, piece_begin(n, j, pieces)); });
+  Selection sel{n, k, pieces, std::vector<int64_t>(pieces + 1), idx, val, sent, rel};
+  Kokkos::deep_copy(Kokkos::View<int64_t*, Kokkos::HostSpace, Unmanaged>(sel.bounds.data(), pieces + 1),
+                    Kokkos::subview(bounds, Kokkos::make_pair(int64_t(0), pieces + 1)));
+  return sel;
+}
+
+// One bucket: select_into the workspace, then cut_selection.
 inline Selection select_pieces(Vec<float> residual, Vec<const float> grad, const Settings& s, int64_t pieces,
                                Workspace& ws) {
   const int64_t n = grad.extent(0), k = topk_count(n, s.ratio);
@@ -888,53 +944,117 @@ inline Selection select_pieces(Vec<float> residual, Vec<const float> grad, const
     throw std::invalid_argument(
         fmt::format("compress::select_pieces: residual {}, grad {}, {} pieces", residual.extent(0), n, pieces));
   ws.check(n, k);
-  Vec<const float> acc = grad;
-  if (s.feedback) {
-    error_feedback(residual, residual, grad);
-    acc = residual;
-  }
-  topk_select(Vec<uint32_t>(ws.idx.data(), k), Vec<float>(ws.val.data(), k), acc, ws);
-  if (int64_t(ws.bounds.extent(0)) < pieces + 1)
-    ws.bounds = Buffer<int64_t>("compress::bounds", pieces + 1);
-  auto bounds = ws.bounds;
-  const uint32_t* ix = ws.idx.data();
-  Kokkos::parallel_for(
-      "compress::piece_bounds", Kokkos::RangePolicy<ExecSpace>(0, pieces + 1),
-      KOKKOS_LAMBDA(int64_t j) { bounds(j) = count_below(ix, k, piece_begin(n, j, pieces)); });
-  Selection sel{n, k, pieces, std::vector<int64_t>(pieces + 1)};
-  Kokkos::deep_copy(Kokkos::View<int64_t*, Kokkos::HostSpace, Unmanaged>(sel.bounds.data(), pieces + 1),
-                    Kokkos::subview(bounds, Kokkos::make_pair(int64_t(0), pieces + 1)));
-  return sel;
+  Vec<uint32_t> idx(ws.idx.data(), k);
+  Vec<float> val(ws.val.data(), k);
+  select_into(idx, val, residual, grad, 0, s, ws);
+  return cut_selection(idx, val, Vec<float>(ws.sent.data(), k), Vec<uint32_t>(ws.rel.data(), k), n, pieces,
+                       ws.bounds);
 }
 
 // payload (piece_payload_bytes(sel, j, s)) of piece j, which has entries;
 // returns its bytes.
 inline int64_t encode_piece(Vec<uint8_t> payload, const Selection& sel, int64_t j, const Settings& s,
-                            Workspace& ws) {
+                            Workspace&) {
   const int64_t b0 = sel.bounds[j], e = sel.entries(j), start = sel.begin(j);
   if (e < 1) throw std::invalid_argument(fmt::format("compress::encode_piece: piece {} has no entries", j));
-  Vec<uint32_t> rel(ws.rel.data() + b0, e);
-  const uint32_t* ix = ws.idx.data() + b0;
+  Vec<uint32_t> rel(sel.rel.data() + b0, e);
+  const uint32_t* ix = sel.idx.data() + b0;
   Kokkos::parallel_for(
       "compress::piece_indices", Kokkos::RangePolicy<ExecSpace>(0, e),
       KOKKOS_LAMBDA(int64_t t) { rel(t) = uint32_t(int64_t(ix[t]) - start); });
-  Vec<const float> val(ws.val.data() + b0, e);
+  Vec<const float> val(sel.val.data() + b0, e);
   const int64_t bytes = encode(payload, rel, val, sel.length(j), s.quant, s.block);
   if (s.feedback && s.quant != Quant::none)  // what the owner will decode
-    sent_values(Vec<float>(ws.sent.data() + b0, e), payload.data(),
+    sent_values(Vec<float>(sel.sent.data() + b0, e), payload.data(),
                 Header{sel.length(j), e, s.quant, has_scales(s.quant) ? s.block : 0});
   return bytes;
 }
 
 // residual (n) = acc - what the pieces sent (feedback on; every piece with
 // entries encoded), or 0 (feedback off).
-inline void finish_pieces(Vec<float> residual, const Selection& sel, const Settings& s, Workspace& ws) {
+inline void finish_pieces(Vec<float> residual, const Selection& sel, const Settings& s, Workspace&) {
   if (!s.feedback) {
     Kokkos::deep_copy(residual, 0.0f);
     return;
   }
-  const Vec<const float> sent(s.quant == Quant::none ? ws.val.data() : ws.sent.data(), sel.k);
-  update_residual(residual, residual, Vec<const uint32_t>(ws.idx.data(), sel.k), sent);
+  const Vec<const float> sent = s.quant == Quant::none ? sel.val : Vec<const float>(sel.sent.data(), sel.k);
+  update_residual(residual, residual, sel.idx, sent);
+}
+
+// ----------------------------------------------------------------------------
+// the owner side (the partitioned exchange): top-k per segment of a range
+
+// A segment [begin, end) of a range, relative to its start.
+struct Segment {
+  int64_t begin = 0, end = 0;
+};
+
+// k' = the sum over the segments of topk_count(segment length, ratio).
+inline int64_t segments_count(const std::vector<Segment>& segments, double ratio) {
+  int64_t k = 0;
+  for (const auto& g : segments) k += topk_count(g.end - g.begin, ratio);
+  return k;
+}
+
+// payload (payload_bytes(m, k', s.quant, s.block)) from sum (m), its top
+// topk_count(length, ratio) entries of each segment (the segments sorted,
+// disjoint, inside [0, m)), as one payload of the whole range: n = m,
+// indices relative to the range, quantization blocks over all k' entries.
+// residual (m) is the error feedback as in compress(), read and written only
+// inside the segments (feedback off: the segments' entries set to 0). idx,
+// val, sent (at least k' each) are scratch. Returns the bytes written.
+//   1. per segment: acc = residual + sum (feedback on), its top-k into idx,
+//      val at the segment's place, the indices moved by the segment's start;
+//   2. encode(idx, val) over the range;
+//   3. residual(idx) = acc(idx) - sent (feedback on).
+inline int64_t compress_segments(Vec<uint8_t> payload, Vec<float> residual, Vec<const float> sum,
+                                 const std::vector<Segment>& segments, const Settings& s, Workspace& ws,
+                                 Vec<uint32_t> idx, Vec<float> val, Vec<float> sent) {
+  const int64_t m = sum.extent(0), k = segments_count(segments, s.ratio);
+  if (int64_t(residual.extent(0)) != m || k < 1 || int64_t(idx.extent(0)) < k || int64_t(val.extent(0)) < k ||
+      int64_t(sent.extent(0)) < k)
+    throw std::invalid_argument(fmt::format("compress::compress_segments: residual {}, sum {}, k' = {}, idx {}, "
+                                            "val {}, sent {}", residual.extent(0), m, k, idx.extent(0),
+                                            val.extent(0), sent.extent(0)));
+  for (int64_t last = 0; const auto& g : segments) {
+    if (g.begin < last || g.end <= g.begin || g.end > m)
+      throw std::invalid_argument(fmt::format("compress::compress_segments: segment [{}, {}) of {}", g.begin, g.end, m));
+    last = g.end;
+  }
+  int64_t at = 0;
+  for (const auto& g : segments) {
+    const auto span = Kokkos::make_pair(g.begin, g.end);
+    Vec<float> r = Kokkos::subview(residual, span);
+    Vec<const float> acc = Kokkos::subview(sum, span);
+    if (s.feedback) {
+      error_feedback(r, r, acc);
+      acc = r;
+    } else {
+      Kokkos::deep_copy(r, 0.0f);
+    }
+    const int64_t kg = topk_count(g.end - g.begin, s.ratio);
+    Vec<uint32_t> ix(idx.data() + at, kg);
+    ws.check(g.end - g.begin, kg);
+    topk_select(ix, Vec<float>(val.data() + at, kg), acc, ws);
+    if (g.begin != 0) {
+      const uint32_t offset = uint32_t(g.begin);
+      Kokkos::parallel_for(
+          "compress::segment_offset", Kokkos::RangePolicy<ExecSpace>(0, kg),
+          KOKKOS_LAMBDA(int64_t j) { ix(j) += offset; });
+    }
+    at += kg;
+  }
+  const Vec<const uint32_t> chosen(idx.data(), k);
+  const Vec<const float> values(val.data(), k);
+  const int64_t bytes = encode(payload, chosen, values, m, s.quant, s.block);
+  if (!s.feedback) return bytes;
+  Vec<const float> out = values;
+  if (s.quant != Quant::none) {
+    sent_values(Vec<float>(sent.data(), k), payload.data(), Header{m, k, s.quant, has_scales(s.quant) ? s.block : 0});
+    out = Vec<const float>(sent.data(), k);
+  }
+  update_residual(residual, residual, chosen, out);
+  return bytes;
 }
 
 }  // namespace xx::kernels::compress

@@ -824,6 +824,97 @@ TEST_CASE("compress: the pieces of a selection carry exactly its entries, and co
       }
 }
 
+TEST_CASE("compress: many buckets selected into one sorted list and cut into range payloads; the owner's "
+          "top-k per segment", "[kernels][compress]") {
+  // The partitioned exchange (src/comm/compressed_sync.h) with many buckets:
+  // select_into writes each bucket's top-k at its place with packed indices,
+  // so the concatenation is sorted; cut_selection cuts it at S j / R; piece
+  // j's payload holds exactly the selected entries in [S j / R, S (j+1) / R).
+  // compress_segments: the top-k of each segment (the same entries as
+  // compress() of that segment alone), one payload over the range; sent +
+  // residual == acc in the segments, the rest of the residual untouched.
+  const std::vector<int64_t> sizes = {5, 3000, 1, 70001, 257, 40000};  // buckets, in packed order
+  std::vector<int64_t> starts = {0};
+  for (int64_t n : sizes) starts.push_back(starts.back() + n);
+  const int64_t S = starts.back();
+  for (Quant q : {Quant::none, Quant::int8, Quant::bf16})
+    for (double ratio : {0.01, 1.0})
+      for (bool feedback : {true, false}) {
+        CAPTURE(c::quant_name(q), ratio, feedback);
+        const c::Settings s{ratio, q, 64, feedback};
+        const auto g = make_grad(S, 77, Data::wide);
+        const auto r0 = make_grad(S, 78, Data::normal);
+        Buffer<float> residual = on_device(feedback ? r0 : std::vector<float>(S, 0.0f));
+        auto grad = on_device(g);
+        int64_t K = 0;
+        for (int64_t n : sizes) K += c::topk_count(n, ratio);
+        c::Workspace ws(70001, 70001);
+        Buffer<uint32_t> idx("test::idx", K), rel("test::rel", K);
+        Buffer<float> val("test::val", K), sent_k("test::sent", K);
+        std::vector<uint32_t> want;  // each bucket's reference top-k, in packed positions
+        for (int64_t b = 0, at = 0; b < int64_t(sizes.size()); ++b) {
+          const int64_t n = sizes[b], k = c::topk_count(n, ratio);
+          std::vector<float> acc(n);
+          for (int64_t i = 0; i < n; ++i)
+            acc[i] = feedback ? feedback_of(r0[starts[b] + i], g[starts[b] + i]) : g[starts[b] + i];
+          for (uint32_t i : reference_topk(acc, k)) want.push_back(uint32_t(starts[b] + i));
+          REQUIRE(c::select_into(Vec<uint32_t>(idx.data() + at, k), Vec<float>(val.data() + at, k),
+                                 Vec<float>(residual.data() + starts[b], n),
+                                 Vec<const float>(grad.data() + starts[b], n), starts[b], s, ws) == k);
+          at += k;
+        }
+        REQUIRE(on_host(idx) == want);
+        for (int64_t R : {1, 3, 8}) {
+          Buffer<int64_t> scratch;
+          const c::Selection sel = c::cut_selection(CV(idx), CV(val), V(sent_k), V(rel), S, R, scratch);
+          REQUIRE(sel.bounds.back() == K);
+          std::vector<uint32_t> got;
+          for (int64_t j = 0; j < R; ++j) {
+            if (sel.entries(j) == 0) continue;
+            Buffer<uint8_t> payload("test::range", c::piece_payload_bytes(sel, j, s));
+            REQUIRE(c::encode_piece(V(payload), sel, j, s, ws) == int64_t(payload.extent(0)));
+            std::vector<uint32_t> ix;
+            dense_sent(payload, sel.length(j), &ix);
+            for (auto i : ix) got.push_back(uint32_t(sel.begin(j) + i));
+          }
+          REQUIRE(got == want);
+        }
+        // The owner's side over a range of m values with three segments (two adjacent).
+        const int64_t m = 80000;
+        const std::vector<c::Segment> segs = {{3, 2000}, {2000, 50000}, {60001, 80000}};
+        const auto sum_h = make_grad(m, 79, Data::wide), held_h = make_grad(m, 80, Data::normal);
+        Buffer<float> sum = on_device(sum_h), held = on_device(held_h);
+        const int64_t kk = c::segments_count(segs, ratio);
+        Buffer<uint32_t> oi("test::oi", kk);
+        Buffer<float> ov("test::ov", kk), os("test::os", kk);
+        Buffer<uint8_t> payload("test::owned", c::payload_bytes(m, kk, q, 64));
+        REQUIRE(c::compress_segments(V(payload), V(held), CV(sum), segs, s, ws, V(oi), V(ov), V(os)) ==
+                int64_t(payload.extent(0)));
+        std::vector<uint32_t> ix;
+        const auto d = dense_sent(payload, m, &ix);
+        std::vector<uint32_t> expect;
+        std::vector<char> inside(m, 0);
+        for (const auto& sg : segs) {
+          std::vector<float> acc(sg.end - sg.begin);
+          for (int64_t i = sg.begin; i < sg.end; ++i) {
+            acc[i - sg.begin] = feedback ? feedback_of(held_h[i], sum_h[i]) : sum_h[i];
+            inside[i] = 1;
+          }
+          for (uint32_t i : reference_topk(acc, c::topk_count(sg.end - sg.begin, ratio)))
+            expect.push_back(uint32_t(sg.begin + i));
+        }
+        REQUIRE(ix == expect);
+        const auto h1 = on_host(held);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          if (!inside[i]) bad += bits(h1[i]) != bits(held_h[i]);
+          else if (!feedback) bad += h1[i] != 0.0f;
+          else bad += d[i] + h1[i] != feedback_of(held_h[i], sum_h[i]);
+        }
+        REQUIRE(bad == 0);
+      }
+}
+
 namespace {
 
 // x rounded to bfloat16, as bits, computed independently of kernels/compress.h:

@@ -33,18 +33,22 @@ void copy_ranges(const Buffer<float>& flat, const Buffer<float>& packed,
   }
 }
 
-// Momentum correction: the local momentum u (n) is cleared where the k entries in ws.idx were sent.
-void mask_momentum(Vec<float> u, const cx::Workspace& ws, int64_t k) {
-  Vec<const uint32_t> idx(ws.idx.data(), k);
+// Momentum correction: the local momentum u is cleared at the k sent entries idx (k).
+void mask_momentum(Vec<float> u, Vec<const uint32_t> idx) {
   Kokkos::parallel_for(
-      "CompressedSync::mask_momentum", Kokkos::RangePolicy<ExecSpace>(0, k),
+      "CompressedSync::mask_momentum", Kokkos::RangePolicy<ExecSpace>(0, idx.extent(0)),
       KOKKOS_LAMBDA(int64_t j) { u(idx(j)) = 0.0f; });
 }
 
-// Bytes of the payload of piece j of a bucket of n cut in R, as its owner sends it (0 for an empty piece).
-int64_t owner_payload_bytes(int64_t n, int64_t j, int64_t R, const cx::Settings& s) {
-  const int64_t m = cx::piece_begin(n, j + 1, R) - cx::piece_begin(n, j, R);
-  return m == 0 ? 0 : cx::payload_bytes(m, cx::topk_count(m, s.ratio), s.quant, s.block);
+// Bytes of a range payload of m values with k entries; 0 for none (nothing is sent).
+int64_t range_payload_bytes(int64_t m, int64_t k, const cx::Settings& s) {
+  return k == 0 ? 0 : cx::payload_bytes(m, k, s.quant, s.block);
+}
+
+// Grows a scratch buffer to at least n (its contents are not kept).
+template <class T>
+void reserve(Buffer<T>& b, int64_t n, const char* label) {
+  if (int64_t(b.extent(0)) < n) b = Buffer<T>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), n);
 }
 
 }  // namespace
@@ -85,6 +89,9 @@ CompressedSync::CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<fl
   residual_ = Buffer<float>("CompressedSync::residual", sparse_n_);
   if (cfg.momentum > 0) momentum_ = Buffer<float>("CompressedSync::momentum", sparse_n_);
   ws_ = cx::Workspace(largest, largest);
+  if (exchange_ == Exchange::partitioned && sparse_n_ > int64_t(UINT32_MAX))
+    throw std::invalid_argument(fmt::format("compress exchange partitioned: {} values in the sparse part, the "
+                                            "payload indices reach 2^32 - 1", sparse_n_));
 }
 
 double CompressedSync::ratio_at(int64_t step) const {
@@ -94,22 +101,16 @@ double CompressedSync::ratio_at(int64_t step) const {
 
 // Worth it when what this rank sends is less than what the dense bucket costs.
 // allgather: one payload to each of the other R-1 members, against the dense
-// bucket it would hand to the all-reduce. partitioned: about 2 (R-1)/R of the
-// owners' R piece payloads together (each rank sends its pieces to the owners,
-// then its own piece of the sum to everyone), against the ring all-reduce's
-// 2 (R-1)/R of the dense bucket: so the R piece payloads against the bucket.
+// bucket it would hand to the all-reduce. partitioned: the bucket's k entries
+// travel in the range payloads, about 2 (R-1)/R of them per rank (this rank's
+// to the owners, then the owners' top-k of the sums to everyone), against the
+// ring all-reduce's 2 (R-1)/R of the dense bucket: so the bucket's payload
+// (its k entries with a header of their own, which the range payloads share)
+// against the bucket.
 bool CompressedSync::compressed(const Bucket& b, double ratio, int group_size) const {
   const int64_t n = b.end - b.begin;
   if (cfg_.ratio >= 1) return true;  // asked for: every entry through the sparse path
-  if (exchange_ == Exchange::partitioned) {
-    cx::Settings s = settings_;
-    s.ratio = ratio;
-    const int64_t R = std::max(1, group_size);
-    int64_t pieces = 0;
-    for (int64_t j = 0; j < R; ++j) pieces += owner_payload_bytes(n, j, R, s);
-    return pieces < n * int64_t(sizeof(float));
-  }
-  const int64_t peers = std::max(1, group_size - 1);
+  const int64_t peers = exchange_ == Exchange::partitioned ? 1 : std::max(1, group_size - 1);
   return peers * cx::payload_bytes(n, cx::topk_count(n, ratio), settings_.quant, settings_.block) <
          n * int64_t(sizeof(float));
 }
@@ -122,31 +123,60 @@ int CompressedSync::compressed_buckets(int64_t step, int group_size) const {
 
 void CompressedSync::own_pieces(int members, int me) {
   if (exchange_ != Exchange::partitioned) return;
+  if (members < 1 || me < 0 || me >= members)
+    throw std::invalid_argument(fmt::format("CompressedSync::own_pieces: member {} of {}", me, members));
   owner_members_ = members, owner_me_ = me;
-  owner_at_.clear();
-  // Each bucket's piece gets ceil(n / R) places, one more than it holds when
-  // R does not divide n (that place stays 0): every rank's owner residual is
-  // then the same length, as a resume at another world size, which averages
-  // the ranks' buffers, needs.
-  int64_t total = 0, largest = 0;
-  for (const auto& b : buckets_) {
-    const int64_t n = b.end - b.begin, m = cx::ceil_div(n, members);
-    owner_at_.push_back(total);
-    total += m, largest = std::max(largest, m);
-  }
-  owner_residual_ = Buffer<float>("CompressedSync::owner_residual", total);
-  owner_sum_ = Buffer<float>("CompressedSync::owner_sum", largest);
+  const int64_t m = range_begin(me + 1) - range_begin(me);  // exactly the range: no padding
+  owner_residual_ = Buffer<float>("CompressedSync::owner_residual", m);
+  owner_sum_ = Buffer<float>("CompressedSync::owner_sum", m);
 }
 
-CompressedSync::OwnPiece CompressedSync::own_piece(size_t b) const {
-  const int64_t n = buckets_[b].end - buckets_[b].begin;
-  const int64_t begin = cx::piece_begin(n, owner_me_, owner_members_);
-  return {begin, cx::piece_begin(n, owner_me_ + 1, owner_members_) - begin, owner_at_[b]};
+int64_t CompressedSync::range_begin(int64_t j) const { return cx::piece_begin(sparse_n_, j, owner_members_); }
+
+std::vector<float> CompressedSync::owner_residual_whole(MPI_Comm world) const {
+  if (exchange_ != Exchange::partitioned || owner_members_ == 0) return {};
+  int size = 0;
+  MPI_Comm_size(world, &size);
+  if (size != owner_members_)
+    throw std::logic_error(fmt::format("CompressedSync::owner_residual_whole: laid out for {} members, the "
+                                       "communicator has {} ranks", owner_members_, size));
+  std::vector<int> counts(size), displs(size);
+  for (int j = 0; j < size; ++j) displs[j] = int(range_begin(j)), counts[j] = int(range_begin(j + 1) - range_begin(j));
+  std::vector<float> mine(owner_residual_.extent(0)), whole(sparse_n_);
+  Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(mine.data(), mine.size()), owner_residual_);
+  MPI_Allgatherv(mine.data(), int(mine.size()), MPI_FLOAT, whole.data(), counts.data(), displs.data(), MPI_FLOAT,
+                 world);
+  return whole;
+}
+
+bool CompressedSync::load_owner_residual_whole(const std::vector<float>& whole) {
+  if (exchange_ != Exchange::partitioned || owner_members_ == 0) return false;
+  if (int64_t(whole.size()) != sparse_n_) {
+    Kokkos::deep_copy(owner_residual_, 0.0f);
+    return false;
+  }
+  const int64_t lo = range_begin(owner_me_);
+  Kokkos::deep_copy(owner_residual_, Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(
+                                         whole.data() + lo, owner_residual_.extent(0)));
+  return true;
+}
+
+// The intersections of [lo, hi) with the buckets (sorted, disjoint), relative to lo.
+std::vector<cx::Segment> CompressedSync::segments_of(const std::vector<const Bucket*>& buckets, int64_t lo,
+                                                     int64_t hi) {
+  std::vector<cx::Segment> out;
+  auto b = std::upper_bound(buckets.begin(), buckets.end(), lo,
+                            [](int64_t at, const Bucket* x) { return at < x->end; });  // the first ending after lo
+  for (; b != buckets.end() && (*b)->begin < hi; ++b) {
+    const int64_t begin = std::max(lo, (*b)->begin), end = std::min(hi, (*b)->end);
+    if (end > begin) out.push_back({begin - lo, end - lo});
+  }
+  return out;
 }
 
 std::string CompressedSync::describe() const {
   const char* exchange = exchange_ == Exchange::partitioned
-                             ? "exchange partitioned (sparse reduce-scatter to the piece owners, then all-gather)"
+                             ? "exchange partitioned (sparse reduce-scatter to the range owners, then all-gather)"
                              : "exchange allgather (every payload to every member)";
   return fmt::format("top-k {} ({} quant, feedback {}{}), {} buckets over {} values, {} values dense (min_size {}), "
                      "{}",
@@ -221,11 +251,13 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
     if (cfg_.feedback) {  // nothing held back survives a dense step
       kernels::add_inplace<float>(out, part(residual_, b.begin, b.end));
       Kokkos::deep_copy(part(residual_, b.begin, b.end), 0.0f);
-      if (exchange_ == Exchange::partitioned) {  // nor what this rank held back of its piece of the sum
-        const OwnPiece p = own_piece(size_t(bp - buckets_.data()));
-        Vec<float> held = part(owner_residual_, p.at, p.at + p.length);
-        kernels::add_inplace<float>(Vec<float>(out.data() + p.begin, p.length), held);
-        Kokkos::deep_copy(held, 0.0f);
+      if (exchange_ == Exchange::partitioned) {  // nor what this rank held back of its range of the sum
+        const int64_t lo = range_begin(me), begin = std::max(lo, b.begin), end = std::min(range_begin(me + 1), b.end);
+        if (end > begin) {
+          Vec<float> held = part(owner_residual_, begin - lo, end - lo);
+          kernels::add_inplace<float>(Vec<float>(out.data() + (begin - b.begin), end - begin), held);
+          Kokkos::deep_copy(held, 0.0f);
+        }
       }
     }
     if (cfg_.momentum > 0) Kokkos::deep_copy(part(momentum_, b.begin, b.end), 0.0f);
@@ -275,7 +307,7 @@ void CompressedSync::allgather(const std::vector<const Bucket*>& buckets, const 
     const Bucket& b = *bp;
     Vec<uint8_t> out(encoded + offset, size);
     cx::compress(out, part(residual_, b.begin, b.end), part(send, b.begin, b.end), s, ws_);
-    if (cfg_.momentum > 0) mask_momentum(part(momentum_, b.begin, b.end), ws_, k);
+    if (cfg_.momentum > 0) mask_momentum(part(momentum_, b.begin, b.end), Vec<const uint32_t>(ws_.idx.data(), k));
   }
   ExecSpace().fence();
   if (staged) Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(payload_.data()), bytes), Vec<uint8_t>(encoded, bytes));
@@ -323,59 +355,46 @@ void CompressedSync::partitioned(const std::vector<const Bucket*>& buckets, cons
                                           step + 1, detail::rank_list(members), what));
   };
 
-  // b. select each bucket, cut at the piece starts, encode the pieces one
-  // after the other (bucket by bucket) into piece_kernel_
-  std::vector<std::vector<int64_t>> size(nb, std::vector<int64_t>(R)), at(nb, std::vector<int64_t>(R));
-  int64_t used = 0;
-  for (int64_t i = 0; i < nb; ++i) {
-    const Bucket& b = *buckets[i];
-    const cx::Selection sel = cx::select_pieces(part(residual_, b.begin, b.end), part(send, b.begin, b.end), s, R, ws_);
-    int64_t total = 0;
-    for (int j = 0; j < R; ++j) total += size[i][j] = cx::piece_payload_bytes(sel, j, s);
-    if (int64_t(piece_kernel_.extent(0)) < used + total) {  // grows, keeping what is encoded
-      const int64_t capacity = std::max(used + total, 2 * int64_t(piece_kernel_.extent(0)));
-      if (piece_kernel_.extent(0) == 0) piece_kernel_ = Buffer<uint8_t>("CompressedSync::pieces", capacity);
-      else Kokkos::resize(piece_kernel_, capacity);
-    }
-    for (int j = 0; j < R; ++j) {
-      at[i][j] = used;
-      if (size[i][j] > 0) cx::encode_piece(Vec<uint8_t>(piece_kernel_.data() + used, size[i][j]), sel, j, s, ws_);
-      used += size[i][j];
-    }
-    cx::finish_pieces(part(residual_, b.begin, b.end), sel, s, ws_);
-    if (cfg_.momentum > 0) mask_momentum(part(momentum_, b.begin, b.end), ws_, sel.k);
+  // b. each compressed bucket's top-k, one after the other in packed order
+  // (so the whole selection is sorted), cut at the range starts; the entries
+  // in range j encoded as one payload into piece_kernel_
+  int64_t K = 0;
+  for (const Bucket* b : buckets) K += cx::topk_count(b->end - b->begin, s.ratio);
+  reserve(sel_idx_, K, "CompressedSync::selected_indices");
+  reserve(sel_rel_, K, "CompressedSync::relative_indices");
+  reserve(sel_val_, K, "CompressedSync::selected_values");
+  reserve(sel_sent_, K, "CompressedSync::sent_values");
+  for (int64_t at = 0; const Bucket* b : buckets) {
+    const int64_t k = cx::topk_count(b->end - b->begin, s.ratio);
+    cx::select_into(Vec<uint32_t>(sel_idx_.data() + at, k), Vec<float>(sel_val_.data() + at, k),
+                    part(residual_, b->begin, b->end), part(send, b->begin, b->end), b->begin, s, ws_);
+    if (cfg_.momentum > 0)  // packed indices: the local momentum of the whole sparse part
+      mask_momentum(part(momentum_, 0, sparse_n_), Vec<const uint32_t>(sel_idx_.data() + at, k));
+    at += k;
   }
-  ExecSpace().fence();
-  const uint8_t* pieces = piece_kernel_.data();
-  if (staged) {
-    pieces_host_.resize(used);
-    Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(pieces_host_.data()), used),
-                      Vec<uint8_t>(piece_kernel_.data(), used));
-    pieces = reinterpret_cast<const uint8_t*>(pieces_host_.data());
-  }
-
-  // c. to each owner j: a table of nb uint32 sizes, then its pieces in bucket order
+  const cx::Selection sel = cx::cut_selection(Vec<const uint32_t>(sel_idx_.data(), K),
+                                              Vec<const float>(sel_val_.data(), K), Vec<float>(sel_sent_.data(), K),
+                                              Vec<uint32_t>(sel_rel_.data(), K), sparse_n_, R, ws_.bounds);
   std::vector<Slice> to(R);
   int64_t bytes = 0;
   for (int j = 0; j < R; ++j) {
-    to[j].offset = bytes;
-    to[j].size = 4 * nb;
-    for (int64_t i = 0; i < nb; ++i) to[j].size += size[i][j];
+    to[j] = {bytes, cx::piece_payload_bytes(sel, j, s)};
     bytes += to[j].size;
   }
-  payload_.resize(bytes);
-  for (int j = 0; j < R; ++j) {
-    std::byte* out = payload_.data() + to[j].offset;
-    for (int64_t i = 0; i < nb; ++i) {
-      const uint32_t sz = uint32_t(size[i][j]);
-      std::memcpy(out + 4 * i, &sz, 4);
-    }
-    out += 4 * nb;
-    for (int64_t i = 0; i < nb; ++i) {
-      if (size[i][j] > 0) std::memcpy(out, pieces + at[i][j], size_t(size[i][j]));
-      out += size[i][j];
-    }
+  if (int64_t(piece_kernel_.extent(0)) < bytes) piece_kernel_ = Buffer<uint8_t>("CompressedSync::pieces", bytes);
+  uint8_t* encoded = piece_kernel_.data();
+  for (int j = 0; j < R; ++j)
+    if (to[j].size > 0) cx::encode_piece(Vec<uint8_t>(encoded + to[j].offset, to[j].size), sel, j, s, ws_);
+  if (s.feedback) {
+    cx::finish_pieces(part(residual_, 0, sparse_n_), sel, s, ws_);
+  } else {
+    for (const Bucket* b : buckets) Kokkos::deep_copy(part(residual_, b->begin, b->end), 0.0f);
   }
+  ExecSpace().fence();
+  payload_.resize(bytes);
+  Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(payload_.data()), bytes), Vec<uint8_t>(encoded, bytes));
+
+  // c. round one: to each owner j the payload of its range (nothing without entries)
   std::vector<std::vector<std::byte>> got;
   double t0 = MPI_Wtime();
   if (R > 1) {
@@ -387,60 +406,50 @@ void CompressedSync::partitioned(const std::vector<const Bucket*>& buckets, cons
     got.push_back(payload_);
   }
   stats.seconds += MPI_Wtime() - t0;
-  // Each message: its table, checked against its size; then where each piece payload lies in it.
-  std::vector<std::vector<int64_t>> from(R, std::vector<int64_t>(nb + 1));  // offsets into message r
-  for (int r = 0; r < R; ++r) {
-    const auto& m = got[r];
-    if (int64_t(m.size()) < 4 * nb)
-      throw fail(fmt::format("rank {} sent {} bytes, less than its table of {} piece sizes (do the ranks run the "
-                             "same deck?)", members[r], m.size(), nb));
-    from[r][0] = 4 * nb;
-    for (int64_t i = 0; i < nb; ++i) {
-      uint32_t sz = 0;
-      std::memcpy(&sz, m.data() + 4 * i, 4);
-      from[r][i + 1] = from[r][i] + int64_t(sz);
-    }
-    if (from[r][nb] != int64_t(m.size()))
-      throw fail(fmt::format("rank {} sent {} bytes, its table of piece sizes says {}", members[r], m.size(),
-                             from[r][nb]));
-  }
 
-  // d. this rank's piece of each bucket: the group's payloads summed in group
-  // order, plus the owner residual; its top k' encoded into owned_
-  std::vector<int64_t> own_at(nb + 1, 0);
-  for (int64_t i = 0; i < nb; ++i)
-    own_at[i + 1] = own_at[i] + owner_payload_bytes(buckets[i]->end - buckets[i]->begin, me, R, s);
-  const int64_t own_bytes = own_at[nb];
+  // d. this rank's range: the group's payloads summed in group order, plus the
+  // owner residual; the top k' of each segment (the range's intersections with
+  // the compressed buckets) encoded as one payload into owned_
+  const int64_t lo = range_begin(me), m = range_begin(me + 1) - lo;
+  const std::vector<cx::Segment> mine = segments_of(buckets, lo, lo + m);
+  const int64_t own_k = cx::segments_count(mine, s.ratio), own_bytes = range_payload_bytes(m, own_k, s);
   owned_.resize(own_bytes);
-  if (staged && int64_t(owned_kernel_.extent(0)) < own_bytes)
-    owned_kernel_ = Buffer<uint8_t>("CompressedSync::owned", own_bytes);
-  uint8_t* encoded = staged ? owned_kernel_.data() : reinterpret_cast<uint8_t*>(owned_.data());
-  {
+  if (own_k > 0) {
+    for (int r = 0; r < R; ++r)
+      if (!got[r].empty() && got[r].size() % 4 != 0)
+        throw fail(fmt::format("rank {} sent {} bytes for this rank's range, not a payload", members[r],
+                               got[r].size()));
     const std::vector<const uint8_t*> received = in_kernel_memory(got);
-    for (int64_t i = 0; i < nb; ++i) {
-      const OwnPiece p = own_piece(size_t(buckets[i] - buckets_.data()));
-      if (p.length == 0) continue;
-      std::vector<cx::Parsed> parsed;
-      for (int r = 0; r < R; ++r) {
-        const int64_t sz = from[r][i + 1] - from[r][i];
-        if (sz == 0) continue;  // none of rank r's entries fell in this piece
-        try {
-          parsed.push_back(cx::parse(Vec<const uint8_t>(received[r] + from[r][i], sz), p.length));
-        } catch (const std::runtime_error& e) {
-          throw fail(fmt::format("rank {}, bucket {} piece {}: {}", members[r], i, me, e.what()));
-        }
+    std::vector<cx::Parsed> parsed;
+    for (int r = 0; r < R; ++r) {
+      if (got[r].empty()) continue;  // none of rank r's entries fell in this range
+      try {
+        parsed.push_back(cx::parse(Vec<const uint8_t>(received[r], int64_t(got[r].size())), m));
+      } catch (const std::runtime_error& e) {
+        throw fail(fmt::format("rank {}, the range of member {}: {}", members[r], me, e.what()));
       }
-      Vec<float> sum(owner_sum_.data(), p.length);
-      cx::sum_parsed(sum, parsed);
-      cx::compress(Vec<uint8_t>(encoded + own_at[i], own_at[i + 1] - own_at[i]),
-                   part(owner_residual_, p.at, p.at + p.length), sum, s, ws_);
     }
+    Vec<float> sum(owner_sum_.data(), m);
+    cx::sum_parsed(sum, parsed);
+    reserve(own_idx_, own_k, "CompressedSync::owner_indices");
+    reserve(own_val_, own_k, "CompressedSync::owner_values");
+    reserve(own_sent_, own_k, "CompressedSync::owner_sent");
+    if (staged) reserve(owned_kernel_, own_bytes, "CompressedSync::owned");
+    uint8_t* out = staged ? owned_kernel_.data() : reinterpret_cast<uint8_t*>(owned_.data());
+    cx::compress_segments(Vec<uint8_t>(out, own_bytes), part(owner_residual_, 0, m), sum, mine, s, ws_,
+                          Vec<uint32_t>(own_idx_.data(), own_k), Vec<float>(own_val_.data(), own_k),
+                          Vec<float>(own_sent_.data(), own_k));
     ExecSpace().fence();  // the parsed payloads in received_kernel_ are read before it is reused
+    if (staged)
+      Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(owned_.data()), own_bytes), Vec<uint8_t>(out, own_bytes));
+  } else {
+    for (int r = 0; r < R; ++r)
+      if (!got[r].empty())
+        throw fail(fmt::format("rank {} sent {} bytes for this rank's range, which has no compressed values (do "
+                               "the ranks run the same deck?)", members[r], got[r].size()));
   }
-  if (staged)
-    Kokkos::deep_copy(HostBytes(reinterpret_cast<uint8_t*>(owned_.data()), own_bytes), Vec<uint8_t>(encoded, own_bytes));
 
-  // e. every owner's pieces to every member; each decoded into place
+  // e. round two: every owner's payload to every member; each decoded into its range
   t0 = MPI_Wtime();
   if (R > 1) {
     got = comm.sparse().exchange(members, owned_, uint64_t(2 * step + 1), kExchangeTimeout);
@@ -452,26 +461,24 @@ void CompressedSync::partitioned(const std::vector<const Bucket*>& buckets, cons
   }
   stats.seconds += MPI_Wtime() - t0;
   for (int j = 0; j < R; ++j) {
-    int64_t expect = 0;
-    for (int64_t i = 0; i < nb; ++i) expect += owner_payload_bytes(buckets[i]->end - buckets[i]->begin, j, R, s);
+    const int64_t begin = range_begin(j), length = range_begin(j + 1) - begin;
+    const int64_t expect = range_payload_bytes(length, cx::segments_count(segments_of(buckets, begin, begin + length),
+                                                                          s.ratio), s);
     if (int64_t(got[j].size()) != expect)
-      throw fail(fmt::format("rank {} sent {} bytes of its pieces, expected {} (do the ranks run the same deck?)",
+      throw fail(fmt::format("rank {} sent {} bytes of its range, expected {} (do the ranks run the same deck?)",
                              members[j], got[j].size(), expect));
   }
   const std::vector<const uint8_t*> received = in_kernel_memory(got);
   for (int j = 0; j < R; ++j) {
-    int64_t offset = 0;
-    for (int64_t i = 0; i < nb; ++i) {
-      const Bucket& b = *buckets[i];
-      const int64_t n = b.end - b.begin, begin = cx::piece_begin(n, j, R), m = cx::piece_begin(n, j + 1, R) - begin;
-      const int64_t sz = owner_payload_bytes(n, j, R, s);
-      if (m == 0) continue;
-      try {
-        cx::decode_sum(part(packed_, b.begin + begin, b.begin + begin + m), {Vec<const uint8_t>(received[j] + offset, sz)});
-      } catch (const std::runtime_error& e) {
-        throw fail(fmt::format("the piece {} of bucket {} from rank {}: {}", j, i, members[j], e.what()));
-      }
-      offset += sz;
+    const int64_t begin = range_begin(j), end = range_begin(j + 1);
+    if (got[j].empty()) {  // no compressed bucket in the range: its values come from the dense part
+      Kokkos::deep_copy(part(packed_, begin, end), 0.0f);
+      continue;
+    }
+    try {
+      cx::decode_sum(part(packed_, begin, end), {Vec<const uint8_t>(received[j], int64_t(got[j].size()))});
+    } catch (const std::runtime_error& e) {
+      throw fail(fmt::format("the range of rank {}: {}", members[j], e.what()));
     }
   }
 }

@@ -19,44 +19,51 @@
 //   4. One all-reduce of the dense part.
 //   5. Unpack, divide by group size times micro-steps.
 //
-// Partitioned, with R group members, this rank member `me`:
-//   a. Each compressed bucket [begin, end) of n values is cut into R pieces,
-//      piece j = [begin + n j / R, begin + n (j+1) / R), owned by member j.
-//   b. Error feedback and top-k over the whole bucket as in allgather (the
-//      same k, momentum correction, residual); the selected entries are cut
-//      at the piece starts (kernels/compress.h select_pieces: binary searches
-//      in the sorted indices) and each piece with entries is encoded as a
-//      payload of its own (indices relative to the piece, n = its length,
-//      quantization per piece). The residual keeps acc - sent (decoded).
-//   c. Round 2 step (personalized): to each owner j, a table of one uint32
-//      per compressed bucket (the size of that bucket's piece-j payload; 0 for
-//      a piece without entries), then those payloads in bucket order.
-//   d. Owner j decodes its piece's R payloads, sums them in group order into a
-//      dense piece, adds its owner residual (feedback on), takes the top k' =
-//      topk_count(piece length, ratio) of that, quantizes and encodes it
-//      (kernels/compress.h compress()), and keeps sum - sent as the new owner
-//      residual.
-//   e. Round 2 step + 1 (broadcast): each owner's piece payloads, all buckets
-//      concatenated (their sizes follow from the piece lengths), to every
-//      member; every rank decodes every piece into place: the same bits.
-//   Bytes this rank sends (bytes_sent; UCX: h = 0, MPI: h = 16 per peer),
-//   with s(b, j) this rank's piece-j payload of bucket b (0 without entries),
-//   P(b, j) = payload_bytes(m, topk_count(m, ratio)) for piece j's length m
-//   (0 for m = 0), and nb compressed buckets:
-//     round 1: sum over peers j != me of (h + 4 nb + sum_b s(b, j))
-//     round 2: (R - 1) (h + sum_b P(b, me))
-//   For k entries spread evenly, round 1 is about (R-1)/R of one payload and
-//   round 2 the same: about 2 (R-1)/R payloads per rank, bounded in R, where
-//   allgather sends (R - 1) payloads.
+// Partitioned, with R group members, this rank member `me`, S values in the
+// sparse part (all buckets, compressed or not, in packed order):
+//   a. Member j owns the range [S j / R, S (j+1) / R) of the sparse part, of
+//      m_j values. Selection stays per bucket.
+//   b. Error feedback and top-k per compressed bucket as in allgather (the same
+//      k, momentum correction, residual); each bucket's sorted selection,
+//      shifted to packed positions, is written after the previous bucket's, so
+//      the whole selection is sorted; R + 1 binary searches cut it at the
+//      range starts (kernels/compress.h cut_selection). The entries in range j
+//      become ONE payload (n = m_j, indices relative to the range start,
+//      quantization blocks over its entries; nothing when it has none). The
+//      residual keeps acc - sent (decoded).
+//   c. Round 2 step (personalized): to each owner j, the payload of its range.
+//   d. The owner decodes the R payloads of its range (its own included), sums
+//      them in group order into a dense range, adds its owner residual
+//      (feedback on), and takes the top k'(g) = topk_count(|g|, ratio) of each
+//      segment g, the intersections of its range with the compressed buckets
+//      (per-tensor fairness, as in b); the selections of all segments make one
+//      payload of the range (n = m_me, relative indices, k' = sum of k'(g)),
+//      quantized; sum - sent is the new owner residual (feedback off: 0).
+//   e. Round 2 step + 1 (broadcast): each owner's one payload to every member
+//      (its size follows from the range and the buckets); every rank decodes
+//      each into its range: the same bits on every member.
+//   Bytes this rank sends (bytes_sent; UCX: h = 0, MPI: h = 16 per message),
+//   with k(me -> j) this rank's selected entries in range j and
+//   P(m, k) = payload_bytes(m, k) for k >= 1, 0 for k = 0 (nothing is sent,
+//   but the message still goes, with its header):
+//     round 1: sum over peers j != me of (h + P(m_j, k(me -> j)))
+//     round 2: (R - 1) (h + P(m_me, k'_me))
+//   One message and at most one payload header per peer and round, whatever
+//   the number of buckets: bytes minus payload bytes = 2 (R - 1) h. For k
+//   entries spread evenly, each round is about (R-1)/R of one payload of all
+//   buckets: about 2 (R-1)/R payloads per rank, bounded in R, where allgather
+//   sends (R - 1) payloads.
 //
 // The ratio ramps down over `warmup` steps: r(s) = RATIO^((s + 1) / (warmup + 1))
 // for steps s < warmup (counted from 0), RATIO after.
 //
 // Per-rank state: the residual (what was not sent yet) and, with momentum
 // correction, the local momentum; both in packed order over the sparse part.
-// Partitioned: also the owner residual, what this rank held back of the sums
-// of its pieces: its pieces of every bucket, one after the other, each in
-// ceil(n / R) places (so that every rank's is the same length).
+// Partitioned: also the owner residual, what this rank held back of the sum
+// over its range: exactly m_me values (0 where a bucket of the range went
+// dense). The ranges tile [0, S), so the ranks' owner residuals together are
+// one S-vector in packed order: checkpoints save that (owner_residual_whole)
+// and every rank takes its range of it back at any world size.
 #pragma once
 #include <mpi.h>
 #include <cstdint>
@@ -96,7 +103,15 @@ class CompressedSync {
   // `members` ranks (zeros); reduce() then refuses any other group shape.
   // reduce() does it on first use when nothing did before.
   void own_pieces(int members, int me);
-  Buffer<float>& owner_residual() { return owner_residual_; }  // (sum of this rank's pieces) empty for allgather
+  Buffer<float>& owner_residual() { return owner_residual_; }  // (m_me) empty for allgather
+  int64_t range_begin(int64_t j) const;  // S j / R: where member j's range starts (own_pieces first)
+  // The ranks' owner residuals as one vector (S) in packed order, on every
+  // rank; collective over `world`, whose ranks must be the members in order
+  // (topology full). Empty for allgather.
+  std::vector<float> owner_residual_whole(MPI_Comm world) const;
+  // This rank's range of such a vector, written by any world size; a vector
+  // of another length (another model) sets it to zero and returns false.
+  bool load_owner_residual_whole(const std::vector<float>& whole);
   std::string describe() const;
 
  private:
@@ -114,11 +129,9 @@ class CompressedSync {
                    Communicator& comm, CommStats& stats);
   // Messages where the kernels read them: the host's, or copies in received_kernel_.
   std::vector<const uint8_t*> in_kernel_memory(const std::vector<std::vector<std::byte>>& messages);
-  // Where this rank's piece of bucket b starts in the bucket, its length, and its place in owner_residual_.
-  struct OwnPiece {
-    int64_t begin, length, at;
-  };
-  OwnPiece own_piece(size_t b) const;
+  // The intersections of [lo, hi) with `buckets` (sorted), relative to lo.
+  static std::vector<kernels::compress::Segment> segments_of(const std::vector<const Bucket*>& buckets, int64_t lo,
+                                                             int64_t hi);
 
   CompressConfig cfg_;
   kernels::compress::Settings settings_;
@@ -132,14 +145,17 @@ class CompressedSync {
   Buffer<float> momentum_;       // (sparse_n_) momentum correction, when on
   Exchange exchange_ = Exchange::allgather;
   int owner_members_ = 0, owner_me_ = 0;          // the group shape owner_residual_ is laid out for (0: none yet)
-  Buffer<float> owner_residual_;                  // (this rank's pieces) partitioned: the owners' error feedback
-  Buffer<float> owner_sum_;                       // (largest piece) scratch: a piece summed over the group
-  std::vector<int64_t> owner_at_;                 // (buckets) where each bucket's piece starts in owner_residual_
+  Buffer<float> owner_residual_;                  // (m_me) partitioned: the owner's error feedback over its range
+  Buffer<float> owner_sum_;                       // (m_me) scratch: the range summed over the group
   kernels::compress::Workspace ws_;
   std::vector<std::byte> payload_;  // this rank's payloads, concatenated
-  std::vector<std::byte> owned_;    // partitioned: this rank's pieces of the sums, encoded, concatenated
-  std::vector<std::byte> pieces_host_;  // partitioned, staged: the host copy of piece_kernel_
-  Buffer<uint8_t> piece_kernel_, owned_kernel_;  // partitioned: the pieces as encoded, bucket after bucket
+  std::vector<std::byte> owned_;    // partitioned: this rank's payload of its range of the sum
+  // partitioned scratch, grown on use: the selection of all compressed buckets
+  // (K: packed indices, range-relative indices, values, values as sent), and
+  // the owner's (k'); the encoded range payloads (piece_kernel_, owned_kernel_)
+  Buffer<uint32_t> sel_idx_, sel_rel_, own_idx_;
+  Buffer<float> sel_val_, sel_sent_, own_val_, own_sent_;
+  Buffer<uint8_t> piece_kernel_, owned_kernel_;
   // Where kernel memory is not the host's, the payloads are encoded and
   // decoded there and copied to and from the host vectors the transports move.
   Buffer<uint8_t> payload_kernel_, received_kernel_;

@@ -10,17 +10,20 @@
 namespace xx::sync_detail {
 namespace {
 
-// exchange partitioned: what this rank held back as the owner of its pieces
-// of the group's sums. Optional (a checkpoint of an allgather run has none:
-// nothing was held back). Its length depends on the world size; a checkpoint
-// of another world size (whose owners held other pieces) leaves it at zero,
-// as it does the residuals' exact values (they are averaged then).
-StateEntry owner_residual_entry(Buffer<float> held) {
-  StateEntry e = buffer_entry("compress.owner_residual", StatePlace::rank_buffer, held, false);
-  e.size = -1;
-  e.load_floats = [held](const std::vector<float>& v) {
-    if (v.size() != held.extent(0)) return Kokkos::deep_copy(held, 0.0f);
-    Kokkos::deep_copy(held, Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(v.data(), v.size()));
+// exchange partitioned: what the owners held back of the sums over their
+// ranges, saved as one vector of the sparse part in packed order (the ranks'
+// ranges tile it; gathered from every rank, so saving is collective, as the
+// snapshot is) and re-split on load: a resume at any world size takes it back
+// exactly. Optional (a checkpoint of an allgather run has none: nothing was
+// held back; one of an older build has a per-rank one, which is not read:
+// the owners start from zero, with a console line).
+StateEntry owner_residual_entry(CompressedSync* c, MPI_Comm world) {
+  StateEntry e{"compress.owner_residual", StatePlace::shared_buffer, c->sparse_size(), false};
+  e.save_floats = [c, world] { return c->owner_residual_whole(world); };
+  e.load_floats = [c](const std::vector<float>& v) {
+    if (!c->load_owner_residual_whole(v))
+      fmt::print("compress: the checkpoint's owner residual has {} values, the sparse part {}: starting from "
+                 "zero\n", v.size(), c->sparse_size());
   };
   return e;
 }
@@ -42,7 +45,7 @@ class CompressedSyncBase : public GroupSync {
     if (compressor_->momentum().extent(0) > 0)
       registry.add(buffer_entry("compress.momentum", StatePlace::rank_buffer, compressor_->momentum()));
     if (compressor_->exchange() == CompressedSync::Exchange::partitioned)
-      registry.add(owner_residual_entry(compressor_->owner_residual()));
+      registry.add(owner_residual_entry(compressor_.get(), buffers_.world));
   }
   const CompressedSync* compressor() const override { return compressor_.get(); }
 

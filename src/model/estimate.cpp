@@ -138,8 +138,9 @@ void largest_layer(const ParamLayout& layout, const ModelConfig&, int64_t& size,
 // buffers and its top-k workspace (about four of its largest buckets), the
 // update target's delta and pre-step copy, local SGD's anchor and outer
 // momentum, and the group mean that local SGD and a topology other than
-// full take.
-int64_t sync_elements(const Config& c, const ParamLayout& layout, std::string& what) {
+// full take; exchange partitioned adds the owner residual and the owner's
+// sum over its range, ceil(S / ranks) each (S the sparse part).
+int64_t sync_elements(const Config& c, const ParamLayout& layout, int ranks, std::string& what) {
   const int64_t P = layout.total();
   int64_t n = 0;
   std::vector<std::string> parts;
@@ -151,6 +152,8 @@ int64_t sync_elements(const Config& c, const ParamLayout& layout, std::string& w
     n += 3 * sparse + (P - sparse) + (c.compress.momentum > 0 ? sparse : 0) + 4 * largest;
     parts.push_back(c.compress.momentum > 0 ? "compressor (packed, dense, residual, momentum, workspace)"
                                             : "compressor (packed, dense, residual, workspace)");
+    if (c.compress.exchange == "partitioned")
+      n += 2 * ((sparse + std::max(1, ranks) - 1) / std::max(1, ranks)), parts.push_back("owner residual and range sum");
     if (c.compress.target == "update") n += 2 * P, parts.push_back("update delta and pre-step copy");
   }
   if (c.sync.kind == "local" && c.sync.outer != "average") n += 2 * P, parts.push_back("outer anchor and momentum");
@@ -196,7 +199,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   largest_layer(layout, c.model, b.largest_layer, b.largest_name);
   set_precision(b, est, c.precision.kind);
   b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
-  b.sync_buffers = 4.0 * sync_elements(c, layout, b.sync_what);
+  b.sync_buffers = 4.0 * sync_elements(c, layout, ranks, b.sync_what);
   b.exchange = 4.0 * est.exchange_elements;
   b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
   b.held_units = c.model.mtp.depth > 0 ? 4 : 2;
