@@ -5,7 +5,8 @@
 # partitioned), their per-rank bytes and seconds at N ranks, the ratio to the
 # dense ring, and the wire bytes preferred over the comm bytes. Also the pure
 # parts of tools/ablate_lib.py that feed it: case_summary's wire_bytes and
-# case_order's abba order.
+# case_order's abba order. And tools/netsim --nodes without root: the layout,
+# config.network, the mpirun flags and --node-exec's placement of the ranks.
 #   usage: /usr/bin/python3 tests/test_netsim_project.py   (ctest: netsim_project)
 import importlib.machinery
 import importlib.util
@@ -149,6 +150,48 @@ order = [v for _, v in ablate_lib.case_order([5, 6], ["A", "B", "C"], "abba")]
 check(order == ["A", "B", "C", "C", "B", "A"], f"abba, 3 variants: {order}")
 order = [v for _, v in ablate_lib.case_order([5, 6], ["A", "B"], "seed-major")]
 check(order == ["A", "B", "A", "B"], f"seed-major: {order}")
+
+# tools/netsim --nodes, the parts that need no root: the layout, what config.network records (no pid),
+# the mpirun flags (the wrapper last), and --node-exec's placement (rank r on node r // (n / K)), run with a
+# fake `ip` that prints its arguments
+import ipaddress  # noqa: E402
+nodes = netsim.Nodes(2, 8, ipaddress.IPv4Network("10.201.0.0/24"), "1gbit", "244kb", 100)
+check(nodes.layout == [[0, 1, 2, 3], [4, 5, 6, 7]], f"layout node-major: {nodes.layout}")
+check(nodes.addr == ["10.201.0.1", "10.201.0.2"] and nodes.bridge_addr == "10.201.0.254",
+      f"addresses {nodes.addr}, bridge {nodes.bridge_addr}")
+net = nodes.network()
+check(net["nodes"] == 2 and net["rate"] == "1gbit" and net["layout"] == nodes.layout
+      and str(os.getpid()) not in json.dumps(net), f"network: {net}")
+words = netsim.Nodes(2, 8, ipaddress.IPv4Network("10.201.0.0/24"), "1gbit", "244kb", 100).mpirun_args().split()
+check(words[-2:] == ["tools/netsim", "--node-exec"] and "10.201.0.0/24" in words and "XXNETSIM_NODES" in words,
+      f"mpirun args end with the wrapper: {words}")
+check(nodes.env()["PMIX_MCA_ptl_tcp_if_include"] == "10.201.0.0/24" and nodes.env()["UCX_NET_DEVICES"] == "xxnet0",
+      "PMIx's server on the subnet, UCX on the node's veth")
+with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "ip"), "w") as f:
+        f.write("#!/bin/sh\necho \"$@\"\n")
+    os.chmod(os.path.join(tmp, "ip"), 0o755)
+    placed = []
+    for rank in range(8):
+        env = dict(os.environ, PATH=tmp + ":" + os.environ.get("PATH", ""), XXNETSIM_NODES="nsA nsB",
+                   OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE="8")
+        p = subprocess.run([os.path.join(ROOT, "tools", "netsim"), "--node-exec", "prog", "-x"], env=env,
+                           capture_output=True, text=True)
+        placed.append(p.stdout.strip())
+    check(placed == ["netns exec nsA prog -x"] * 4 + ["netns exec nsB prog -x"] * 4, f"--node-exec: {placed}")
+    env = dict(os.environ, PATH=tmp + ":" + os.environ.get("PATH", ""), XXNETSIM_NODES="nsA nsB nsC",
+               OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="8")
+    p = subprocess.run([os.path.join(ROOT, "tools", "netsim"), "--node-exec", "prog"], env=env,
+                       capture_output=True, text=True)
+    check(p.returncode == 2 and "multiple of the nodes" in p.stderr, f"--node-exec, 8 ranks on 3 nodes: exit 2")
+shaping = {"rate": "1gbit", "burst": "244kb", "latency": "100ms", "nodes": 2, "layout": nodes.layout,
+           "intra_rate": None, "probe": "inter-node 958 Mbit/s"}
+with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "base.deck"), "w") as f:
+        f.write("sync dense\ncompress off\nrun 10\n")
+    doc = {"config": dict(cfg, ranks=8, deck=os.path.join(tmp, "base.deck")), "variants": summary}
+    text = netsim.projection_md(doc, shaping, B, ALPHA, [8])
+check("2 nodes (ranks 0 1 2 3 | 4 5 6 7), each node's uplink shaped to 1gbit" in text, "projection header: the nodes")
 
 print(f"=== {len(FAILS)} failure(s)")
 sys.exit(1 if FAILS else 0)

@@ -708,7 +708,9 @@ def provenance_lines(cfg, cases):
         return ", ".join(k if len(seen) == 1 else f"{k} ({n} cases)" for k, n in seen.items())
 
     libs = lambda p: ", ".join(f"{k} {v.split(' (')[0]}" for k, v in sorted(p.get("libraries", {}).items()))
-    net = lambda p: p["network"] if isinstance(p.get("network"), str) else f"tbf {p['network'].get('rate')}"
+    net = lambda p: (p["network"] if isinstance(p.get("network"), str) else f"tbf {p['network'].get('rate')}"
+                     + (f" uplinks of {p['network']['nodes']} nodes of {p['network'].get('ranks_per_node')} ranks"
+                        if p["network"].get("nodes") else ""))  # tools/netsim --nodes
     st = lambda p: p.get("storage") or "none"  # cases from before the key: none
     disk = lambda p: (st(p) if isinstance(st(p), str) else
                       f"{st(p).get('fs', 'throttled')}, write {st(p).get('write_mbps')} MB/s, "
