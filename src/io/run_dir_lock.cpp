@@ -38,7 +38,7 @@ std::string now_iso8601() {
 RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
-    fd_ = o.fd_, path_ = std::move(o.path_), created_ = std::move(o.created_);
+    fd_ = o.fd_, path_ = std::move(o.path_), created_ = std::move(o.created_), created_file_ = o.created_file_;
     o.fd_ = -1;
   }
   return *this;
@@ -51,7 +51,7 @@ RunDirLock::~RunDirLock() {
 void RunDirLock::abandon() {
   if (fd_ < 0) return;
   std::error_code ec;
-  std::filesystem::remove(path_, ec);
+  if (created_file_) std::filesystem::remove(path_, ec);
   ::close(fd_);
   fd_ = -1;
   if (created_.empty()) return;
@@ -93,6 +93,7 @@ std::optional<RunDirLock> RunDirLock::take(const std::string& run_dir, std::stri
   std::filesystem::create_directories(run_dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create the run directory {}: {}", run_dir, ec.message()));
   const std::string path = (std::filesystem::absolute(run_dir) / ".lock").lexically_normal().string();
+  const bool created_file = !std::filesystem::exists(path, ec);
   // O_CLOEXEC: a program this one starts does not inherit the lock.
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0)
@@ -117,7 +118,7 @@ std::optional<RunDirLock> RunDirLock::take(const std::string& run_dir, std::stri
         path);
     return std::nullopt;
   }
-  RunDirLock lock(fd, path, created);
+  RunDirLock lock(fd, path, created, created_file);
   const char* job = std::getenv("SLURM_JOB_ID");
   const std::string info = fmt::format("host {}\npid {}\nslurm_job {}\nstarted {}\n", hostname(), ::getpid(),
                                        job ? job : "", now_iso8601());

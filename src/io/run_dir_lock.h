@@ -27,7 +27,8 @@ class RunDirLock {
   // another reason (a read-only directory, a file system without locks).
   static std::optional<RunDirLock> take(const std::string& run_dir, std::string& refusal);
 
-  RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)), created_(std::move(o.created_)) {
+  RunDirLock(RunDirLock&& o) noexcept
+      : fd_(o.fd_), path_(std::move(o.path_)), created_(std::move(o.created_)), created_file_(o.created_file_) {
     o.fd_ = -1;
   }
   RunDirLock& operator=(RunDirLock&& o) noexcept;
@@ -38,17 +39,19 @@ class RunDirLock {
   const std::string& path() const { return path_; }
 
   // For a start-up refused as bad input after the lock was taken: removes the
-  // lock file, then the directories take() created, where still empty, so a
-  // refused deck leaves no run directory behind. Releases the lock.
+  // lock file if take() created it, then the directories take() created, where
+  // still empty, so a refused deck leaves no run directory behind and an
+  // existing one as it was. Releases the lock.
   void abandon();
   static Holder read_holder(const std::string& lock_path);
 
  private:
-  RunDirLock(int fd, std::string path, std::string created)
-      : fd_(fd), path_(std::move(path)), created_(std::move(created)) {}
+  RunDirLock(int fd, std::string path, std::string created, bool created_file)
+      : fd_(fd), path_(std::move(path)), created_(std::move(created)), created_file_(created_file) {}
   int fd_ = -1;
   std::string path_;
   std::string created_;  // the topmost directory take() created ("" if RUN_DIR existed)
+  bool created_file_ = false;  // the .lock file did not exist before take()
 };
 
 }  // namespace xx

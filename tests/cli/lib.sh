@@ -104,9 +104,10 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
 PY
 }
 
-# A manifest of everything under DIR: one line per directory, a checksum per file.
+# A manifest of everything under DIR: one line per directory, a checksum per file;
+# not ./.lock, which names the last job that held the run directory (docs/RESILIENCE.md).
 snapshot() {  # snapshot DIR
-  (cd "$1" && find . | LC_ALL=C sort | while IFS= read -r p; do
+  (cd "$1" && find . -path ./.lock -prune -o -print | LC_ALL=C sort | while IFS= read -r p; do
     if [ -f "$p" ]; then sha256sum "$p"; else echo "dir $p"; fi
   done)
 }

@@ -66,6 +66,11 @@ check [ -n "$latest" ] && check [ -e "$RUN/ckpt/$latest" ] || fail "no checkpoin
 check grep -q -- "$STEPS" <<<"$latest" || fail "the latest checkpoint '$latest' is not at step $STEPS"
 check [ -e "$RUN/.lock" ] || fail "the lock file is gone (it stays, unlocked)"
 
+begin "a resume refused as bad input leaves the run directory's lock file where it was"
+run_xx 1 "${COMMON[@]}" -var steps "$STEPS" -resume "$T/no-such-checkpoint.h5"
+check [ "$RC" -eq 2 ] || { fail "exit code $RC (expected 2)"; show_run; }
+check [ -e "$RUN/.lock" ] || fail "the refused resume removed $RUN/.lock (it did not create it)"
+
 begin "a third run after the first ended resumes and succeeds"
 expect_ok 1 "${COMMON[@]}" -var steps $((STEPS + 5)) -resume auto
 check grep -q -i "resum" "$T/out" "$T/err" || { fail "the third run did not resume"; show_run; }
