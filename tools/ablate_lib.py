@@ -874,8 +874,9 @@ def write_results(cfg, cases):
     return summary
 
 
-def report(cfg, cases):
-    """Recomputes every case's figures from its metrics.jsonl, then results.json, table.md, plots."""
+def report(cfg, cases, draw=True):
+    """Recomputes every case's figures from its metrics.jsonl, then results.json, table.md, plots (not with
+    draw False: a rerun that ran nothing keeps the plots it has)."""
     for c in cases:
         c["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], c["dir"], "metrics.jsonl")),
                                     cfg["target_loss"])
@@ -885,7 +886,8 @@ def report(cfg, cases):
     with open(os.path.join(cfg["out"], "table.md"), "w") as f:
         f.write(text)
     try:
-        plots(cfg, cases)
+        if draw or not os.path.isfile(os.path.join(cfg["out"], "loss.png")):
+            plots(cfg, cases)
     except Exception as e:  # a missing matplotlib must not cost the table
         print(f"# plots not written: {type(e).__name__}: {e}")
     return text, failures
@@ -1007,6 +1009,7 @@ def case_order(seeds, variants, order="seed-major"):
 
 
 def run_all(cfg, resume=False, any_binary=False):
+    """Runs every case not finished before; returns (all cases, how many ran now)."""
     cases = []
     if resume and os.path.isfile(os.path.join(cfg["out"], RESULTS)):
         cases = kept_cases(cfg, any_binary)
@@ -1014,7 +1017,8 @@ def run_all(cfg, resume=False, any_binary=False):
         raise UsageError(f"--out {cfg['out']}: not empty (expected a new folder; every case needs a fresh run dir)")
     os.makedirs(cfg["out"], exist_ok=True)
     env = sourced_env()
-    shared = ablation_provenance(cfg)
+    shared = None  # the ablation's provenance, taken when the first case runs (a rerun with nothing left takes none)
+    ran = 0
     order = case_order(cfg["seeds"], cfg["variants"], cfg.get("order", "seed-major"))  # interleaved
     print(f"# tools/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
           f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}"
@@ -1024,6 +1028,8 @@ def run_all(cfg, resume=False, any_binary=False):
     for i, (seed, v) in enumerate(order):
         if (v["name"], seed) in done:
             continue
+        shared = shared or ablation_provenance(cfg)
+        ran += 1
         case = run_case(cfg, env, v, seed, order_index=i, shared=shared)
         case["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], case["dir"], "metrics.jsonl")),
                                        cfg["target_loss"])
@@ -1046,7 +1052,7 @@ def run_all(cfg, resume=False, any_binary=False):
             print(f"{head} FAILED ({why}); last lines of {os.path.join(case['dir'], 'console.txt')}:", flush=True)
             for line in console_tail(cfg["out"], case):
                 print(f"#   {line}")
-    return cases
+    return cases, ran
 
 
 def interrupt(signum, frame):
@@ -1058,7 +1064,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
-    cfg = None
+    cfg, ran = None, None
     try:
         if args.report_only:
             doc = load_results(args.report_only)
@@ -1067,7 +1073,7 @@ def main(argv=None):
             cfg = config_from_args(args)
             if args.resume_any_binary and not args.resume:
                 raise UsageError("--resume-any-binary: only with --resume")
-            cases = run_all(cfg, resume=args.resume, any_binary=args.resume_any_binary)
+            cases, ran = run_all(cfg, resume=args.resume, any_binary=args.resume_any_binary)
     except UsageError as e:
         print(f"tools/ablate: {e}", file=sys.stderr)
         return 2
@@ -1076,7 +1082,7 @@ def main(argv=None):
             print(f"tools/ablate: interrupted; to report the cases that ran: tools/ablate --report-only {cfg['out']}",
                   file=sys.stderr)
         return 130
-    text, failures = report(cfg, cases)
+    text, failures = report(cfg, cases, draw=ran != 0)
     print(text, end="")
     for c in failures:
         print(f"#   failed: {c['variant']} seed {c['seed']}: exit status {c.get('rc')}, see {c['dir']}/console.txt")

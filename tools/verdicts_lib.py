@@ -67,7 +67,7 @@ class Scale:
 FULL = Scale("full", [1, 2, 3, 4, 5], 4, 8, 2, 240, 24, 360, 1920, [1, 2, 3], [101, 102], (1.5e-3, 3e-3, 6e-3),
              60, 40, CKPT_DECK, 10, "--write-mbps 100 --read-mbps 200", 90, 10)
 QUICK = Scale("quick", [1, 2], 2, 4, 2, 16, 4, 16, 0, [1, 2], [101], (3e-3,), 8, 8, DECK, 4,
-              "--write-mbps 20 --read-mbps 40 --size-gb 1", 8, 3, {"eval_batches": 2})
+              "--write-mbps 40 --read-mbps 80 --size-gb 1", 15, 3, {"eval_batches": 2})
 
 
 @dataclasses.dataclass
@@ -261,7 +261,7 @@ def all_claims(s):
                   f"warmup {warm} jitter 0.05 restart_from last",
                   f"best: {non_iid}; {OPTIMIZER.format(lr=1.2e-2)}; schedule sgdr period {max(2, epoch)} min_lr 6e-3 "
                   f"warmup {warm} jitter 0.05 restart_from best"],
-                 s.epoch_steps, R, common=[local], eval_every=max(1, epoch_ev // 2))],
+                 s.epoch_steps, R, common=[local], eval_every=max(1, epoch_ev // 2), extra=True)],
               [loss_better("A2", "A2", "cosine-noniid", "sgdr-noniid", primary=True),
                loss_better("A2.2", "A2", "cosine-iid", "sgdr-iid"),
                loss_better("A2.3", "A2", "sgdr-nojitter-noniid", "sgdr-noniid"),
