@@ -18,7 +18,6 @@
 import dataclasses
 import json
 import lzma
-import math
 import os
 import re
 import statistics

@@ -13,7 +13,6 @@
 # Runs with /usr/bin/python3 (scipy for the statistics, matplotlib for the plots).
 
 import dataclasses
-import json
 import os
 import shlex
 import statistics
