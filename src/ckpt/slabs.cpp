@@ -6,6 +6,23 @@
 
 namespace xx::slabs {
 
+namespace {
+std::vector<TensorSlab> as_tensor_slabs(const std::vector<FrameSlab>& frame) {
+  std::vector<TensorSlab> out;
+  out.reserve(frame.size());
+  for (const auto& s : frame) out.push_back({s.tensor, s.begin, s.count, s.at});
+  return out;
+}
+}  // namespace
+
+std::vector<TensorSlab> of_pieces(const Placement& placement) {
+  return as_tensor_slabs(placement.slabs_of(placement.owned().pieces()));
+}
+
+std::vector<TensorSlab> of_whole_tensors(const Placement& placement) {
+  return as_tensor_slabs(placement.whole_tensors());
+}
+
 void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, hsize_t count) {
   const size_t n = dims.size();
   if (n == 0 || count == 0) return;

@@ -7,8 +7,15 @@
 #include <cstdint>
 #include <vector>
 #include "ckpt/checkpoint.h"
+#include "core/placement.h"
 
 namespace xx::slabs {
+
+// The slabs of a rank's placement (core/placement.h), in the file's tensor
+// numbering: its pieces of each tensor (values in shard order, as AdamW's
+// moments lie), or every tensor it holds whole (values as its flat buffer).
+std::vector<TensorSlab> of_pieces(const Placement& placement);
+std::vector<TensorSlab> of_whole_tensors(const Placement& placement);
 
 // Adds (OR) elements [begin, begin + count) of the row-major flattening of
 // `space`, whose extent is `dims`, to its selection: a run of whole rows

@@ -15,8 +15,8 @@ class GroupSync : public SyncStrategy {
   void continue_into(int64_t phase_start) override { settings_.phase_start = phase_start; }
   void begin_step(int64_t step) override;
   void zero_gradients() override { Kokkos::deep_copy(buffers_.grads, 0.0f); }
-  ReducedGradients reduced_gradients() override {  // every strategy but sharded keeps them whole
-    return {Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0)), false};
+  Vec<float> reduced_gradients() override {  // every strategy but sharded keeps them whole
+    return Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0));
   }
   // Every phase ends in consensus: a phase that averaged in groups ends with
   // one global average of the parameters and of the optimizer state.

@@ -119,14 +119,14 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
       if (requests_[b] != MPI_REQUEST_NULL) mpi_.wait(&requests_[b]), release(b);
     stats_.seconds += MPI_Wtime() - t0;
     // A sum over ranks (and micro-steps) of mean gradients becomes their mean, as sync dense's.
-    if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients().values, 1.0f / float(world_ * micro_batches()));
+    if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients(), 1.0f / float(world_ * micro_batches()));
     stats += stats_;
     stats_ = CommStats{};
   }
 
-  ReducedGradients reduced_gradients() override {
-    if (gradients_sharded()) return {Vec<float>(shard_grads_.data(), shard_grads_.extent(0)), true};
-    return {Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0)), false};
+  Vec<float> reduced_gradients() override {
+    if (gradients_sharded()) return Vec<float>(shard_grads_.data(), shard_grads_.extent(0));
+    return Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0));
   }
 
   // The updated pieces, bucket by bucket, to every rank.
@@ -145,9 +145,10 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     stats.seconds += MPI_Wtime() - t0;
   }
 
-  // Every rank holds the same whole weights after the all-gather; the
-  // moments are sharded, and a checkpoint gathers them whole.
-  Agreement agreement(int64_t) const override { return {true, true, weights_sharded() || master_sharded()}; }
+  // Every rank holds one model: whole weights after the all-gather, or its
+  // pieces of them (core/placement.h, master_sharded); the moments are
+  // sharded, and a checkpoint gathers them whole.
+  Agreement agreement(int64_t) const override { return {true, true}; }
 
   WeightGate* weight_gate() override { return weights_sharded() ? this : nullptr; }
   HalfWeightSource* half_weight_source() override { return master_sharded() ? this : nullptr; }

@@ -107,21 +107,7 @@ inline SyncSettings sync_settings(const Config& c, int64_t phase_start) {
 // averaging).
 struct Agreement {
   bool params = false, optimizer = false;
-  // Each rank's fp32 weights are only its pieces (shard params; shard
-  // optimizer and gradients under 16-bit precision, whose 16-bit copy is
-  // whole): params true means they are one model once gathered, and
-  // fingerprints of the fp32 buffers cannot compare them.
-  bool weights_sharded = false;
   bool all() const { return params && optimizer; }
-};
-
-// Where the averaged gradients are after reduce_gradients: the whole
-// buffer, or under shard gradients this rank's shard (its owned pieces in
-// buffer order; each rank holds another 1/W, so sums over them are summed
-// over the ranks too).
-struct ReducedGradients {
-  Vec<float> values;
-  bool sharded = false;
 };
 
 class SyncStrategy {
@@ -135,7 +121,10 @@ class SyncStrategy {
   virtual void zero_gradients() = 0;
   virtual void gradients_ready(int64_t offset) {}
   virtual void reduce_gradients(int64_t step, CommStats& stats) {}
-  virtual ReducedGradients reduced_gradients() = 0;
+  // Where the averaged gradients are after reduce_gradients: the whole
+  // buffer, or from shard gradients up this rank's shard (its pieces back to
+  // back; core/placement.h says which).
+  virtual Vec<float> reduced_gradients() = 0;
   virtual void before_update() {}
   virtual void after_update(int64_t step, CommStats& stats) {}
   virtual void after_step(int64_t step, CommStats& stats) {}

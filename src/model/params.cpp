@@ -1,4 +1,5 @@
 #include "model/params.h"
+#include <unordered_map>
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -178,6 +179,34 @@ bool ParamLayout::has(const std::string& name) const {
 double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
   const double d_attn = 0.5 * m.heads * double(m.qk_dim() + m.v_dim());
   return 6.0 * double(layout.matmul_per_token()) + 12.0 * (m.layers + m.mtp.depth) * m.seq * d_attn;
+}
+
+Placement place_model(const ModelConfig& m, const ParamLayout& mine, ShardLevel level, int64_t bucket, int world,
+                      int rank, bool master_in_pieces) {
+  ModelConfig whole_config = m;
+  whole_config.moe.ep = 1;
+  const ParamLayout whole(whole_config);
+  ExpertShare experts;
+  experts.ep = m.moe.enabled() ? m.moe.ep : 1;
+  experts.share = rank % experts.ep, experts.holders = world / experts.ep, experts.holder = rank / experts.ep;
+  experts.runs = mine.expert_runs();
+  std::unordered_map<std::string, int64_t> here;
+  for (const auto& t : mine.tensors()) here[t.name] = t.offset;
+  std::vector<FrameTensor> frame;
+  for (const auto& t : whole.tensors()) {
+    const auto at = here.find(t.name);
+    const int share = t.expert >= 0 && experts.ep > 1 ? t.expert / (m.moe.routed / experts.ep) : -1;
+    frame.push_back({t.name, t.shape, t.offset, t.size, at == here.end() ? -1 : at->second, share});
+  }
+  std::vector<std::pair<int64_t, int64_t>> units;
+  for (const auto& u : mine.weight_units()) units.emplace_back(u.begin, u.end);
+  const int64_t total = mine.total();
+  const ExpertHolders holders{experts.runs, experts.holders, experts.holder};
+  Ownership owned = level == ShardLevel::off      ? Ownership::whole(total)
+                    : level == ShardLevel::params ? Ownership(units, bucket, world, rank, holders)
+                                                  : Ownership({{0, total}}, bucket, world, rank, holders);
+  return Placement(std::move(frame), total, std::move(experts), level, std::move(owned), std::move(units),
+                   master_in_pieces);
 }
 
 }  // namespace xx

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "core/placement.h"
 #include "core/tensor_span.h"
 #include "deck/config.h"
 
@@ -80,6 +81,15 @@ class ParamLayout {
   int64_t total_ = 0, full_total_ = 0, active_ = 0, matmul_active_ = 0;
   int ep_ = 1, ep_rank_ = 0, experts_per_rank_ = 1;
 };
+
+// The job's placement (core/placement.h) for rank `rank` of `world`: the
+// whole model's frame with `mine` (this rank's layout, under ep its expert
+// share) in it, and this rank's pieces at `level`, cut into buckets of
+// `bucket` elements from the buffer's end (under params inside the weight
+// units; under ep an expert bucket over the ranks holding its experts).
+// `master_in_pieces`: the fp32 weights are only this rank's pieces.
+Placement place_model(const ModelConfig& m, const ParamLayout& mine, ShardLevel level, int64_t bucket, int world,
+                      int rank, bool master_in_pieces);
 
 // Training FLOPs per token (../shared/MEASURING.md): 6 * N_matmul + 12 * L * T
 // * d_attn, where for MLA d_attn averages the QK width H*(nope+rope) and the

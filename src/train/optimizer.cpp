@@ -12,12 +12,11 @@ double clip_factor(double norm, double clip) {
 }
 
 template <class T>
-AdamW<T>::AdamW(const ParamLayout& layout, Ownership owned)
-    : layout_(layout), owned_(std::move(owned)), m_("AdamW::m", owned_.shard_size()), v_("AdamW::v", owned_.shard_size()) {}
+AdamW<T>::AdamW(const ParamLayout& layout, Ownership owned, bool grads_in_shard)
+    : layout_(layout), owned_(std::move(owned)), grads_in_shard_(grads_in_shard), m_("AdamW::m", owned_.shard_size()), v_("AdamW::v", owned_.shard_size()) {}
 
 template <class T>
-void AdamW<T>::step(Buffer<T>& params, const T* grads, bool in_shard, const OptimizerConfig& cfg, double lr,
-                    double grad_scale) {
+void AdamW<T>::step(Buffer<T>& params, const T* grads, const OptimizerConfig& cfg, double lr, double grad_scale) {
   ++t_;
   kernels::AdamWStep s;
   s.lr = float(lr);
@@ -40,7 +39,7 @@ void AdamW<T>::step(Buffer<T>& params, const T* grads, bool in_shard, const Opti
       if (n <= 0) continue;
       const int64_t at = p.at + (a - p.begin);  // in the shard
       kernels::adamw_update<T>(Vec<T>(params.data() + a, n), Vec<float>(m_.data() + at, n),
-                               Vec<float>(v_.data() + at, n), Vec<const T>(grads + (in_shard ? at : a), n), s);
+                               Vec<float>(v_.data() + at, n), Vec<const T>(grads + (grads_in_shard_ ? at : a), n), s);
     }
   }
 }

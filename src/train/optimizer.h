@@ -18,16 +18,17 @@ double clip_factor(double norm, double clip);
 template <class T>
 class AdamW {
  public:
-  explicit AdamW(const ParamLayout& layout) : AdamW(layout, Ownership::whole(layout.total())) {}
-  AdamW(const ParamLayout& layout, Ownership owned);
+  explicit AdamW(const ParamLayout& layout) : AdamW(layout, Ownership::whole(layout.total()), false) {}
+  // Under shard (core/placement.h): this rank's pieces, and from shard
+  // gradients up the gradients it is handed are its shard (its pieces back
+  // to back); else the whole buffer.
+  AdamW(const ParamLayout& layout, const Placement& placement)
+      : AdamW(layout, placement.owned(), placement.gradients_sharded()) {}
 
   // One update of every owned piece with its gradients scaled by grad_scale.
-  // `grads` is laid out like the whole buffer, or (in_shard) like this
-  // rank's shard: its pieces one after another (shard gradients|params).
-  void step(Buffer<T>& params, const T* grads, bool in_shard, const OptimizerConfig& cfg, double lr,
-            double grad_scale);
+  void step(Buffer<T>& params, const T* grads, const OptimizerConfig& cfg, double lr, double grad_scale);
   void step(Buffer<T>& params, const Buffer<T>& grads, const OptimizerConfig& cfg, double lr, double grad_scale) {
-    step(params, grads.data(), false, cfg, lr, grad_scale);
+    step(params, grads.data(), cfg, lr, grad_scale);
   }
 
   int64_t steps_taken() const { return t_; }
@@ -37,8 +38,10 @@ class AdamW {
   Buffer<float>& v() { return v_; }  // second moments
 
  private:
+  AdamW(const ParamLayout& layout, Ownership owned, bool grads_in_shard);
   const ParamLayout& layout_;
   Ownership owned_;
+  bool grads_in_shard_ = false;
   Buffer<float> m_, v_;
   int64_t t_ = 0;
 };

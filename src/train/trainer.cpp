@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 // uniform01, mix_seed: the noise_rank tokens
 #include "core/rng.h"
-// sum_squares: the gradient norm and the missing-gradient check
+// sum_squares: the missing-gradient check
 #include "kernels/elementwise.h"
 // peak_resident_bytes: the closing line's memory
 #include "core/host_memory.h"
@@ -22,20 +22,6 @@
 
 namespace xx {
 
-namespace {
-
-void copy_tokens(Kokkos::View<int32_t*, MemSpace>& dst, const std::vector<int32_t>& src) {
-  Kokkos::deep_copy(dst, Kokkos::View<const int32_t*, Kokkos::HostSpace, Unmanaged>(src.data(), src.size()));
-}
-
-// data ... noise_rank R: tokens drawn uniformly from the vocabulary.
-std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t stream) {
-  std::vector<int32_t> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = int32_t(uniform01(stream, i) * vocab) % vocab;
-  return out;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // TRAINING STEP BEGIN
@@ -47,42 +33,42 @@ double Trainer::train_step() {
   sync.zero_gradients();
   precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
   LossParts mean;
-  own_nonfinite_ = false;
+  nonfinite_.own = false;
   for (int m = 0; m < micro; ++m) {
-    load_batch(step_ * micro + m);
-    const LossParts parts = model_->forward(inputs_, targets_);
+    data_->load_training_batch(step_ * micro + m);
+    const LossParts parts = model_->forward(data_->inputs, data_->targets);
     model_->set_loss_weights(weigh_losses(parts));
     mean.total += parts.total / micro, mean.main += parts.main / micro;
     mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
-    model_->backward(inputs_, targets_, gradient_hook(m + 1 == micro));
+    model_->backward(data_->inputs, data_->targets, gradient_hook(m + 1 == micro));
   }
-  step_comm_ = CommStats{};
-  sync.reduce_gradients(step_, step_comm_);
-  if (exchange_) step_comm_ += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
+  last_.comm = CommStats{};
+  sync.reduce_gradients(step_, last_.comm);
+  if (exchange_) last_.comm += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
   if (lossagg_on_ && world_ > 1) {  // one loss gather per micro-batch; on the wire, what it hands MPI
     const int64_t gathered = micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
-    step_comm_.rounds += micro, step_comm_.bytes_sent += gathered, step_comm_.wire_bytes += gathered;
+    last_.comm.rounds += micro, last_.comm.bytes_sent += gathered, last_.comm.wire_bytes += gathered;
   }
-  const ReducedGradients grads = sync.reduced_gradients();  // whole, or this rank's shard
-  const bool overflow = precision_->skip_or_unscale(comm_, grads.values);
+  const Vec<float> grads = sync.reduced_gradients();  // whole, or this rank's shard (the placement's)
+  const bool overflow = precision_->skip_or_unscale(comm_, grads);
   const bool skip = agree_on_losses(mean) || overflow;  // the one NaN verdict, the same on every rank
-  const double norm = skip ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(sum_squares(grads));
+  const double norm = skip ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(placed_->gradient_sum_squares(grads));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   sync.before_update();
   // clip_order scaled (the wrong order, for measuring it): the factor that
   // clipping the still-scaled gradient would have applied.
   const double clip_norm = cfg_.precision.clip_order == "scaled" ? norm * precision_->step_scale() : norm;
   if (!skip)  // a skipped step leaves the weights, AdamW's moments and count, and the MoE biases alone
-    optimizer_->step(model_->params(), grads.values.data(), grads.sharded, cfg_.optimizer, lr,
+    optimizer_->step(model_->params(), grads.data(), cfg_.optimizer, lr,
                      clip_factor(clip_norm, cfg_.optimizer.clip));
   if (lossagg_) lossagg_->end_step(skip ? 0.0 : lr);  // uncertainty: SGD on the log-variances
-  sync.after_update(step_, step_comm_);
+  sync.after_update(step_, last_.comm);
   if (!skip) balance_experts();
-  sync.after_step(++step_, step_comm_);
+  sync.after_step(++step_, last_.comm);
   ExecSpace().fence();
-  last_norm_ = norm, last_lr_ = lr;
-  if (sync.consensus_distance() >= 0) consensus_ = sync.consensus_distance();
-  return last_loss_.total;
+  last_.norm = norm, last_.lr = lr;
+  if (sync.consensus_distance() >= 0) last_.consensus = sync.consensus_distance();
+  return last_.parts.total;
 }
 
 // From the last micro-batch's backward: each final range is checked, then
@@ -98,28 +84,6 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 // TRAINING STEP END
 // ---------------------------------------------------------------------------
 
-// The squared norm of the averaged gradients: a shard's is summed over the
-// ranks; whole ones under ep sum the routed experts' over the expert-parallel
-// group (each of its ranks holds other experts), the rest once.
-double Trainer::sum_squares(const ReducedGradients& grads) const {
-  const float* g = grads.values.data();
-  auto squares = [g](int64_t begin, int64_t end) {
-    return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
-  };
-  if (ep_ == 1 || grads.sharded) {  // (each piece of a shard, expert or not, has one owner in the world)
-    double sum = squares(0, grads.values.extent(0));
-    if (grads.sharded) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
-    return sum;
-  }
-  double rest = 0, experts = 0;
-  int64_t at = 0;
-  for (const auto& [begin, end] : model_->layout().expert_runs())
-    rest += squares(at, begin), experts += squares(begin, end), at = end;
-  rest += squares(at, grads.values.extent(0));
-  MPI_Allreduce(MPI_IN_PLACE, &experts, 1, MPI_DOUBLE, MPI_SUM, ep_group_);
-  return rest + experts;
-}
-
 CommStats Trainer::expert_traffic() {
   ExchangeStats& s = exchange_->stats();
   exchange_total_.rounds += s.rounds, exchange_total_.bytes_sent += s.bytes_sent;
@@ -130,22 +94,12 @@ CommStats Trainer::expert_traffic() {
   return out;
 }
 
-void Trainer::load_batch(int64_t index) {
-  const Batch batch = loader_->next();
-  copy_tokens(inputs_, batch.inputs);
-  copy_tokens(targets_, batch.targets);
-  if (rank_ != cfg_.data.noise_rank) return;
-  const uint64_t stream = mix_seed(cfg_.seed, 0xbad, uint64_t(index));
-  copy_tokens(inputs_, random_tokens(batch.inputs.size(), cfg_.model.vocab, stream));
-  copy_tokens(targets_, random_tokens(batch.targets.size(), cfg_.model.vocab, stream + 1));
-}
-
 // Loss aggregation: every rank's losses weigh its seeds for this backward.
 LossWeights Trainer::weigh_losses(const LossParts& parts) {
   LossWeights seeds;
   if (lossagg_on_)
     seeds = lossagg_->weigh(cfg_.lossagg, {parts.main, cfg_.model.mtp.weight * parts.mtp, parts.aux},
-                            double(inputs_.extent(0)));
+                            double(data_->inputs.extent(0)));
   seed_main_ = seeds.main;
   return seeds;
 }
@@ -163,11 +117,11 @@ void Trainer::balance_experts() {
     if (capped) local.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
   }
   MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, comm_);
-  expert_dropped_ = capped ? global.back() : -1;
-  expert_load_.assign(E, 0.0);
+  last_.expert_dropped = capped ? global.back() : -1;
+  last_.expert_load.assign(E, 0.0);
   for (size_t l = 0; l < layers.size(); ++l) {
     std::vector<double> load(global.begin() + l * E, global.begin() + (l + 1) * E);
-    for (int64_t e = 0; e < E; ++e) expert_load_[e] += load[e];
+    for (int64_t e = 0; e < E; ++e) last_.expert_load[e] += load[e];
     if (cfg_.model.moe.balance == "bias") layers[l].second->update_bias(load, cfg_.model.moe.balance_coef);
   }
 }
@@ -203,56 +157,48 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
 void Trainer::write_sample() {
   // The decoder reads fp32 weights: where a rank keeps only its pieces, rank
   // 0 takes them whole for the sample (the next step releases them again).
-  if (strategy_->agreement(step_).weights_sharded) {
-    const std::vector<float> whole = from_file_frame(whole_params());
+  if (placement_.master_sharded()) {
+    const std::vector<float> whole = placed_->from_file_frame(whole_params());
     if (rank_ == 0) transfer::from_host(model_->params(), whole);
   }
   if (rank_ != 0) return;
   const SampleConfig& s = cfg_.sample;
   if (!decoder_) decoder_ = std::make_unique<Decoder>(*model_, cfg_.model.seq);
-  const std::vector<int32_t> prompt = tokenizer_->encode(s.prompt);
+  const std::vector<int32_t> prompt = data_->tokenizer().encode(s.prompt);
   SamplingOptions o{s.temperature, s.top_k, s.top_p, mix_seed(s.seed, uint64_t(step_))};
   const double t0 = MPI_Wtime();
   const std::vector<int32_t> out = generate(*decoder_, prompt, s.tokens, o);
   const double seconds = MPI_Wtime() - t0;
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), out.begin(), out.end());
-  const std::string text = tokenizer_->decode(all);
+  const std::string text = data_->tokenizer().decode(all);
   log_->console(fmt::format("step {:>6} | sample ({} tokens, {:.0f} tok/s):\n{}\n---", step_, out.size(),
                             double(out.size()) / std::max(seconds, 1e-9), text));
   log_->text(step_, "samples/text", text);
 }
 
 Validation Trainer::evaluate() {
-  // K batches per rank; batch j of rank r takes validation windows
-  // ((j*W + r)*B + b) mod V, so the ranks together cover K*W*B windows.
-  const int64_t B = cfg_.data.batch, N = B * cfg_.model.seq;
-  const Corpus& valid = valid_corpus_ ? *valid_corpus_ : corpus_;
-  const int64_t first = valid_corpus_ ? 0 : split_.train_windows;
+  const int64_t N = int64_t(cfg_.data.batch) * cfg_.model.seq;
   double sums[5] = {0, 0, 0, 0, 0};  // mean losses, nats, bytes of text predicted, argmax hits, tokens
   precision_->refresh_weights();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
-    std::vector<int64_t> windows(B);
-    for (int64_t b = 0; b < B; ++b) windows[b] = ((int64_t(j) * world_ + rank_) * B + b) % split_.valid_windows;
-    const Batch batch = make_batch(valid, windows, first, cfg_.model.seq, j);
-    copy_tokens(inputs_, batch.inputs);
-    copy_tokens(targets_, batch.targets);
-    const double loss = model_->forward(inputs_, targets_).main;
+    const std::vector<int32_t> targets = data_->load_validation_batch(j);
+    const double loss = model_->forward(data_->inputs, data_->targets).main;
     sums[0] += loss, sums[1] += loss * double(N);
-    for (int32_t t : batch.targets) sums[2] += tokenizer_->bytes_of(t);
+    for (int32_t t : targets) sums[2] += data_->tokenizer().bytes_of(t);
     // next-token accuracy: the main head's argmax (the lowest id among equals) is the target
     auto logits = host_copy(model_->logits());
     const int64_t V = cfg_.model.vocab;
     for (int64_t i = 0; i < N; ++i) {
       const float* row = &logits(i, 0);
-      sums[3] += int64_t(std::max_element(row, row + V) - row) == batch.targets[size_t(i)];
+      sums[3] += int64_t(std::max_element(row, row + V) - row) == targets[size_t(i)];
     }
     sums[4] += double(N);
   }
   double total[5] = {0, 0, 0, 0, 0};
   MPI_Allreduce(sums, total, 5, MPI_DOUBLE, MPI_SUM, comm_);
   // bits per byte = nats per token * tokens / bytes / ln 2
-  const double bpb = bytes_known_ && total[2] > 0 ? total[1] / total[2] / std::log(2.0)
+  const double bpb = data_->bytes_known() && total[2] > 0 ? total[1] / total[2] / std::log(2.0)
                                                   : std::numeric_limits<double>::quiet_NaN();
   return {total[0] / double(world_ * cfg_.eval.batches), bpb, total[3] / total[4]};
 }
@@ -290,8 +236,8 @@ void Trainer::run_phases() {
       const double t0 = MPI_Wtime();
       loss = train_step();
       if (step_ == phase_end_) {  // every phase ends in consensus: the next one starts from one model
-        strategy_->end_phase(step_, step_comm_);
-        if (strategy_->consensus_distance() >= 0) consensus_ = strategy_->consensus_distance();
+        strategy_->end_phase(step_, last_.comm);
+        if (strategy_->consensus_distance() >= 0) last_.consensus = strategy_->consensus_distance();
       }
       after_step(loss, MPI_Wtime() - t0);
       if (stop_requested()) return stop_on_signal(loss);
@@ -302,7 +248,7 @@ void Trainer::run_phases() {
   if (exchange_) {  // ep: how much of the tokens' travel the shared experts hid (rank 0's)
     const ExchangeStats& x = exchange_total_;
     log_->console(fmt::format("all-to-all (moe ep {}): {} rounds, {:.1f} MB sent, {:.3f} s in flight, {:.3f} s "
-                              "waited: {:.0f}% hidden behind other work", ep_, x.rounds, double(x.bytes_sent) / 1e6,
+                              "waited: {:.0f}% hidden behind other work", placement_.experts().ep, x.rounds, double(x.bytes_sent) / 1e6,
                               x.seconds, x.waited, x.seconds > 0 ? 100.0 * (1.0 - x.waited / x.seconds) : 0.0));
   }
 }
@@ -350,21 +296,15 @@ std::vector<double> Trainer::peak_resident_mib() const {
 }
 
 StepFigures Trainer::figures(double loss) const {
-  StepFigures f;
+  StepFigures f = last_;
   f.step = step_, f.phase_end = phase_end_;
-  f.loss = loss, f.own_loss = own_loss_, f.lr = last_lr_, f.norm = last_norm_;
-  f.parts = last_loss_;
+  f.loss = loss;
   f.mtp = cfg_.model.mtp.depth > 0;
-  f.comm = step_comm_;
-  f.consensus = consensus_;
-  f.expert_load = expert_load_;
-  f.expert_dropped = expert_dropped_;
-  f.nonfinite_skipped = nonfinite_skipped_;
   if (const auto* c = strategy_->compressor()) f.compress_ratio = c->ratio_at(step_ - 1);
   f.scaler = precision_->scaler();
   f.lossagg = lossagg_.get();
   f.lossagg_kind = cfg_.lossagg.kind;
-  f.batch_position = loader_->position();
+  f.batch_position = data_->position();
   return f;
 }
 

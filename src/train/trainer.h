@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint.h"
 #include "comm/expert_exchange_mpi.h"
 #include "comm/ops.h"
+#include "comm/placement_mpi.h"
 #include "comm/sync_strategy.h"
 #include "core/state.h"
 #include "data/corpus.h"
@@ -31,6 +32,7 @@
 #include "train/mixed_precision.h"
 #include "train/optimizer.h"
 #include "train/step_report.h"
+#include "train/training_data.h"
 #include "train/warm_restarts.h"
 
 namespace xx {
@@ -69,10 +71,10 @@ class Trainer {
   int64_t step() const { return step_; }
   const std::vector<double>& losses() const { return losses_; }  // global mean loss of each step taken here
   std::string backends() const;
-  const CommStats& last_comm() const { return step_comm_; }  // communication of the last step
-  double consensus_distance() const { return consensus_; }   // at the last parameter averaging, -1 before
+  const CommStats& last_comm() const { return last_.comm; }  // communication of the last step
+  double consensus_distance() const { return last_.consensus; }   // at the last parameter averaging, -1 before
   const CompressedSync* compressed() const { return strategy_->compressor(); }  // null without compress topk
-  Continuation data_start() const { return sampler_start_; }  // where this world's data streams began
+  Continuation data_start() const { return data_->start(); }  // where this world's data streams began
   const LossScaler* loss_scaler() const { return precision_->scaler(); }  // null under precision fp32
   const LossAggregator* lossagg() const { return lossagg_.get(); }        // null when no phase sets lossagg
   // At optimizer step `step` (1-based) rank `rank` sets one gradient entry to
@@ -81,24 +83,16 @@ class Trainer {
 
  private:
   // set-up (trainer_setup.cpp) and the loop (trainer.cpp)
-  void load_data();
   void build_model();
-  void split_expert_groups(const std::string& resume_path);  // moe ... ep N: the groups, and the checks
-  void build_data_stream(const std::string& resume_path);
+  void check_expert_groups(const std::string& resume_path);  // moe ... ep N: the world splits into groups
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy
   bool keeps_strategy(size_t phase) const;  // its sync settings equal the phase before's
   std::function<void(int64_t)> gradient_hook(bool last);
-  void load_batch(int64_t index);
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void balance_experts();
-  double sum_squares(const ReducedGradients& grads) const;
   CommStats expert_traffic();  // this step's all-to-alls (ep), read and reset
-  // ep: between this rank's buffer and the whole model's (the checkpoint's
-  // frame); to the whole is collective over the expert-parallel group.
-  std::vector<float> to_file_frame(const std::vector<float>& mine) const;
-  std::vector<float> from_file_frame(const std::vector<float>& whole) const;
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
   void run_phases();
   void after_step(double loss, double seconds);
@@ -118,9 +112,6 @@ class Trainer {
   CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state
   // Sharded runs write and read their own slabs of the file's tensors (docs/CHECKPOINT.md, "Sharded runs").
   bool writes_slabs() const;
-  std::vector<TensorSlab> slabs_of(const std::vector<OwnedPiece>& pieces) const;  // values in shard order
-  std::vector<TensorSlab> whole_tensor_slabs() const;                             // values as the flat buffer
-  std::vector<size_t> file_tensors() const;  // each of this rank's tensors' index among the file's
   void save_checkpoint(double loss);
   void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
                             CheckpointWriter writer, int64_t keep);
@@ -140,34 +131,20 @@ class Trainer {
   size_t phase_ = 0;       // its index
   int64_t phase_start_ = 0, phase_end_ = 0;
 
-  // data
-  Corpus corpus_;
-  std::unique_ptr<Corpus> valid_corpus_;  // data ... valid FILE; else validation is the end of corpus_
-  std::unique_ptr<Tokenizer> tokenizer_;  // data ... tokenizer MODEL, else bytes
-  bool bytes_known_ = true;               // bits per byte can be reported
-  std::string data_note_;                 // the start-up line about the data
-  WindowSplit split_;
-  uint64_t chaos_seed_ = 0;              // shuffle chaos|independent: the run's seed (checkpointed), else 0
-  Continuation sampler_start_;           // where this world's data streams begin (another world size left an epoch)
-  int64_t start_batch_ = 0;              // loader position to resume from
-  std::unique_ptr<CommonPool> pool_;     // data common F: the node's shared copy; outlives loader_
-  std::unique_ptr<BatchLoader> loader_;
-  Kokkos::View<int32_t*, MemSpace> inputs_, targets_;
+  std::unique_ptr<TrainingData> data_;  // the corpora, the split, the training stream and its batch
 
   // the parts
   std::unique_ptr<RunLog> log_;
   std::unique_ptr<Watchdog> watchdog_;  // deck: timeout; names a hung rank (docs/RESILIENCE.md)
   std::unique_ptr<Transformer<float>> model_;
-  // expert parallelism (moe ... ep N): a group is N consecutive ranks; rank
-  // r holds the experts of share r % N, as do the ranks r + kN (holders)
-  int ep_ = 1, ep_rank_ = 0;
-  MPI_Comm ep_group_ = MPI_COMM_NULL, expert_holders_ = MPI_COMM_NULL;
-  std::unique_ptr<ExpertExchange> exchange_;
+  // Where every float lives (core/placement.h): the whole model's frame,
+  // this rank's expert share and its pieces; and its collectives.
+  Placement placement_;
+  std::unique_ptr<PlacementMpi> placed_;
+  std::unique_ptr<ExpertExchange> exchange_;  // moe ... ep N: the tokens' all-to-alls
   std::unique_ptr<ParamLayout> file_layout_;  // the whole model: what checkpoints hold
   ExchangeStats exchange_total_;              // the run's all-to-alls (how much the shared experts hid)
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
-  Ownership owned_;  // the pieces of the flat buffers this rank updates (deck: shard; the whole one by default)
-  std::vector<std::pair<int64_t, int64_t>> units_;  // the model's weight units (shard params gathers them)
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<MixedPrecision> precision_;
   std::unique_ptr<LossAggregator> lossagg_;
@@ -185,24 +162,27 @@ class Trainer {
   double flops_per_token_ = 0;
   double resident_before_model_ = 0;  // MiB: the process before the model, its optimizer and buffers
   MfuMeter mfu_;  // against the deck's or the peak file's peak (io/peak_file.h); none: MFU n/a
-  double last_norm_ = 0, last_lr_ = 0, own_loss_ = 0, consensus_ = -1;
-  LossParts last_loss_;
-  CommStats step_comm_;               // this step's communication, all kinds
-  std::vector<double> expert_load_;   // tokens per routed expert, summed over MoE layers and ranks
-  double expert_dropped_ = -1;        // rows dropped past capacity, all layers and ranks (-1: dropless)
+  // The last step's figures for its line and metrics record (figures() adds
+  // the rest): norm, LR, losses, communication, consensus, expert load, and
+  // the count of steps skipped for an inf or NaN.
+  StepFigures last_;
   double seed_main_ = 1;              // this micro-batch's main-loss weight (0: lossagg robust trimmed this rank)
   bool lossagg_on_ = false;           // this phase weighs the losses (lossagg other than off)
-  bool own_nonfinite_ = false;        // inf or NaN in this rank's loss or gradients (without a loss scaler)
   std::vector<std::function<void(int64_t, int64_t)>> on_gradients_;  // on each final range [begin, end)
 
   // resilience (deck: health, fault, preempt; docs/RESILIENCE.md)
-  bool last_skipped_ = false;  // the last step was skipped for an inf or NaN (health nan skip)
-  int64_t nonfinite_in_row_ = 0, nonfinite_skipped_ = 0;
+  struct Nonfinite {
+    bool own = false;           // inf or NaN in this rank's loss or gradients (without a loss scaler)
+    bool last_skipped = false;  // the last step was skipped for one (health nan skip)
+    int64_t in_row = 0;         // steps skipped in a row
+  } nonfinite_;
+  struct InjectedFault {        // inject_gradient_fault
+    int64_t step = -1;
+    int rank = -1;
+    float value = 0;
+  } injected_;
   int stop_signal_ = 0;        // the stop signal the ranks agreed on
   bool resumed_ = false;       // restored from a checkpoint: fault injection is off
-  int64_t fault_step_ = -1;    // inject_gradient_fault
-  int fault_rank_ = -1;
-  float fault_value_ = 0;
 
   // checkpoint writer (docs/CHECKPOINT.md): the chain's base for diff across
   // time, and under async on one background write at a time (HDF5 is not

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "data/seeding.h"
+#include "ckpt/slabs.h"
 #include "train/trainer.h"
 #include "train/transfer.h"
 
@@ -47,13 +48,7 @@ void Trainer::register_state() {
   adam.save_doubles = [this] { return std::vector<double>{double(optimizer_->steps_taken())}; };
   adam.load_doubles = [this](const std::vector<double>& v) { optimizer_->set_steps_taken(int64_t(v.at(0))); };
   state_.add(std::move(adam));
-  // Where this world's data streams began (an epoch left by another world size).
-  StateEntry data{"data_start", StatePlace::shared_series};
-  data.save_doubles = [this] { return std::vector<double>{double(sampler_start_.epoch), double(sampler_start_.position)}; };
-  data.load_doubles = [this](const std::vector<double>& v) {
-    if (v.size() == 2) sampler_start_ = Continuation{int64_t(v[0]), int64_t(v[1])};
-  };
-  state_.add(std::move(data));
+  data_->register_state(state_);
   precision_->register_state(state_);
   if (lossagg_) {
     StateEntry agg{LossAggregator::kLogVarSeries, StatePlace::shared_series};
@@ -109,7 +104,7 @@ void Trainer::restore(const std::string& path) {
   int per_rank = 0, old_world = world_, by_slabs = 0;
   on_rank0_or_throw(comm_, rank_, [&] {
     // A sharded run reads its own slabs of a file that holds no per-rank tensors.
-    by_slabs = owned_.ranks() > 1 && written_by_slabs(path);
+    by_slabs = placement_.sharded() && written_by_slabs(path);
     data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer), !by_slabs);
     old_world = data.state.world_size;
     if (old_world != world_ && cfg_.data.shuffle == "independent")
@@ -160,37 +155,26 @@ void Trainer::restore(const std::string& path) {
   }
   if (by_slabs) {
     // This rank's pieces of the moments, and of the weights (whole unless they are sharded too).
-    const bool weights_sharded = strategy_->agreement(step_).weights_sharded;
+    const bool weights_sharded = placement_.master_sharded();
     std::array<TensorSlabs, 3> slabs;
-    slabs[1].slabs = slabs[2].slabs = slabs_of(owned_.pieces());
-    slabs[0].slabs = weights_sharded ? slabs[1].slabs : whole_tensor_slabs();
+    slabs[1].slabs = slabs[2].slabs = slabs::of_pieces(placement_);
+    slabs[0].slabs = weights_sharded ? slabs[1].slabs : slabs::of_whole_tensors(placement_);
     read_slabs(comm_, path, *file_layout_, slabs);
-    if (weights_sharded) put_pieces(model_->params(), slabs[0].values, owned_);
+    if (weights_sharded) put_pieces(model_->params(), slabs[0].values, placement_.owned());
     else from_host(model_->params(), slabs[0].values);
     from_host(optimizer_->m(), slabs[1].values);
     from_host(optimizer_->v(), slabs[2].values);
   } else {
-    from_host(model_->params(), from_file_frame(data.params));  // ep: this rank's experts
-    from_host(optimizer_->m(), owned_part(from_file_frame(data.adam_m), owned_));  // under shard: this rank's pieces
-    from_host(optimizer_->v(), owned_part(from_file_frame(data.adam_v), owned_));
+    from_host(model_->params(), placed_->from_file_frame(data.params));  // ep: this rank's experts
+    // under shard: this rank's pieces
+    from_host(optimizer_->m(), placed_->owned_part(placed_->from_file_frame(data.adam_m)));
+    from_host(optimizer_->v(), placed_->owned_part(placed_->from_file_frame(data.adam_v)));
   }
   optimizer_->set_steps_taken(step_);
-  sampler_start_ = {};
   apply_state(state_, data, per_rank ? &mine : nullptr, path);
   apply_state(strategy_state_, data, per_rank ? &mine : nullptr, path);
   if (!strategy_goes_on) strategy_->register_state(strategy_state_);  // saved from here on
-  chaos_seed_ = data.state.chaos_seed;  // build_data_stream checks it against the deck
-  // The data stream: the same world continues its own counter; another world
-  // continues the epoch where the old ranks left it, counting from zero.
-  start_batch_ = data.state.sampler_batches;
-  if (old_world != world_) {
-    SamplerOptions old = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
-    old.start = sampler_start_;
-    sampler_start_ = DistributedSampler(split_.train_windows, old_world, 0, old).after(start_batch_ * cfg_.data.batch);
-    start_batch_ = 0;
-    log_note_ = fmt::format("resumed {} ranks on {}: epoch {} continues at position {} of {}", old_world, world_,
-                            sampler_start_.epoch, sampler_start_.position, split_.train_windows);
-  }
+  log_note_ = data_->resume(data.state.chaos_seed, data.state.sampler_batches, old_world);
 }
 
 // This rank's state from a checkpoint of `old_world` ranks: its own at the
@@ -226,79 +210,16 @@ RankState Trainer::merged_rank_state(const std::string& path, const CheckpointDa
 std::vector<float> Trainer::whole_params() {
   ExecSpace().fence();
   std::vector<float> out = to_host(model_->params());
-  if (strategy_->agreement(step_).weights_sharded) gather_in_place(out, owned_, comm_, expert_holders_);
-  return to_file_frame(out);
-}
-
-// ep: the whole model from the group's ranks, every rank's experts in their
-// place (MPI_Allgather: the bits as they are), the same on every rank.
-std::vector<float> Trainer::to_file_frame(const std::vector<float>& mine) const {
-  if (ep_ == 1) return mine;
-  std::vector<float> whole(file_layout_->total());
-  model_->layout().to_full(mine.data(), whole.data());
-  std::vector<float> held;
-  for (const auto& [begin, end] : model_->layout().expert_runs()) held.insert(held.end(), &mine[begin], &mine[end]);
-  std::vector<float> all(held.size() * ep_);
-  MPI_Allgather(held.data(), int(held.size()), MPI_FLOAT, all.data(), int(held.size()), MPI_FLOAT, ep_group_);
-  for (int q = 0; q < ep_; ++q) {
-    const float* from = all.data() + q * held.size();
-    const ParamLayout layout_q(cfg_.model, q);  // named: a temporary in the range would die before the loop
-    for (const auto& t : layout_q.tensors())
-      if (t.expert >= 0) std::copy_n(from, t.size, whole.begin() + t.full_offset), from += t.size;
-  }
-  return whole;
-}
-
-std::vector<float> Trainer::from_file_frame(const std::vector<float>& whole) const {
-  if (ep_ == 1) return whole;
-  std::vector<float> mine(model_->layout().total());
-  model_->layout().from_full(whole.data(), mine.data());
-  return mine;
+  if (placement_.master_sharded()) placed_->gather_in_place(out);
+  return placed_->to_file_frame(out);
 }
 
 // Sharded, with every rank holding the same model (the sharded strategy
 // guarantees it), writing one base file at a time with parallel HDF5: each
 // rank writes its own pieces. Otherwise the pieces are gathered whole first.
 bool Trainer::writes_slabs() const {
-  return owned_.ranks() > 1 && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == "collective" &&
+  return placement_.sharded() && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == "collective" &&
          strategy_->agreement(step_).all();
-}
-
-// `pieces` of this rank's flat buffer cut at its tensors' edges, each placed
-// in the file's tensor of that name; the values lie in shard order.
-std::vector<TensorSlab> Trainer::slabs_of(const std::vector<OwnedPiece>& pieces) const {
-  const std::vector<size_t> in_file = file_tensors();
-  const auto& tensors = model_->layout().tensors();
-  std::vector<TensorSlab> out;
-  for (const auto& p : pieces) {
-    // the first tensor that ends after the piece begins
-    auto t = std::upper_bound(tensors.begin(), tensors.end(), p.begin,
-                              [](int64_t at, const TensorInfo& x) { return at < x.offset + x.size; });
-    for (; t != tensors.end() && t->offset < p.end; ++t) {
-      const int64_t lo = std::max(p.begin, t->offset), hi = std::min(p.end, t->offset + t->size);
-      if (hi > lo) out.push_back({in_file[size_t(t - tensors.begin())], lo - t->offset, hi - lo, p.at + (lo - p.begin)});
-    }
-  }
-  return out;
-}
-
-// Every tensor of this rank's flat buffer whole, its values laid out as the buffer.
-std::vector<TensorSlab> Trainer::whole_tensor_slabs() const {
-  const std::vector<size_t> in_file = file_tensors();
-  const auto& tensors = model_->layout().tensors();
-  std::vector<TensorSlab> out;
-  for (size_t k = 0; k < tensors.size(); ++k) out.push_back({in_file[k], 0, tensors[k].size, tensors[k].offset});
-  return out;
-}
-
-// Where each of this rank's tensors is among the file's (by name: under ep
-// this rank's experts are some of the file's).
-std::vector<size_t> Trainer::file_tensors() const {
-  std::map<std::string, size_t> in_file;
-  for (size_t k = 0; k < file_layout_->tensors().size(); ++k) in_file[file_layout_->tensors()[k].name] = k;
-  std::vector<size_t> out;
-  for (const auto& t : model_->layout().tensors()) out.push_back(in_file.at(t.name));
-  return out;
 }
 
 // Collective. The base (/model, /optimizer) is the ranks' average, rank 0's
@@ -309,18 +230,18 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   CheckpointData data;
   if (writes_slabs()) {  // this rank's pieces only: no whole copies
     std::array<TensorSlabs, 3> slabs;
-    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = slabs_of(owned_.pieces());
-    slabs[0].values = take_pieces(model_->params(), owned_);
+    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = slabs::of_pieces(placement_);
+    slabs[0].values = take_pieces(model_->params(), placement_.owned());
     slabs[1].values = to_host(optimizer_->m());
     slabs[2].values = to_host(optimizer_->v());
     data.slabs = std::move(slabs);
   } else {
     mine.params = whole_params();
     // under shard: the ranks' pieces put together; under ep: the group's experts
-    mine.adam_m = to_file_frame(gather_whole(optimizer_->m(), owned_, comm_, expert_holders_));
-    mine.adam_v = to_file_frame(gather_whole(optimizer_->v(), owned_, comm_, expert_holders_));
+    mine.adam_m = placed_->to_file_frame(placed_->gather_whole(to_host(optimizer_->m())));
+    mine.adam_v = placed_->to_file_frame(placed_->gather_whole(to_host(optimizer_->v())));
   }
-  mine.sampler_batches = loader_->position();
+  mine.sampler_batches = data_->position();
   for (const auto* registry : {&state_, &strategy_state_})
     for (const auto& e : registry->entries()) {
       if (e.is_series()) {
@@ -349,12 +270,12 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
       MPI_Bcast(v->data(), int(v->size()), MPI_FLOAT, 0, comm_);
     }
   data.state.step = step_;
-  data.state.sampler_batches = loader_->position();
-  data.state.chaos_seed = chaos_seed_;
-  data.state.epoch = cfg_.data.batch * loader_->position() / std::max<int64_t>(1, split_.train_windows);
+  data.state.sampler_batches = data_->position();
+  data.state.chaos_seed = data_->chaos_seed();
+  data.state.epoch = data_->epoch();
   data.state.seed = cfg_.seed;
   data.state.world_size = world_;
-  data.state.ep = ep_;
+  data.state.ep = placement_.experts().ep;
   data.state.last_loss = loss;
   data.deck = program_.deck_text;
   return data;

@@ -20,26 +20,26 @@ namespace xx {
 // sees the same count, so all skip together or all stop with one message.
 bool Trainer::agree_on_losses(const LossParts& mine) {
   const bool scaled = precision_->scaler() != nullptr;  // a loss scaler decided overflows already
-  own_loss_ = mine.total;
-  own_nonfinite_ |= !scaled && !std::isfinite(mine.total);
-  double parts[5] = {mine.total, mine.main, mine.mtp, mine.aux, own_nonfinite_ ? 1.0 : 0.0}, sums[5];
+  last_.own_loss = mine.total;
+  nonfinite_.own |= !scaled && !std::isfinite(mine.total);
+  double parts[5] = {mine.total, mine.main, mine.mtp, mine.aux, nonfinite_.own ? 1.0 : 0.0}, sums[5];
   MPI_Allreduce(parts, sums, 5, MPI_DOUBLE, MPI_SUM, comm_);
-  last_loss_ = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
-  last_skipped_ = false;
+  last_.parts = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
+  nonfinite_.last_skipped = false;
   if (sums[4] == 0) {
-    if (!scaled) nonfinite_in_row_ = 0;
+    if (!scaled) nonfinite_.in_row = 0;
     return false;
   }
-  const std::string who = ranks_with(comm_, own_nonfinite_);
+  const std::string who = ranks_with(comm_, nonfinite_.own);
   const std::string what = fmt::format("step {}: inf or NaN in the loss or gradients of {}", step_ + 1, who);
   if (cfg_.health.nan == "stop") throw HealthError(what + " (health nan stop; `health nan skip` skips such steps)");
-  if (++nonfinite_in_row_ > cfg_.health.max_skips)
-    throw HealthError(fmt::format("{}: {} non-finite steps in a row (health max_skips {})", what, nonfinite_in_row_,
+  if (++nonfinite_.in_row > cfg_.health.max_skips)
+    throw HealthError(fmt::format("{}: {} non-finite steps in a row (health max_skips {})", what, nonfinite_.in_row,
                                   cfg_.health.max_skips));
-  log_->console(fmt::format("{}: step skipped on every rank ({} in a row, at most {})", what, nonfinite_in_row_,
+  log_->console(fmt::format("{}: step skipped on every rank ({} in a row, at most {})", what, nonfinite_.in_row,
                             cfg_.health.max_skips));
-  ++nonfinite_skipped_;
-  return last_skipped_ = true;
+  ++last_.nonfinite_skipped;
+  return nonfinite_.last_skipped = true;
 }
 
 // health every N: one all-gather of every rank's health; a failure ends the
@@ -49,9 +49,9 @@ void Trainer::check_health_now() {
   const auto P = model_->params().extent(0);
   // A step skipped for an inf or NaN (health nan skip, or the loss scaler's
   // overflow) was already decided on every rank: not a failure here.
-  const bool decided = last_skipped_ || precision_->scaler();
+  const bool decided = nonfinite_.last_skipped || precision_->scaler();
   RankHealth mine;
-  mine.finite_loss = decided || std::isfinite(own_loss_);
+  mine.finite_loss = decided || std::isfinite(last_.own_loss);
   mine.finite_grads = decided || !kernels::has_nonfinite(Vec<const float>(model_->grads().data(), P));
   mine.step = step_;
   mine.available_mb = available_memory_mb();
@@ -60,7 +60,9 @@ void Trainer::check_health_now() {
   // does not is named (silent divergence).
   const Agreement agree = strategy_->agreement(step_);
   // (under ep each rank holds its own experts: no two need hold the same bits)
-  const HealthVerdict verdict = check_health(comm_, mine, agree.params && !agree.weights_sharded && ep_ == 1);
+  // Fingerprints compare whole fp32 weights: not a rank's pieces of them, nor its expert share.
+  const bool comparable = agree.params && !placement_.master_sharded() && placement_.experts().ep == 1;
+  const HealthVerdict verdict = check_health(comm_, mine, comparable);
   if (!verdict.failure.empty()) throw HealthError(fmt::format("step {}: health check failed: {}", step_, verdict.failure));
   log_->rank(verdict.summary);
 }

@@ -22,12 +22,12 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   MPI_Comm_size(comm, &world_);
   if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
   cfg_ = program.phases.front().config;  // per-job settings are the same in every phase (deck/commands.cpp)
-  load_data();
+  data_ = std::make_unique<TrainingData>(comm_, program_);
   std::string resume_path;
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
   bcast_string(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
-  split_expert_groups(resume_path);
+  check_expert_groups(resume_path);
   build_model();
   register_state();
   const double restore_start = MPI_Wtime();
@@ -40,7 +40,8 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
     log_->console(fmt::format("resumed from {} at step {} (read and broadcast in {:.3f} s)", resume_path, step_,
                               restore_s));
   if (!log_note_.empty()) log_->console(log_note_);
-  build_data_stream(resume_path);
+  data_->start_stream(resume_path, [this](const std::string& line) { log_->console(line); },
+                      [this](const std::string& line) { log_->rank(line); });
   flops_per_token_ = flops_per_token(cfg_.model, model_->layout());
   // The MFU denominator: the deck's, or the peak file's entry for this
   // machine; a run never measures it. Only rank 0 reports an MFU.
@@ -79,93 +80,31 @@ Trainer::~Trainer() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   exchange_.reset();
-  for (MPI_Comm* c : {&writer_comm_, &ep_group_, &expert_holders_})
-    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
-}
-
-// Rank 0 validates the data first (every token of every shard), so a bad
-// file stops every rank alike; the others trust it and map what they read.
-void Trainer::load_data() {
-  const DataConfig& d = cfg_.data;
-  const int64_t seq = cfg_.model.seq;
-  const std::string& where = program_.phases.front().where;
-  auto load = [&](bool check) {
-    corpus_ = Corpus::load(d.path, d.format, check);
-    if (!d.valid_path.empty()) valid_corpus_ = std::make_unique<Corpus>(Corpus::load(d.valid_path, d.format, check));
-    tokenizer_ = load_tokenizer(d.tokenizer);
-  };
-  auto split = [&] {
-    split_ = valid_corpus_ ? WindowSplit{seq, corpus_.windows(seq), valid_corpus_->windows(seq)}
-                           : split_windows(corpus_, seq, d.valid_fraction);
-  };
-  on_rank0_or_throw(comm_, rank_, [&] {
-    load(true);
-    for (const Corpus* c : {&corpus_, valid_corpus_.get()}) {
-      if (!c) continue;
-      check_tokenizer(*c, d.tokenizer, *tokenizer_, cfg_.model.vocab, where);
-      if (c->vocab() > cfg_.model.vocab)
-        input_error("{}: corpus vocabulary {} exceeds the model's vocab {} (expected model vocab >= {})", c->path(),
-                    c->vocab(), cfg_.model.vocab, c->vocab());
-    }
-    if (valid_corpus_)
-      for (const Corpus* c : {&corpus_, valid_corpus_.get()})
-        if (c->windows(seq) < 1)
-          input_error("{}: {} tokens in {} file(s), too few for one window of seq {} (expected at least {} tokens "
-                      "in one file)", c->path(), c->size(), c->files().size(), seq, seq + 1);
-    split();
-    // A sample's prompt must leave room for what it generates.
-    for (const auto& phase : program_.phases) {
-      const SampleConfig& s = phase.config.sample;
-      if (s.every == 0) continue;
-      const auto prompt = tokenizer_->encode(s.prompt);
-      if (prompt.empty() || int64_t(prompt.size()) >= seq)
-        input_error("{}: sample prompt '{}' encodes to {} tokens (expected 1 to {}, below the model's seq {})",
-                    phase.where, s.prompt, prompt.size(), seq - 1, seq);
-      for (int32_t t : prompt)
-        if (t >= cfg_.model.vocab)
-          input_error("{}: sample prompt '{}' has token {}, outside the model's vocab {}", phase.where, s.prompt, t,
-                      cfg_.model.vocab);
-    }
-  });
-  // Rank 0 checked all of it; the others map the same files.
-  if (rank_ != 0) load(false), split();
-  // Bits per byte: what each token stands for in bytes of text. A shard
-  // without a named tokenizer has it only for bytes (vocab 256).
-  bytes_known_ = !d.tokenizer.empty() || corpus_.vocab() <= 256;
-  data_note_ = fmt::format("data: {} file(s), {} tokens; validation {}; tokenizer {}", corpus_.files().size(),
-                            corpus_.size(),
-                            valid_corpus_ ? fmt::format("{} ({} tokens)", d.valid_path, valid_corpus_->size())
-                                          : fmt::format("the last {} of the windows", d.valid_fraction),
-                            tokenizer_->describe());
+  if (writer_comm_ != MPI_COMM_NULL) MPI_Comm_free(&writer_comm_);
 }
 
 // moe ... ep N: groups of N consecutive ranks share the routed experts out
 // (one node's ranks, where the all-to-all is cheapest); a world size N does
 // not divide is refused, naming the deck's line and a checkpoint's layout.
-void Trainer::split_expert_groups(const std::string& resume_path) {
-  ep_ = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
+void Trainer::check_expert_groups(const std::string& resume_path) {
   ModelConfig whole = cfg_.model;
   whole.moe.ep = 1;
   file_layout_ = std::make_unique<ParamLayout>(whole);
-  if (ep_ == 1) return;
-  if (world_ % ep_ != 0) {
-    std::string where = "deck";
-    for (const auto& l : program_.lines)
-      if (!l.words.empty() && l.words[0] == "moe") where = fmt::format("{}:{}", l.file, l.line);
-    std::string written;
-    on_rank0_or_throw(comm_, rank_, [&] {
-      if (resume_path.empty()) return;
-      const auto [w, e] = read_checkpoint_layout(resume_path);
-      written = fmt::format("; {} was written by {} ranks at ep {} and holds every expert", resume_path, w, e);
-    });
-    bcast_string(written, comm_);
-    input_error("{}: moe ep {} does not divide the {} ranks of this run{} (expected a world size that is a multiple "
-                "of ep, or an ep that divides {} and routed {})", where, ep_, world_, written, world_,
-                cfg_.model.moe.routed);
-  }
-  ep_rank_ = rank_ % ep_;
-  MPI_Comm_split(comm_, rank_ / ep_, ep_rank_, &ep_group_);
-  MPI_Comm_split(comm_, ep_rank_, rank_ / ep_, &expert_holders_);
+  const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
+  if (world_ % ep == 0) return;
+  std::string where = "deck";
+  for (const auto& l : program_.lines)
+    if (!l.words.empty() && l.words[0] == "moe") where = fmt::format("{}:{}", l.file, l.line);
+  std::string written;
+  on_rank0_or_throw(comm_, rank_, [&] {
+    if (resume_path.empty()) return;
+    const auto [w, e] = read_checkpoint_layout(resume_path);
+    written = fmt::format("; {} was written by {} ranks at ep {} and holds every expert", resume_path, w, e);
+  });
+  bcast_string(written, comm_);
+  input_error("{}: moe ep {} does not divide the {} ranks of this run{} (expected a world size that is a multiple "
+              "of ep, or an ep that divides {} and routed {})", where, ep, world_, written, world_,
+              cfg_.model.moe.routed);
 }
 
 void Trainer::build_model() {
@@ -177,42 +116,37 @@ void Trainer::build_model() {
   } catch (const std::runtime_error& e) {
     input_error("deck: {} (expected gemm auto, or a backend this binary has)", e.what());
   }
+  const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
-                                                kernels::precision_from_name(cfg_.precision.kind), ep_rank_);
-  if (ep_ > 1) {
-    exchange_ = std::make_unique<MpiExpertExchange>(ep_group_);
-    model_->set_expert_exchange(exchange_.get());
-  }
+                                                kernels::precision_from_name(cfg_.precision.kind), rank_ % ep);
   // shard: this rank's pieces of every gradient bucket (the first phase's
   // buckets; the deck keeps them one size per job), under params cut inside
   // the weight units the model asks for.
-  const int64_t total = model_->layout().total();
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
-  for (const auto& u : model_->layout().weight_units()) units_.emplace_back(u.begin, u.end);
-  // (under ep an expert bucket is cut over the ranks holding its experts)
-  const ExpertHolders holders{model_->layout().expert_runs(), world_ / ep_, rank_ / ep_};
-  owned_ = cfg_.shard.level == "off"      ? Ownership::whole(total)
-           : cfg_.shard.level == "params" ? Ownership(units_, bucket, world_, rank_, holders)
-                                          : Ownership({{0, total}}, bucket, world_, rank_, holders);
-  if (cfg_.shard.level != "off") {
+  placement_ = place_model(cfg_.model, model_->layout(), *shard_level_from_name(cfg_.shard.level), bucket, world_,
+                           rank_, fp32_weights_in_pieces(cfg_, world_));
+  placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
+  if (ep > 1) {
+    exchange_ = std::make_unique<MpiExpertExchange>(placed_->expert_group());
+    model_->set_expert_exchange(exchange_.get());
+  }
+  if (placement_.level() != ShardLevel::off) {
     // A rank writes only the weights it keeps: all of them; or its pieces (and
     // below params the runs the model reads in fp32, which every rank keeps).
-    std::vector<std::pair<int64_t, int64_t>> mine{{0, total}};
-    if (fp32_weights_in_pieces(cfg_, world_)) {
+    std::vector<std::pair<int64_t, int64_t>> mine{{0, model_->layout().total()}};
+    if (placement_.master_sharded()) {
       mine.clear();
-      for (const auto& p : owned_.pieces()) mine.emplace_back(p.begin, p.end);
-      if (cfg_.shard.level != "params")
+      for (const auto& p : placement_.owned().pieces()) mine.emplace_back(p.begin, p.end);
+      if (placement_.level() != ShardLevel::params)
         for (const auto& run : model_->layout().fp32_read_runs()) mine.push_back(run);
     }
     model_->init_sharded(cfg_.seed, mine);
   } else {
     model_->init(cfg_.seed);
   }
-  optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), owned_);
+  optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), placement_);
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
-  restarts_ = std::make_unique<WarmRestarts>(comm_, program_, *model_, *optimizer_);
-  inputs_ = Kokkos::View<int32_t*, MemSpace>("Trainer::inputs", int64_t(cfg_.data.batch) * cfg_.model.seq);
-  targets_ = Kokkos::View<int32_t*, MemSpace>("Trainer::targets", inputs_.extent(0));
+  restarts_ = std::make_unique<WarmRestarts>(*placed_, program_, *model_, *optimizer_);
   for (const auto& p : program_.phases)
     if (p.config.lossagg.kind != "off" && !lossagg_) {
       const auto& m = cfg_.model;
@@ -220,26 +154,6 @@ void Trainer::build_model() {
       lossagg_ = std::make_unique<LossAggregator>(comm_, std::array<bool, LossAggregator::kKinds>{
                                                              true, m.mtp.depth > 0, aux});  // main, mtp, aux
     }
-}
-
-// The training stream: chaos seed (restore may have set it), sampler, common pool, loader.
-void Trainer::build_data_stream(const std::string& resume_path) {
-  const std::string& where = program_.phases.front().where;
-  log_->console(data_note_);
-  chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, where);
-  SamplerOptions sampling = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
-  sampling.start = sampler_start_;  // a resume on another world size continues the epoch
-  DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, where);
-  if (!sampler.pool_windows().empty())
-    pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
-  if (cfg_.data.shuffle != "fixed" || pool_ || cfg_.data.partition != "shuffled") log_->console("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
-  if (rank_ == 0)
-    write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()), world_);
-  log_->rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,
-                         split_.train_windows, split_.valid_windows, sampler.per_rank_per_epoch()));
-  loader_ = std::make_unique<BatchLoader>(corpus_, std::move(sampler), 0, cfg_.data.batch, cfg_.model.seq,
-                                          cfg_.data.workers, cfg_.data.queue, start_batch_,
-                                          pool_ ? pool_->tokens() : PoolTokens{});
 }
 
 // The phase's settings take effect; its sync strategy is built, or kept when
@@ -258,7 +172,7 @@ void Trainer::enter_phase(size_t phase) {
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
-                        owned_, units_, ExpertRuns{model_->layout().expert_runs(), expert_holders_},
+                        placement_.owned(), placement_.units(), placed_->expert_runs(),
                         model_->grads_in_huge_pages()};
     buffers.half_params = model_->half_params();
     buffers.half_type = model_->gemm_type();
@@ -272,7 +186,7 @@ void Trainer::enter_phase(size_t phase) {
     strategy_->register_state(strategy_state_);
     if (log_ && phase > 0) log_->console(fmt::format("{}: sync {}", p.where, strategy_report_));
   }
-  inject_gradient_fault(fault_step_, fault_rank_, fault_value_);  // the checks on the gradients, for this phase
+  inject_gradient_fault(injected_.step, injected_.rank, injected_.value);  // the checks on the gradients, for this phase
 }
 
 bool Trainer::keeps_strategy(size_t phase) const {
@@ -283,13 +197,13 @@ bool Trainer::keeps_strategy(size_t phase) const {
 // injected fault, the missing-gradient check, rounding to the precision, the
 // inf/NaN test behind the NaN policy (a loss scaler tests after the sum).
 void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
-  fault_step_ = step, fault_rank_ = rank, fault_value_ = value;
+  injected_.step = step, injected_.rank = rank, injected_.value = value;
   on_gradients_.clear();
   const int64_t total = model_->layout().total();
-  if (fault_rank_ == rank_ && fault_step_ > 0)
+  if (injected_.rank == rank_ && injected_.step > 0)
     on_gradients_.push_back([this, total](int64_t, int64_t end) {
-      if (fault_step_ == step_ + 1 && end == total)
-        Kokkos::deep_copy(Kokkos::subview(model_->grads(), total - 1), fault_value_);
+      if (injected_.step == step_ + 1 && end == total)
+        Kokkos::deep_copy(Kokkos::subview(model_->grads(), total - 1), injected_.value);
     });
   if (cfg_.fault.kind == "detach" && cfg_.fault.rank == rank_) {
     const TensorInfo last = model_->layout().tensors().back();
@@ -302,7 +216,7 @@ void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
     on_gradients_.push_back([this](int64_t b, int64_t e) { if (seed_main_ != 0) check_missing_gradients(b, e); });
   if (!precision_->scaler())
     on_gradients_.push_back([this](int64_t b, int64_t e) {
-      own_nonfinite_ |= kernels::has_nonfinite(Vec<const float>(model_->grads().data() + b, e - b));
+      nonfinite_.own |= kernels::has_nonfinite(Vec<const float>(model_->grads().data() + b, e - b));
     });
 }
 
@@ -328,12 +242,12 @@ std::string Trainer::backends() const {
                                  ck.mode == "diff" ? " " + ck.codec : ""));
   row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
   row("peak (MFU)", mfu_.describe());
-  if (ep_ > 1) {
-    const auto& e = cfg_.model.moe;
+  if (const ExpertShare& x = placement_.experts(); x.ep > 1) {
+    const int routed = cfg_.model.moe.routed;
     row("experts", fmt::format("moe ep {}: routed experts [{}, {}) of each MoE layer here, tokens moved by "
                                "{} in groups of {} consecutive ranks, each expert's gradient averaged "
-                               "over its {} holder(s)", ep_, ep_rank_ * e.routed / ep_, (ep_rank_ + 1) * e.routed / ep_,
-                               exchange_->describe(), ep_, world_ / ep_));
+                               "over its {} holder(s)", x.ep, x.share * routed / x.ep, (x.share + 1) * routed / x.ep,
+                               exchange_->describe(), x.ep, x.holders));
   }
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
                      model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);

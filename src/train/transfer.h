@@ -56,38 +56,6 @@ void put_pieces(Buffer<T>& b, const std::vector<T>& shard, const Ownership& owne
   shard_to_pieces(Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(shard.data(), shard.size()), b, owned);
 }
 
-// Collective: every rank's pieces of `whole` (laid out like the flat buffer,
-// this rank's pieces in place) to every rank; under ep an expert bucket's
-// over its `holders`.
-inline void gather_in_place(std::vector<float>& whole, const Ownership& owned, MPI_Comm comm,
-                            MPI_Comm holders = MPI_COMM_NULL) {
-  if (owned.ranks() == 1) return;
-  for (const auto& b : owned.buckets())
-    if (b.counts.size() > 1)
-      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, whole.data() + b.begin, b.counts.data(), b.displs.data(),
-                     MPI_FLOAT, b.expert ? holders : comm);
-}
-
-// Collective when sharded: the whole buffer from every rank's shard (each
-// bucket's pieces all-gathered), the same on every rank.
-inline std::vector<float> gather_whole(const Buffer<float>& shard, const Ownership& owned, MPI_Comm comm,
-                                       MPI_Comm holders = MPI_COMM_NULL) {
-  std::vector<float> mine = to_host(shard);
-  if (owned.ranks() == 1) return mine;
-  std::vector<float> whole(owned.total());
-  for (const auto& p : owned.pieces()) std::copy_n(mine.begin() + p.at, p.size(), whole.begin() + p.begin);
-  gather_in_place(whole, owned, comm, holders);
-  return whole;
-}
-
-// This rank's pieces of a whole buffer, in shard order.
-inline std::vector<float> owned_part(const std::vector<float>& whole, const Ownership& owned) {
-  if (owned.ranks() == 1) return whole;
-  std::vector<float> out(owned.shard_size());
-  for (const auto& p : owned.pieces()) std::copy_n(whole.begin() + p.begin, p.size(), out.begin() + p.at);
-  return out;
-}
-
 // Rank 0's string to every rank.
 inline void bcast_string(std::string& s, MPI_Comm comm) {
   int n = int(s.size());

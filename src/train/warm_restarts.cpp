@@ -6,8 +6,9 @@
 namespace xx {
 using namespace transfer;
 
-WarmRestarts::WarmRestarts(MPI_Comm comm, const Program& program, Transformer<float>& model, AdamW<float>& optimizer)
-    : comm_(comm), program_(program), model_(model), optimizer_(optimizer) {
+WarmRestarts::WarmRestarts(const PlacementMpi& placed, const Program& program, Transformer<float>& model,
+                           AdamW<float>& optimizer)
+    : placed_(placed), program_(program), model_(model), optimizer_(optimizer) {
   for (const auto& p : program.phases)
     if (Schedule(p.config.optimizer, p.config.schedule, p.config.seed).restart_from_best() &&
         best_.params.extent(0) == 0) {
@@ -111,8 +112,8 @@ void WarmRestarts::register_state(StateRegistry& registry) {
   sharded.emplace_back("restart_best.adam_v", best_.adam_v);
   for (auto [name, shard] : sharded) {
     StateEntry e{name, StatePlace::shared_buffer, optimizer_.owned().total()};
-    e.save_floats = [this, shard] { return gather_whole(shard, optimizer_.owned(), comm_); };
-    e.load_floats = [this, shard](const std::vector<float>& v) mutable { from_host(shard, owned_part(v, optimizer_.owned())); };
+    e.save_floats = [this, shard] { return placed_.gather_whole(to_host(shard)); };
+    e.load_floats = [this, shard](const std::vector<float>& v) mutable { from_host(shard, placed_.owned_part(v)); };
     registry.add(std::move(e));
   }
   for (auto& [prefix, ffn] : model_.moe_layers()) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "comm/placement_mpi.h"
 #include "core/state.h"
 #include "deck/deck.h"
 #include "io/log.h"
@@ -24,7 +25,7 @@ class WarmRestarts {
   // Keeps a best state only when some phase restarts from the best.
   // `comm`: the ranks that share the optimizer (under shard the best moments are
   // this rank's pieces, gathered whole for a checkpoint).
-  WarmRestarts(MPI_Comm comm, const Program& program, Transformer<float>& model, AdamW<float>& optimizer);
+  WarmRestarts(const PlacementMpi& placed, const Program& program, Transformer<float>& model, AdamW<float>& optimizer);
 
   // The schedule of the phase that takes 1-based step `step`; none past the deck's end.
   std::optional<Schedule> schedule_of(int64_t step) const;
@@ -52,7 +53,7 @@ class WarmRestarts {
     Buffer<float> params, adam_m, adam_v;
     std::map<std::string, std::vector<float>> gate_bias;  // MoE selection biases by layer prefix
   };
-  MPI_Comm comm_;
+  const PlacementMpi& placed_;  // the best moments are gathered whole for a checkpoint
   const Program& program_;
   Transformer<float>& model_;
   AdamW<float>& optimizer_;

@@ -1,0 +1,93 @@
+#include "comm/placement_mpi.h"
+#include <algorithm>
+#include "kernels/elementwise.h"
+
+namespace xx {
+
+PlacementMpi::PlacementMpi(MPI_Comm world, const Placement& placement) : world_(world), placement_(placement) {
+  const ExpertShare& e = placement.experts();
+  if (e.ep == 1) return;
+  MPI_Comm_split(world, e.holder, e.share, &ep_group_);
+  MPI_Comm_split(world, e.share, e.holder, &holders_);
+}
+
+PlacementMpi::~PlacementMpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&ep_group_, &holders_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+void PlacementMpi::gather_in_place(std::vector<float>& mine) const {
+  const Ownership& owned = placement_.owned();
+  if (owned.ranks() == 1) return;
+  for (const auto& b : owned.buckets())
+    if (b.counts.size() > 1)
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mine.data() + b.begin, b.counts.data(), b.displs.data(),
+                     MPI_FLOAT, b.expert ? holders_ : world_);
+}
+
+std::vector<float> PlacementMpi::gather_whole(const std::vector<float>& shard) const {
+  const Ownership& owned = placement_.owned();
+  if (owned.ranks() == 1) return shard;
+  std::vector<float> mine(owned.total());
+  for (const auto& p : owned.pieces()) std::copy_n(shard.begin() + p.at, p.size(), mine.begin() + p.begin);
+  gather_in_place(mine);
+  return mine;
+}
+
+std::vector<float> PlacementMpi::owned_part(const std::vector<float>& mine) const {
+  const Ownership& owned = placement_.owned();
+  if (owned.ranks() == 1) return mine;
+  std::vector<float> out(owned.shard_size());
+  for (const auto& p : owned.pieces()) std::copy_n(mine.begin() + p.begin, p.size(), out.begin() + p.at);
+  return out;
+}
+
+std::vector<float> PlacementMpi::to_file_frame(const std::vector<float>& mine) const {
+  const ExpertShare& e = placement_.experts();
+  if (e.ep == 1) return mine;
+  std::vector<float> whole(placement_.whole_total());
+  placement_.to_whole(mine.data(), whole.data());
+  std::vector<float> held;
+  for (const auto& [begin, end] : e.runs) held.insert(held.end(), &mine[begin], &mine[end]);
+  std::vector<float> all(held.size() * e.ep);
+  MPI_Allgather(held.data(), int(held.size()), MPI_FLOAT, all.data(), int(held.size()), MPI_FLOAT, ep_group_);
+  // Share q's experts arrive in frame order, as its runs hold them.
+  for (int q = 0; q < e.ep; ++q) {
+    const float* from = all.data() + q * held.size();
+    for (const auto& t : placement_.frame())
+      if (t.share == q) std::copy_n(from, t.size, whole.begin() + t.offset), from += t.size;
+  }
+  return whole;
+}
+
+std::vector<float> PlacementMpi::from_file_frame(const std::vector<float>& whole) const {
+  if (placement_.holds_all()) return whole;
+  std::vector<float> mine(placement_.local_total());
+  placement_.from_whole(whole.data(), mine.data());
+  return mine;
+}
+
+double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
+  const float* g = values.data();
+  auto squares = [g](int64_t begin, int64_t end) {
+    return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
+  };
+  const bool shard = placement_.gradients_sharded();
+  if (placement_.experts().ep == 1 || shard) {  // (each piece of a shard, expert or not, has one owner in the world)
+    double sum = squares(0, values.extent(0));
+    if (shard) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, world_);
+    return sum;
+  }
+  double rest = 0, experts = 0;
+  int64_t at = 0;
+  for (const auto& [begin, end] : placement_.experts().runs)
+    rest += squares(at, begin), experts += squares(begin, end), at = end;
+  rest += squares(at, values.extent(0));
+  MPI_Allreduce(MPI_IN_PLACE, &experts, 1, MPI_DOUBLE, MPI_SUM, ep_group_);
+  return rest + experts;
+}
+
+}  // namespace xx

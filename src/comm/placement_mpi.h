@@ -1,0 +1,53 @@
+// The placement's collectives (core/placement.h): the communicators its
+// dimensions need, and every move of floats between its frames that takes
+// more than one rank. The Trainer, the checkpoints and the tests ask here;
+// nothing in train/ issues a collective on the placement's behalf.
+#pragma once
+#include <mpi.h>
+#include <vector>
+#include "comm/grad_sync.h"
+#include "core/placement.h"
+#include "core/views.h"
+
+namespace xx {
+
+class PlacementMpi {
+ public:
+  // Collective over world: under ep, the expert-parallel groups (N
+  // consecutive ranks) and the holders of each share (ranks r + kN).
+  PlacementMpi(MPI_Comm world, const Placement& placement);
+  ~PlacementMpi();
+  PlacementMpi(const PlacementMpi&) = delete;
+  PlacementMpi& operator=(const PlacementMpi&) = delete;
+
+  const Placement& placement() const { return placement_; }
+  MPI_Comm world() const { return world_; }
+  MPI_Comm expert_group() const { return ep_group_; }  // null without ep
+  ExpertRuns expert_runs() const { return {placement_.experts().runs, holders_}; }
+
+  // Between this rank's pieces and its whole frame. Collective when sharded.
+  //   gather_in_place: every rank's pieces of `mine` (this rank's in place) to every rank;
+  //   gather_whole:    the same from this rank's shard (its pieces back to back);
+  //   owned_part:      this rank's pieces of a whole buffer, in shard order (no message).
+  void gather_in_place(std::vector<float>& mine) const;
+  std::vector<float> gather_whole(const std::vector<float>& shard) const;
+  std::vector<float> owned_part(const std::vector<float>& mine) const;
+
+  // Between this rank's frame and the whole model's (the checkpoint's).
+  // to_file_frame is collective over the expert-parallel group: every
+  // share's experts in their place, the same bits on every rank of it.
+  std::vector<float> to_file_frame(const std::vector<float>& mine) const;
+  std::vector<float> from_file_frame(const std::vector<float>& whole) const;
+
+  // Collective: the squared global norm of the averaged gradients `values`
+  // (this rank's shard, summed over the world; or the whole buffer, whose
+  // routed experts are summed over the expert-parallel group, the rest once).
+  double gradient_sum_squares(Vec<const float> values) const;
+
+ private:
+  MPI_Comm world_;
+  const Placement& placement_;
+  MPI_Comm ep_group_ = MPI_COMM_NULL, holders_ = MPI_COMM_NULL;
+};
+
+}  // namespace xx

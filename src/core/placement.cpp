@@ -1,0 +1,62 @@
+#include "core/placement.h"
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+
+namespace xx {
+
+namespace {
+constexpr std::array<const char*, 4> kLevelNames{"off", "optimizer", "gradients", "params"};
+}
+
+const char* shard_level_name(ShardLevel level) { return kLevelNames[size_t(level)]; }
+
+std::optional<ShardLevel> shard_level_from_name(const std::string& name) {
+  for (size_t k = 0; k < kLevelNames.size(); ++k)
+    if (name == kLevelNames[k]) return ShardLevel(k);
+  return std::nullopt;
+}
+
+Placement::Placement(std::vector<FrameTensor> frame, int64_t local_total, ExpertShare experts, ShardLevel level,
+                     Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces)
+    : frame_(std::move(frame)), local_total_(local_total), experts_(std::move(experts)), level_(level),
+      owned_(std::move(owned)), units_(std::move(units)), master_in_pieces_(master_in_pieces) {
+  for (size_t k = 0; k < frame_.size(); ++k) {
+    whole_total_ = std::max(whole_total_, frame_[k].offset + frame_[k].size);
+    if (frame_[k].local >= 0) held_.push_back(k);
+  }
+  std::sort(held_.begin(), held_.end(), [this](size_t a, size_t b) { return frame_[a].local < frame_[b].local; });
+  if (owned_.total() != local_total_) throw std::logic_error("placement: the pieces do not cover this rank's buffer");
+}
+
+void Placement::to_whole(const float* mine, float* whole) const {
+  for (size_t k : held_) std::copy_n(mine + frame_[k].local, frame_[k].size, whole + frame_[k].offset);
+}
+
+void Placement::from_whole(const float* whole, float* mine) const {
+  for (size_t k : held_) std::copy_n(whole + frame_[k].offset, frame_[k].size, mine + frame_[k].local);
+}
+
+std::vector<FrameSlab> Placement::slabs_of(const std::vector<OwnedPiece>& pieces) const {
+  std::vector<FrameSlab> out;
+  for (const auto& p : pieces) {
+    // the first held tensor that ends after the piece begins
+    auto t = std::upper_bound(held_.begin(), held_.end(), p.begin, [this](int64_t at, size_t k) {
+      return at < frame_[k].local + frame_[k].size;
+    });
+    for (; t != held_.end() && frame_[*t].local < p.end; ++t) {
+      const FrameTensor& x = frame_[*t];
+      const int64_t lo = std::max(p.begin, x.local), hi = std::min(p.end, x.local + x.size);
+      if (hi > lo) out.push_back({*t, lo - x.local, hi - lo, p.at + (lo - p.begin)});
+    }
+  }
+  return out;
+}
+
+std::vector<FrameSlab> Placement::whole_tensors() const {
+  std::vector<FrameSlab> out;
+  for (size_t k : held_) out.push_back({k, 0, frame_[k].size, frame_[k].local});
+  return out;
+}
+
+}  // namespace xx

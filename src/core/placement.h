@@ -1,0 +1,109 @@
+// Where every float lives: the one answer to "which rank holds element i of
+// the model, and who else holds it". Built once per job (model/params.h,
+// place_model) and read by the sync strategies, the optimizer, the
+// checkpoints and the memory plan; its collectives are comm/placement_mpi.h.
+//
+// Three frames of the same floats:
+//   the whole model   every tensor, in layout order: what a checkpoint file holds;
+//   this rank         the tensors it holds (under ep: its share of the routed
+//                     experts and every other tensor), packed in the same order;
+//   its pieces        under shard (ZeRO 1/2/3): the parts of this rank's frame it
+//                     updates (core/ownership.h), back to back.
+// A new parallel dimension (pipeline stages) is one more cut of the whole
+// frame: a stage holds the tensors of its layers, and everything below reads
+// the rank's frame as it does now.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+#include "core/ownership.h"
+
+namespace xx {
+
+// shard off | optimizer | gradients | params: ZeRO 0, 1, 2, 3.
+enum class ShardLevel { off, optimizer, gradients, params };
+const char* shard_level_name(ShardLevel level);
+std::optional<ShardLevel> shard_level_from_name(const std::string& name);
+
+// One tensor of the whole model, and where it lies in this rank's frame.
+struct FrameTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in the whole model's flat buffer
+  int64_t size = 0;
+  int64_t local = -1;  // in this rank's flat buffer; -1: another rank's expert
+  int share = -1;      // a routed expert's: the expert share that holds it (ExpertShare); -1: every rank
+};
+
+// moe ... ep N: groups of N consecutive ranks share the routed experts out;
+// rank r holds share r % N, as do the ranks r + kN (its holders).
+struct ExpertShare {
+  int ep = 1;           // N
+  int share = 0;        // r % N: this rank's index in its expert-parallel group
+  int holders = 1;      // world / N: the ranks holding the same experts
+  int holder = 0;       // r / N: this rank's index among them
+  std::vector<std::pair<int64_t, int64_t>> runs;  // this rank's routed-expert runs [begin, end), its frame
+};
+
+// A run of one frame tensor's elements that this rank holds in some buffer:
+// elements [begin, begin + count) of tensor `tensor` (an index into the
+// whole frame), at `at` of that buffer.
+struct FrameSlab {
+  size_t tensor = 0;
+  int64_t begin = 0, count = 0, at = 0;
+};
+
+class Placement {
+ public:
+  Placement() = default;
+  // `frame`: the whole model's tensors with their place here; `local_total`:
+  // this rank's buffer length; `owned`: its pieces of that buffer;
+  // `units`: the model's weight units, in its frame (shard params gathers them);
+  // `master_in_pieces`: the fp32 weights are only this rank's pieces
+  // (shard params, or a lower level under 16-bit precision).
+  Placement(std::vector<FrameTensor> frame, int64_t local_total, ExpertShare experts, ShardLevel level,
+            Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces);
+
+  // frames
+  const std::vector<FrameTensor>& frame() const { return frame_; }
+  int64_t whole_total() const { return whole_total_; }
+  int64_t local_total() const { return local_total_; }
+  bool holds_all() const { return whole_total_ == local_total_; }
+  // Between this rank's buffer and the whole model's: the tensors it holds,
+  // copied; the whole model's other experts are left as they are.
+  void to_whole(const float* mine, float* whole) const;
+  void from_whole(const float* whole, float* mine) const;
+
+  // experts
+  const ExpertShare& experts() const { return experts_; }
+
+  // ZeRO
+  ShardLevel level() const { return level_; }
+  const Ownership& owned() const { return owned_; }
+  const std::vector<std::pair<int64_t, int64_t>>& units() const { return units_; }
+  bool sharded() const { return owned_.ranks() > 1; }  // the pieces are some of the buffer
+  // Where the strategy leaves the averaged gradients: this rank's shard from
+  // shard gradients up (its pieces back to back), else the whole buffer.
+  bool gradients_sharded() const { return level_ >= ShardLevel::gradients; }
+  bool master_sharded() const { return sharded() && master_in_pieces_; }  // the fp32 weights: only the pieces
+
+  // Slabs of frame tensors: `pieces` of this rank's buffer cut at its
+  // tensors' edges (values in shard order); every tensor this rank holds
+  // whole (values laid out as its buffer).
+  std::vector<FrameSlab> slabs_of(const std::vector<OwnedPiece>& pieces) const;
+  std::vector<FrameSlab> whole_tensors() const;
+
+ private:
+  std::vector<FrameTensor> frame_;
+  std::vector<size_t> held_;  // the frame indices of this rank's tensors, in its buffer order
+  int64_t whole_total_ = 0, local_total_ = 0;
+  ExpertShare experts_;
+  ShardLevel level_ = ShardLevel::off;
+  Ownership owned_;
+  std::vector<std::pair<int64_t, int64_t>> units_;
+  bool master_in_pieces_ = false;
+};
+
+}  // namespace xx
