@@ -24,6 +24,7 @@ if [ "$(id -u)" -ne 0 ] || [ ! -f /sys/fs/cgroup/blkio/blkio.throttle.write_bps_
 fi
 
 # The wrapper every rank runs: where it is (cgroup, the ckpt link and the mount under it), then xuanxue.
+# tools/lab/ablate also runs it to read the deck (-print-config json): not a rank, not recorded.
 cat >"$T/xx-wrap" <<EOF
 #!/bin/bash
 run_dir=
@@ -31,7 +32,7 @@ args=("\$@")
 for ((i = 0; i + 2 < \${#args[@]}; ++i)); do
   [ "\${args[i]}" = -var ] && [ "\${args[i+1]}" = run_dir ] && run_dir=\${args[i+2]}
 done
-if [ -n "\$run_dir" ] && [[ " \$* " != *" -dry-run "* ]]; then
+if [ -n "\$run_dir" ] && [[ " \$* " != *" -dry-run "* && " \$* " != *" -print-config "* ]]; then  # runs only
   link=\$(readlink "\$run_dir/ckpt")
   echo "\$(grep -m1 blkio /proc/self/cgroup) | \$link | \$(findmnt -n -o SOURCE,TARGET -T "\$link")" >>"$T/ranks.txt"
 fi
