@@ -8,7 +8,7 @@
 // backward, not one call per block pair. Per row the forward keeps only the
 // log-sum-exp of its scaled scores; the backward recomputes the
 // probabilities from it. Memory: BH * T values kept (against BH * T^2 / 2 for
-// kernels/attention.h) and flash_scratch_size of scratch, linear in T.
+// kernels/attention_packed.h) and flash_scratch_size of scratch, linear in T.
 //
 // Forward, for each query row: m = -inf, l = 0, O = 0; then for each key
 // block j = 0, 1, ... up to its own, in that order:
@@ -31,7 +31,7 @@
 #pragma once
 #include <cmath>
 #include "core/views.h"
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 #include "kernels/gemm.h"
 #include "kernels/math.h"
 #include "kernels/team.h"

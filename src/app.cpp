@@ -25,6 +25,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N]] [-device-gb G]\n"
+    "       xuanxue -in DECK [-var NAME VALUE]... -print-config json\n"
     "       xuanxue generate -ckpt FILE -prompt TEXT [...]   (xuanxue generate -h)\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
     "  -var NAME VALUE   set deck variable NAME (wins over the deck's own `variable`)\n"
@@ -33,12 +34,15 @@ constexpr const char* kUsage =
     "  -dry-run          check the deck, print parameter counts and memory per rank at every sharding level,\n"
     "                    allocate nothing\n"
     "  -ranks N          with -dry-run: plan for N ranks without launching them (default: the ranks launched)\n"
+    "  -print-config json  print every phase's resolved configuration as JSON on stdout and exit (what tools\n"
+    "                    read instead of parsing decks; files the deck names need not exist)\n"
     "  -device-gb G      memory per rank is G GiB (a device's); default: this node's MemAvailable divided by\n"
     "                    the ranks on it. A run whose plan does not fit stops before allocating (exit 2)\n";
 
 struct Args {
   std::string deck, resume;
   bool dry_run = false;
+  bool print_config = false;  // -print-config json
   int ranks = 0;         // -ranks: planned ranks (0: the world size)
   double device_gb = 0;  // -device-gb: GiB per rank (0: this node's available memory)
   std::map<std::string, std::string> vars;
@@ -66,11 +70,17 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-var") need(2), a.vars[argv[i + 1]] = argv[i + 2], i += 2;
     else if (arg == "-resume") need(1), a.resume = argv[++i];
     else if (arg == "-dry-run") a.dry_run = true;
+    else if (arg == "-print-config") {
+      need(1);
+      if (std::string(argv[++i]) != "json")
+        input_error("command line: bad value '{}' for -print-config (expected -print-config json)\n{}", argv[i], kUsage);
+      a.print_config = true;
+    }
     else if (arg == "-ranks") need(1), a.ranks = int(positive_value(arg, argv[++i], true, 1e7, "-ranks N, an integer N >= 1"));
     else if (arg == "-device-gb") need(1), a.device_gb = positive_value(arg, argv[++i], false, 1e9, "-device-gb G, GiB > 0");
     else if (arg == "-h" || arg == "-help" || arg == "--help") input_error("{}", kUsage);
     else input_error("command line: unknown option '{}'{}\n{}", arg,
-                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-device-gb"}), kUsage);
+                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-device-gb", "-print-config"}), kUsage);
   }
   if (a.deck.empty()) input_error("command line: no deck given (expected -in DECK)\n{}", kUsage);
   if (a.ranks > 0 && !a.dry_run)
@@ -92,7 +102,7 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   if (rank == 0) try {
       args = parse_args(argc, argv);
       auto lines = read_deck(args.deck, args.vars);
-      build_program(lines, /*check_files=*/!args.dry_run);
+      build_program(lines, /*check_files=*/!args.dry_run && !args.print_config);
       blob = serialize(lines);
     } catch (const InputError& e) {
       error = e.what();
@@ -101,9 +111,9 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   if (!error.empty()) throw InputError(error);
   broadcast_string(blob, comm);
   broadcast_string(args.resume, comm);
-  int dry = args.dry_run;
-  MPI_Bcast(&dry, 1, MPI_INT, 0, comm);
-  args.dry_run = dry;
+  int flags[2] = {args.dry_run, args.print_config};
+  MPI_Bcast(flags, 2, MPI_INT, 0, comm);
+  args.dry_run = flags[0], args.print_config = flags[1];
   MPI_Bcast(&args.ranks, 1, MPI_INT, 0, comm);
   MPI_Bcast(&args.device_gb, 1, MPI_DOUBLE, 0, comm);
   return build_program(deserialize(blob), /*check_files=*/false);
@@ -146,6 +156,10 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "generate") return run_generate(comm, argc, argv);
     Args args;
     const Program program = load_program(comm, rank, argc, argv, args);
+    if (args.print_config) {  // stdout is the JSON alone: no echo of the deck
+      if (rank == 0) fmt::print("{}\n", program_json(program));
+      return 0;
+    }
     if (rank == 0) {
       fmt::print("xuanxue: {} rank(s), deck {}\n# resolved deck\n{}\n# parameters\n{}\n", world, args.deck,
                  program.deck_text, describe(program.phases.front().config));

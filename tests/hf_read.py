@@ -426,7 +426,7 @@ def main():
         check(all(np.array_equal(our_buffers[k], biases.get(k, np.zeros_like(our_buffers[k]))) for k in our_buffers)
               and set(biases) <= set(our_buffers), f"e_score_correction_bias equals /buffers/*.gate_bias "
                                                    f"({len(our_buffers)} layers)")
-    deck_cfg = ref.model_config(deck)
+    deck_cfg, _ = ref.model_config(deck)
     cfg = reference_config(c, deck_cfg["mtp"]["weight"])
     cfg["kind"] = deck_cfg["kind"]
     if cfg["moe"]["mode"] == "on" and cfg["moe"]["balance"] == "bias":  # the bias's update step: training only

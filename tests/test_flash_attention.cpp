@@ -1,6 +1,6 @@
 // The tiled, online-softmax causal attention (kernels/flash_attention.h):
 // in double against a naive reference and central finite differences, and
-// against the packed kernel (kernels/attention.h) in double, fp32 and with
+// against the packed kernel (kernels/attention_packed.h) in double, fp32 and with
 // 16-bit inputs, for T not a multiple of the block, several heads and a
 // value width other than the query/key width (MLA's).
 #include <algorithm>
@@ -9,7 +9,7 @@
 // random_buffer, check_gradient, dot, naive_attention, M/V
 #include "fd.h"
 // attention_forward/backward (the packed kernel), CausalBlocks, merge_heads_forward
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 // flash_attention_forward/backward/delta, flash_scratch_size
 #include "kernels/flash_attention.h"
 

@@ -1,7 +1,7 @@
 // Every kernel's backward against central finite differences, in double.
 #include "core/device_memory.h"
 #include "fd.h"
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"

@@ -9,7 +9,7 @@
 #include "core/device_memory.h"
 #include "fd.h"
 // attention_forward/backward with Dv != D, CausalBlocks
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 // cross_entropy_forward/backward with negative (ignored) targets
 #include "kernels/cross_entropy.h"
 // concat_columns_forward/backward

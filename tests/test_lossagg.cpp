@@ -1,4 +1,4 @@
-// kernels/lossagg.h: rank weights for every kind, and the uncertainty
+// kernels/loss_weights.h: rank weights for every kind, and the uncertainty
 // objective's closed-form gradient against a finite difference.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "deck/deck.h"
-#include "kernels/lossagg.h"
+#include "kernels/loss_weights.h"
 #include "model/transformer.h"
 #include "model_fixture.h"
 #include "temp_dir.h"

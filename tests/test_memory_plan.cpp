@@ -10,7 +10,7 @@
 #include "core/units.h"
 #include "core/views.h"
 #include "deck/deck.h"
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 #include "model/estimate.h"
 #include "model/params.h"
 #include "temp_dir.h"

@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-# tools/netsim --project on a synthetic results.json with known answers (no
+# tools/lab/netsim --project on a synthetic results.json with known answers (no
 # runs, no root): the three patterns (allreduce, alltoall = compress topk with
 # the default allgather exchange, partitioned = compress ... exchange
 # partitioned), their per-rank bytes and seconds at N ranks, the ratio to the
 # dense ring, and the wire bytes preferred over the comm bytes. Also the pure
-# parts of tools/ablate_lib.py that feed it: case_summary's wire_bytes and
-# case_order's abba order. And tools/netsim --nodes without root: the layout,
+# parts of tools/lab/ablate_lib.py that feed it: case_summary's wire_bytes and
+# case_order's abba order. And tools/lab/netsim --nodes without root: the layout,
 # config.network, the mpirun flags and --node-exec's placement of the ranks.
 #   usage: /usr/bin/python3 tests/test_netsim_project.py   (ctest: netsim_project)
 import importlib.machinery
@@ -18,10 +18,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "lab"))
 import ablate_lib  # noqa: E402
 
-loader = importlib.machinery.SourceFileLoader("netsim", os.path.join(ROOT, "tools", "netsim"))
+loader = importlib.machinery.SourceFileLoader("netsim", os.path.join(ROOT, "tools", "lab", "netsim"))
 spec = importlib.util.spec_from_loader("netsim", loader)
 netsim = importlib.util.module_from_spec(spec)
 loader.exec_module(netsim)
@@ -101,17 +101,17 @@ with tempfile.TemporaryDirectory() as tmp:
           "partitioned seconds: P/B + rounds*2(N-1)*alpha")
     check(netsim.comm_seconds("alltoall", 1e4, 1, 1, N, B, ALPHA) is None, "alltoall measured on 1 rank: none")
 
-    # the whole table: tools/netsim --project on results.json; the partitioned variant logs wire bytes
+    # the whole table: tools/lab/netsim --project on results.json; the partitioned variant logs wire bytes
     # (2e4), which win over its comm bytes (5e4)
     summary = {"dense": variant_row(dense_b, 4), "topk": variant_row((R - 1) * topk_s, 1),
                "topk-ag": variant_row(999.0, 1, wire=(R - 1) * topk_s), "part": variant_row(5e4, 1, wire=part_b),
                "local4": variant_row(dense_b / 4, 1)}
     with open(os.path.join(tmp, "results.json"), "w") as f:
-        json.dump({"tool": "tools/ablate", "config": cfg, "cases": [], "variants": summary}, f)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "netsim"), "--project",
+        json.dump({"tool": "tools/lab/ablate", "config": cfg, "cases": [], "variants": summary}, f)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "lab", "netsim"), "--project",
                         os.path.join(tmp, "results.json"), "--bandwidth", "10gbit", "--alpha-us", "5",
                         "--ranks", f"8,{N}"], capture_output=True, text=True)
-    check(p.returncode == 0, f"tools/netsim --project exits 0 ({p.returncode}; {p.stderr.strip()[-300:]})")
+    check(p.returncode == 0, f"tools/lab/netsim --project exits 0 ({p.returncode}; {p.stderr.strip()[-300:]})")
     check(os.path.isfile(os.path.join(tmp, "netsim.md")), "netsim.md written")
     rows = {}
     for line in p.stdout.splitlines():
@@ -151,7 +151,7 @@ check(order == ["A", "B", "C", "C", "B", "A"], f"abba, 3 variants: {order}")
 order = [v for _, v in ablate_lib.case_order([5, 6], ["A", "B"], "seed-major")]
 check(order == ["A", "B", "A", "B"], f"seed-major: {order}")
 
-# tools/netsim --nodes, the parts that need no root: the layout, what config.network records (no pid),
+# tools/lab/netsim --nodes, the parts that need no root: the layout, what config.network records (no pid),
 # the mpirun flags (the wrapper last), and --node-exec's placement (rank r on node r // (n / K)), run with a
 # fake `ip` that prints its arguments
 import ipaddress  # noqa: E402
@@ -163,7 +163,7 @@ net = nodes.network()
 check(net["nodes"] == 2 and net["rate"] == "1gbit" and net["layout"] == nodes.layout
       and str(os.getpid()) not in json.dumps(net), f"network: {net}")
 words = netsim.Nodes(2, 8, ipaddress.IPv4Network("10.201.0.0/24"), "1gbit", "244kb", 100).mpirun_args().split()
-check(words[-2:] == ["tools/netsim", "--node-exec"] and "10.201.0.0/24" in words and "XXNETSIM_NODES" in words,
+check(words[-2:] == ["tools/lab/netsim", "--node-exec"] and "10.201.0.0/24" in words and "XXNETSIM_NODES" in words,
       f"mpirun args end with the wrapper: {words}")
 check(nodes.env()["PMIX_MCA_ptl_tcp_if_include"] == "10.201.0.0/24" and nodes.env()["UCX_NET_DEVICES"] == "xxnet0",
       "PMIx's server on the subnet, UCX on the node's veth")
@@ -175,13 +175,13 @@ with tempfile.TemporaryDirectory() as tmp:
     for rank in range(8):
         env = dict(os.environ, PATH=tmp + ":" + os.environ.get("PATH", ""), XXNETSIM_NODES="nsA nsB",
                    OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE="8")
-        p = subprocess.run([os.path.join(ROOT, "tools", "netsim"), "--node-exec", "prog", "-x"], env=env,
+        p = subprocess.run([os.path.join(ROOT, "tools", "lab", "netsim"), "--node-exec", "prog", "-x"], env=env,
                            capture_output=True, text=True)
         placed.append(p.stdout.strip())
     check(placed == ["netns exec nsA prog -x"] * 4 + ["netns exec nsB prog -x"] * 4, f"--node-exec: {placed}")
     env = dict(os.environ, PATH=tmp + ":" + os.environ.get("PATH", ""), XXNETSIM_NODES="nsA nsB nsC",
                OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="8")
-    p = subprocess.run([os.path.join(ROOT, "tools", "netsim"), "--node-exec", "prog"], env=env,
+    p = subprocess.run([os.path.join(ROOT, "tools", "lab", "netsim"), "--node-exec", "prog"], env=env,
                        capture_output=True, text=True)
     check(p.returncode == 2 and "multiple of the nodes" in p.stderr, f"--node-exec, 8 ranks on 3 nodes: exit 2")
 shaping = {"rate": "1gbit", "burst": "244kb", "latency": "100ms", "nodes": 2, "layout": nodes.layout,

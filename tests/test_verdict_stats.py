@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tools/verdict_stats.py on synthetic paired data with known answers: clear,
+"""tools/lab/verdict_stats.py on synthetic paired data with known answers: clear,
 smaller-than-claimed, null, reversed and noisy effects, non-inferiority both
 ways, exact (deterministic) metrics, log ratios, and the Holm and
 Benjamini-Hochberg adjustments against hand-computed values."""
@@ -9,7 +9,7 @@ import random
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "tools", "lab"))
 import verdict_stats as vs  # noqa: E402
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""tools/verdicts_judge.py on synthetic cases with known answers: the special
+"""tools/lab/verdicts_judge.py on synthetic cases with known answers: the special
 verdicts (not exercised, metric cannot show it, caught, not the switch's doing),
 the compute-terms margin, exact metrics, the family adjustment, and the
-archive's round trip; and tools/verdicts_lib.py's claims: one primary row per
+archive's round trip; and tools/lab/verdicts_lib.py's claims: one primary row per
 claim, every size with a source, every experiment a row reads."""
 import os
 import random
@@ -10,7 +10,7 @@ import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "tools", "lab"))
 import verdicts_judge as vj  # noqa: E402
 import verdicts_lib as vl  # noqa: E402
 

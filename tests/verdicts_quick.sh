@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/verdicts --quick (issues 10/13, 15/18): every claim runs and is
+# tools/lab/verdicts --quick (issues 10/13, 15/18): every claim runs and is
 # judged, at 2 seeds and a few steps, LR tuning and the network included, and
 # a rerun resumes: it keeps every finished case and runs none again. The
 # verdicts of so small a run mean nothing, but some rows hold at any scale,
@@ -17,7 +17,7 @@ cd "$root"
 source tools/env.sh
 
 echo "--- first pass"
-/usr/bin/python3 tools/verdicts --quick --out "$out/v" | tail -40
+/usr/bin/python3 tools/lab/verdicts --quick --out "$out/v" | tail -40
 first_cases=$(grep -c '^# case ' "$out/v/harness.txt")
 
 echo "--- the results"
@@ -55,7 +55,7 @@ PY
 grep -q '^| A1 ' "$out/v/VERDICTS.md" || { echo "FAIL: VERDICTS.md has no A1 row"; exit 1; }
 
 echo "--- the report rebuilt from its archive"
-/usr/bin/python3 tools/verdicts --quick --from-archive "$out/v/verdicts/archive.json.xz" --out "$out/a" >/dev/null
+/usr/bin/python3 tools/lab/verdicts --quick --from-archive "$out/v/verdicts/archive.json.xz" --out "$out/a" >/dev/null
 /usr/bin/python3 - "$out/v/results.json" "$out/a/results.json" <<'PY'
 import json, sys
 rows = lambda p: [(r["row"], r["verdict"], r.get("effect_text")) for c in json.load(open(p))["claims"] for r in c["rows"]]
@@ -67,7 +67,7 @@ print(f"the archive's report: the same {len(a)} rows")
 PY
 
 echo "--- a rerun keeps every finished case"
-/usr/bin/python3 tools/verdicts --quick --out "$out/v" >/dev/null
+/usr/bin/python3 tools/lab/verdicts --quick --out "$out/v" >/dev/null
 again=$(grep -c '^# case ' "$out/v/harness.txt")
 if [ "$again" -ne "$first_cases" ]; then
   echo "FAIL: the rerun ran $((again - first_cases)) case(s) again (expected none)"

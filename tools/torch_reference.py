@@ -20,12 +20,16 @@ operands: the bounds are then the type's (TOLERANCES below, and why).
 usage: tools/torch_reference.py CHECKPOINT.h5 GRADS.h5
 """
 import math
+import os
 import sys
 
 import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import xxpy.deck  # noqa: E402
 
 # (loss, gradient) relative bounds per precision of the GEMM operands.
 # fp32: float32 rounding only. A 16-bit type of p significant bits (bf16 8,
@@ -47,57 +51,26 @@ TOLERANCES = {"fp32": (1e-5, 1e-4), "bf16": (1e-3, 2e-2), "fp16": (1.25e-4, 2.5e
 # configuration from the deck
 
 
-def _keywords(words):
-    return dict(zip(words[0::2], words[1::2]))
-
-
 def model_config(deck):
-    """Architecture from the deck lines; defaults as in src/deck/config.h. The last
-    line of each command before the first `run` wins."""
-    cfg = None
-    att = {"kind": "mha"}
-    moe = {"mode": "off"}
-    mtp = {"depth": 0, "weight": 0.3}
-    for line in deck.splitlines():
-        words = line.split("#")[0].split()
-        if not words:
-            continue
-        if words[0] == "run":
-            break
-        if words[0] == "model":
-            kv = _keywords(words[2:])
-            cfg = {k: int(kv[k]) for k in ("vocab", "dim", "layers", "heads", "ffn", "seq")}
-            cfg["kind"] = words[1]
-            cfg["rope_theta"] = float(kv.get("rope_theta", 10000.0))
-            cfg["norm_eps"] = float(kv.get("norm_eps", 1e-5))
-        elif words[0] == "attention":
-            kv = _keywords(words[2:])
-            att = {"kind": words[1]}
-            if words[1] == "mla":
-                att["kv_lora_rank"] = int(kv["kv_lora_rank"])
-                att["q_lora_rank"] = int(kv.get("q_lora_rank", 0))
-                att["qk_nope_dim"] = int(kv["qk_nope_dim"])
-                att["rope_dim"] = int(kv["rope_dim"])
-                att["v_dim"] = int(kv["v_dim"])
-        elif words[0] == "moe":
-            kv = _keywords(words[2:])
-            moe = {"mode": words[1]}
-            if words[1] == "on":
-                moe["dense_layers"] = int(kv.get("dense_layers", 1))
-                moe["shared"] = int(kv.get("shared", 0))
-                moe["routed"] = int(kv["routed"])
-                moe["topk"] = int(kv["topk"])
-                moe["ffn"] = int(kv["ffn"])
-                moe["gate"] = kv.get("gate", "softmax")
-                moe["balance"] = kv.get("balance", "aux")
-                moe["balance_coef"] = float(kv.get("balance_coef", 0.001))
-                moe["route_scale"] = float(kv.get("route_scale", 1.0))
-        elif words[0] == "mtp":
-            kv = _keywords(words[1:])
-            mtp = {"depth": int(kv["depth"]), "weight": float(kv.get("weight", 0.3))}
-    if cfg is None:
-        raise SystemExit("checkpoint deck has no model line")
-    cfg["attention"], cfg["moe"], cfg["mtp"] = att, moe, mtp
+    """Architecture of a checkpoint's deck at its first `run`, as the binary resolves it
+    (xuanxue -print-config json); returns (cfg, the whole configuration)."""
+    c = xxpy.deck.text_phases(deck)[0]["config"]
+    return model_of(c), c
+
+
+def model_of(c):
+    """The model, attention, moe and mtp values this reference reads, from a resolved configuration."""
+    m, a, e = c["model"], c["attention"], c["moe"]
+    cfg = {k: m[k] for k in ("vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps")}
+    cfg["kind"] = m["kind"]
+    att = {"kind": a["kind"]}
+    if a["kind"] == "mla":
+        att.update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim")})
+    moe = {"mode": e["mode"]}
+    if e["mode"] == "on":
+        moe.update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
+                                      "balance_coef", "route_scale")})
+    cfg["attention"], cfg["moe"], cfg["mtp"] = att, moe, {"depth": c["mtp"]["depth"], "weight": c["mtp"]["weight"]}
     return cfg
 
 
@@ -288,8 +261,8 @@ def main():
     with h5py.File(sys.argv[1], "r") as ck, h5py.File(sys.argv[2], "r") as gr:
         deck = ck.attrs["deck"]
         deck = deck.decode() if isinstance(deck, bytes) else str(deck)
-        cfg = model_config(deck)
-        precision = next((l.split()[1] for l in deck.splitlines() if l.split()[:1] == ["precision"]), "fp32")
+        cfg, config = model_config(deck)
+        precision = config["precision"]["kind"]
         LOSS_RTOL, GRAD_RTOL = TOLERANCES[precision]
         params = {name: torch.tensor(np.asarray(ck["model"][name]), dtype=torch.float64, requires_grad=True)
                   for name in ck["model"]}

@@ -46,7 +46,6 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import math  # noqa: E402
-import re  # noqa: E402
 import socket  # noqa: E402
 import time  # noqa: E402
 
@@ -60,70 +59,27 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 import torch_reference as ref  # noqa: E402  (the model: rmsnorm, rope, mha, mla, swiglu, block, loss_fn)
+import xxpy.deck  # noqa: E402
 
 # ----------------------------------------------------------------------------
-# the deck: variables, then the commands this side needs
+# the deck, as the binary resolves it (xuanxue -print-config json)
 
 
-def expand_deck(text, overrides):
-    """The deck with `&` continuations joined and ${name} substituted; a -var
-    (overrides) wins over the `variable` line of the same name."""
-    variables = dict(overrides)
-    out, pending = [], ""
-    for raw in text.splitlines():
-        line = pending + raw.split("#")[0].rstrip()
-        if line.endswith("&"):
-            pending = line[:-1] + " "
-            continue
-        pending = ""
-        line = re.sub(r"\$\{(\w+)\}", lambda m: variables.get(m.group(1), m.group(0)), line)
-        words = line.split()
-        if words and words[0] == "variable" and len(words) >= 3:
-            variables.setdefault(words[1], " ".join(words[2:]))
-            continue
-        out.append(line)
-    return "\n".join(out)
-
-
-def train_config(deck):
-    """Data, optimizer, schedule and seed, with src/deck/config.h's defaults."""
-    c = {"seed": 1234, "data": None, "batch": None, "valid": 0.05, "lr": 3e-4, "beta1": 0.9, "beta2": 0.95,
-         "eps": 1e-8, "weight_decay": 0.1, "clip": 1.0, "warmup": 0, "min_lr": 0.0, "total": 0, "log_every": 10,
-         "init_std": 0.02, "runs": 0}
-    for line in deck.splitlines():
-        w = line.split()
-        if not w:
-            continue
-        kv = ref._keywords(w[1:])
-        if w[0] == "seed":
-            c["seed"] = int(w[1])
-        elif w[0] == "model":
-            c["init_std"] = float(ref._keywords(w[2:]).get("init_std", c["init_std"]))
-        elif w[0] == "data":
-            c["data"] = w[2]
-            kv = ref._keywords(w[3:])
-            c["batch"] = int(kv["batch"])
-            c["valid"] = float(kv.get("valid", c["valid"]))
-        elif w[0] == "optimizer":
-            kv = ref._keywords(w[2:])
-            for k in ("lr", "beta1", "beta2", "eps", "weight_decay", "clip"):
-                c[k] = float(kv.get(k, c[k]))
-        elif w[0] == "schedule":
-            kv = ref._keywords(w[2:])
-            c["warmup"] = int(kv.get("warmup", 0))
-            c["min_lr"] = float(kv.get("min_lr", 0.0))
-            c["total"] = int(kv.get("total", 0))
-        elif w[0] == "output":
-            c["log_every"] = int(kv.get("log_every", c["log_every"]))
-        elif w[0] == "run":
-            c["runs"] += int(w[1])
-    if c["data"] is None:
-        raise SystemExit("torch_train: the deck has no `data` line (expected e.g. data bytes data/fortunes.txt batch 8)")
-    return c
+def train_config(phases):
+    """Data, optimizer, schedule and seed at the first `run` of the resolved deck; runs: the steps of every run."""
+    c = phases[0]["config"]
+    d, o, s = c["data"], c["optimizer"], c["schedule"]
+    if s["kind"] != "cosine":
+        raise SystemExit(f"torch_train: schedule {s['kind']}: only cosine is implemented here (expected schedule cosine)")
+    return {"seed": c["seed"], "data": d["path"], "batch": d["batch"], "valid": float(d["valid"]),
+            "lr": o["lr"], "beta1": o["beta1"], "beta2": o["beta2"], "eps": o["eps"],
+            "weight_decay": o["weight_decay"], "clip": o["clip"], "warmup": s["warmup"], "min_lr": s["min_lr"],
+            "total": s["total"], "log_every": c["output"]["log_every"], "init_std": c["model"]["init_std"],
+            "runs": sum(p["steps"] for p in phases)}
 
 
 def learning_rate(c, step):
-    """As src/train/optimizer.cpp: linear warm-up, then cosine to min_lr over the run."""
+    """As src/train/schedule.cpp's cosine: linear warm-up, then cosine to min_lr over the run."""
     if c["warmup"] > 0 and step <= c["warmup"]:
         return c["lr"] * step / c["warmup"]
     span = c["total"] - c["warmup"]
@@ -324,10 +280,8 @@ def train(rank, world, port, args, deck, cpus):
     if world > 1:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    cfg = ref.model_config(deck)
+    cfg = ref.model_of(deck[0]["config"])
     tc = train_config(deck)
-    if tc["total"] == 0:
-        tc["total"] = args.steps
     B, T = tc["batch"], cfg["seq"]
     torch.manual_seed(tc["seed"] + rank)
     model = Model(cfg, tc["init_std"], tc["seed"])
@@ -416,8 +370,13 @@ def main(argv):
     p.add_argument("-var", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                    help="deck variable, as xuanxue's -var")
     args = p.parse_args(argv)
-    with open(args.deck) as f:
-        deck = expand_deck(f.read(), dict(args.var))
+    # --steps is the deck's ${steps}, as tools/bench gives xuanxue -var steps: the schedule's total
+    # (the sum of the runs when the deck gives none) is then the same on both sides.
+    variables = list(args.var) + ([("steps", str(args.steps))] if args.steps is not None else [])
+    try:
+        deck = xxpy.deck.phases(args.deck, variables)  # every phase, resolved: picklable for the ranks
+    except xxpy.deck.DeckError as e:
+        raise SystemExit(f"torch_train: {e}")
     tc = train_config(deck)
     if args.steps is None:
         args.steps = tc["runs"]

@@ -16,6 +16,7 @@
 #include <variant>
 #include <unistd.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include "core/error.h"
 #include "deck/deck.h"
 #include <glob.h>
@@ -601,6 +602,22 @@ std::vector<std::pair<std::string, std::string>> rows(const Command& cmd) {
   return out;
 }
 
+// The same values typed, for program_json: a command that is one value
+// (seed S, timeout S) is that value, any other an object.
+nlohmann::ordered_json values_json(const Command& cmd) {
+  const Variant* variant = &cmd.variants.front();
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (cmd.has_kind()) {
+    const std::string kind = cmd.kind_target ? *cmd.kind_target : variant->kind;
+    if (const Variant* v = find_named(cmd.variants, kind, &Variant::kind)) variant = v;
+    out[cmd.kind_label] = kind;
+  }
+  for (const auto* list : {&variant->positional, &variant->keywords})
+    for (const auto& o : *list) out[o.name] = std::visit([](auto* p) { return nlohmann::ordered_json(*p); }, o.target);
+  if (!cmd.has_kind() && variant->positional.size() == 1 && variant->keywords.empty()) return out.begin().value();
+  return out;
+}
+
 // The run directory must be a directory we can create or write into.
 void check_output_dir(const std::string& dir, const std::string& where) {
   namespace fs = std::filesystem;
@@ -840,6 +857,21 @@ std::string describe(const Config& config) {
   std::string out;
   for (const auto& [name, value] : table) out += fmt::format("{:<{}}  {}\n", name, width, value);
   return out;
+}
+
+std::string program_json(const Program& program) {
+  nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+  for (const auto& phase : program.phases) {
+    Config c = phase.config;  // the registry binds to a mutable Config; it is only read here
+    int64_t steps = 0;
+    nlohmann::ordered_json config = nlohmann::ordered_json::object();
+    for (const auto& cmd : registry(c, steps))
+      if (cmd.name != "run") config[cmd.name] = values_json(cmd);
+    phases.push_back({{"where", phase.where}, {"steps", phase.steps}, {"config", std::move(config)}});
+  }
+  // deck order, as written; a path that is not UTF-8 is printed with U+FFFD, not refused
+  return nlohmann::ordered_json{{"phases", std::move(phases)}}.dump(2, ' ', false,
+                                                                     nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace xx

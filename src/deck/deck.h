@@ -47,6 +47,13 @@ std::vector<DeckLine> deserialize(const std::string& blob);
 // Table of resolved parameters, one "name value" row each, for the echo.
 std::string describe(const Config& config);
 
+// Every phase's resolved configuration as JSON, for tools that need a deck's
+// values without parsing decks themselves (xuanxue -print-config json):
+// {"phases": [{"where": "FILE:LINE", "steps": N, "config": {COMMAND: {KEYWORD: VALUE, ...}, ...}}, ...]}
+// A command with a kind word holds it under its kind label ("kind", "mode", ...);
+// a command that is one value (seed S, timeout S) is that value.
+std::string program_json(const Program& program);
+
 // "FILE:LINE" of the first line that gives `command`, or "deck" when none
 // does (for errors about a per-job setting found after the deck was built).
 std::string where_given(const Program& program, const std::string& command);

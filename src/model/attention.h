@@ -4,13 +4,13 @@
 #pragma once
 #include <string>
 #include "deck/config.h"
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 #include "model/store.h"
 
 namespace xx {
 
 // The causal-attention kernel a deck's `attention_kernel` runs here: packed
-// (kernels/attention.h: keeps the probabilities, BH T^2/2 values) or flash
+// (kernels/attention_packed.h: keeps the probabilities, BH T^2/2 values) or flash
 // (kernels/flash_attention.h: keeps a log-sum-exp per row, recomputes the
 // rest). auto: packed where the kernels' memory is the host's, so every CPU
 // curve stays what it was; flash on a device, whose memory is the scarcer.

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "core/units.h"
-#include "kernels/attention.h"
+#include "kernels/attention_packed.h"
 #include "kernels/flash_attention.h"
 #include "model/attention.h"
 #include "model/params.h"

@@ -1,7 +1,7 @@
 #include "train/lossagg.h"
 #include <cmath>
 #include "core/error.h"
-#include "kernels/lossagg.h"
+#include "kernels/loss_weights.h"
 
 namespace xx {
 namespace {

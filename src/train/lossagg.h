@@ -1,6 +1,6 @@
 // Multi-view loss aggregation (deck: lossagg; docs/DYNAMICS.md). After each
 // forward every rank all-gathers its losses and labelled tokens; the same
-// kernel (kernels/lossagg.h) on the same gathered matrix gives every rank the
+// kernel (kernels/loss_weights.h) on the same gathered matrix gives every rank the
 // same weights. Rank r's backward seeds are then multiplied by W * w_r (the
 // gradient average divides by W), and under `uncertainty` by each loss's
 // learned weight exp(-s_i).

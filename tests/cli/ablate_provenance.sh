@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/ablate's provenance, --order abba and --resume's refusal to mix
+# tools/lab/ablate's provenance, --order abba and --resume's refusal to mix
 # binaries or corpora (docs/ABLATE.md), on one small real ablation:
 # input/tiny.deck, 2 ranks, 2 variants, 2 seeds, 5 steps.
 #   - every case records provenance: the binary's sha256 (that of XUANXUE), the
@@ -15,7 +15,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
-ABLATE=(/usr/bin/python3 tools/ablate --deck input/tiny.deck --ranks 2 --steps 5 --timeout 120
+ABLATE=(/usr/bin/python3 tools/lab/ablate --deck input/tiny.deck --ranks 2 --steps 5 --timeout 120
         --variant 'a: sync dense' --variant 'b: sync accumulate 2' --common 'checkpoint every 0 at_end no')
 
 begin "a small ablation, --order abba"
@@ -106,7 +106,7 @@ check grep -q "^MIXED (--resume-any-binary" "$T/ab/table.md" || fail "table.md d
 
 begin "--resume after the corpus changed: exit 2, names the file"
 head -c 400000 data/fortunes.txt >"$T/corpus.txt"
-ONE=(/usr/bin/python3 tools/ablate --deck input/tiny.deck --ranks 2 --steps 3 --timeout 120 --variant 'base:'
+ONE=(/usr/bin/python3 tools/lab/ablate --deck input/tiny.deck --ranks 2 --steps 3 --timeout 120 --variant 'base:'
      --common 'checkpoint every 0 at_end no' --var data "$T/corpus.txt" --bin "$XX" --out "$T/ab2")
 LAST_CMD="${ONE[*]} --seeds 1"
 "${ONE[@]}" --seeds 1 >"$T/out" 2>"$T/err"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/commbench.cpp (xx_commbench) at 2 and 4 ranks, small sizes, sparse over
+# src/bin/commbench.cpp (xx_commbench) at 2 and 4 ranks, small sizes, sparse over
 # MPI only (UCX may be built without):
 #   - exit 0 and the footer "Out of bounds values : 0 OK";
 #   - every table printed once: dense all-reduce, reduce-scatter, all-gather,

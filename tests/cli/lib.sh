@@ -9,6 +9,8 @@
 set -u
 
 XX=${1:?usage: $0 XUANXUE [MPIEXEC]}
+# The binary under test is also the deck reader of the Python tools (tools/xxpy/deck.py).
+XUANXUE_BIN=$(realpath "$XX") && export XUANXUE_BIN
 MPIEXEC=${2:-mpiexec}
 : "${OPENBLAS_NUM_THREADS:=1}"
 export OPENBLAS_NUM_THREADS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/netsim --nodes (docs/ABLATE.md): a two-level network of 2 "nodes"
+# tools/lab/netsim --nodes (docs/ABLATE.md): a two-level network of 2 "nodes"
 # (network namespaces on a bridge, each node's uplink shaped to 20 Mbit/s) and
 # one small case on it (input/tiny.deck, 4 ranks, 3 steps, sync dense):
 #   - the probes: a TCP transfer from node 0 to node 1 within 2x of 20 Mbit/s,
@@ -41,11 +41,11 @@ exec "$XX" "\$@"
 EOF
 chmod +x "$T/xx-wrap"
 
-NS=(/usr/bin/python3 tools/netsim --nodes 2 --rate 20mbit)
+NS=(/usr/bin/python3 tools/lab/netsim --nodes 2 --rate 20mbit)
 ABL=(--deck input/tiny.deck --ranks 4 --seeds 1 --timeout 240 --bin "$T/xx-wrap"
      --variant 'dense: sync dense' --common 'checkpoint every 0 at_end no; eval every 0 batches 1')
 
-leftovers() {  # leftovers PID: the namespaces, bridge and veths of the tools/netsim of that pid still there
+leftovers() {  # leftovers PID: the namespaces, bridge and veths of the tools/lab/netsim of that pid still there
   { ip netns list | grep -o "xxnetsim${1}n[0-9]*"; ip -o link show | grep -o -E "xxnb${1}\b|xxn${1}v[0-9]+"; } | tr '\n' ' '
 }
 
@@ -91,8 +91,8 @@ left=$(leftovers "$pid")
 check [ -z "$left" ] || fail "left behind: $left"
 
 begin "the same case without netsim: the same losses, faster steps"
-LAST_CMD="tools/ablate ${ABL[*]} --steps 3 --out $T/plain"
-/usr/bin/python3 tools/ablate "${ABL[@]}" --steps 3 --out "$T/plain" >"$T/out" 2>"$T/err"
+LAST_CMD="tools/lab/ablate ${ABL[*]} --steps 3 --out $T/plain"
+/usr/bin/python3 tools/lab/ablate "${ABL[@]}" --steps 3 --out "$T/plain" >"$T/out" 2>"$T/err"
 RC=$?
 check [ "$RC" -eq 0 ] || { fail "exit status $RC, expected 0"; show_run; finish; }
 report=$(/usr/bin/python3 - "$T/ns/dense/seed1/metrics.jsonl" "$T/plain/dense/seed1/metrics.jsonl" <<'PY'
@@ -125,9 +125,9 @@ check [ -z "$problems" ] || { fail "$problems"; show_run; }
 
 begin "--resume: another K or rate refused, the same kept"
 for other in "--nodes 4 --rate 20mbit" "--nodes 2 --rate 30mbit"; do
-  LAST_CMD="tools/netsim $other -- ${ABL[*]} --steps 3 --out $T/ns --resume"
+  LAST_CMD="tools/lab/netsim $other -- ${ABL[*]} --steps 3 --out $T/ns --resume"
   # shellcheck disable=SC2086
-  /usr/bin/python3 tools/netsim $other -- "${ABL[@]}" --steps 3 --out "$T/ns" --resume >"$T/out" 2>"$T/err"
+  /usr/bin/python3 tools/lab/netsim $other -- "${ABL[@]}" --steps 3 --out "$T/ns" --resume >"$T/out" 2>"$T/err"
   RC=$?
   check [ "$RC" -eq 2 ] || { fail "$other: exit status $RC, expected 2"; show_run; }
   check grep -q "expected the same network" "$T/err" || { fail "$other: no word of the network"; show_run; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/slowdisk (docs/ABLATE.md): a real ablation of one small case
+# tools/lab/slowdisk (docs/ABLATE.md): a real ablation of one small case
 # (input/tiny.deck shrunk, 2 ranks, 1 seed, one checkpoint of about 5 MB at the
 # end, --reload) on a file system throttled to 5 MB/s write, 10 MB/s read:
 #   - the case passes; during the run every rank is in the cgroup and its
@@ -24,6 +24,7 @@ if [ "$(id -u)" -ne 0 ] || [ ! -f /sys/fs/cgroup/blkio/blkio.throttle.write_bps_
 fi
 
 # The wrapper every rank runs: where it is (cgroup, the ckpt link and the mount under it), then xuanxue.
+# tools/lab/ablate also runs it to read the deck (-print-config json): not a rank, not recorded.
 cat >"$T/xx-wrap" <<EOF
 #!/bin/bash
 run_dir=
@@ -31,7 +32,7 @@ args=("\$@")
 for ((i = 0; i + 2 < \${#args[@]}; ++i)); do
   [ "\${args[i]}" = -var ] && [ "\${args[i+1]}" = run_dir ] && run_dir=\${args[i+2]}
 done
-if [ -n "\$run_dir" ] && [[ " \$* " != *" -dry-run "* ]]; then
+if [ -n "\$run_dir" ] && [[ " \$* " != *" -dry-run "* && " \$* " != *" -print-config "* ]]; then  # runs only
   link=\$(readlink "\$run_dir/ckpt")
   echo "\$(grep -m1 blkio /proc/self/cgroup) | \$link | \$(findmnt -n -o SOURCE,TARGET -T "\$link")" >>"$T/ranks.txt"
 fi
@@ -39,7 +40,7 @@ exec "$XX" "\$@"
 EOF
 chmod +x "$T/xx-wrap"
 
-SD=(/usr/bin/python3 tools/slowdisk --write-mbps 5 --read-mbps 10 --size-gb 0.5 --dir "$T")
+SD=(/usr/bin/python3 tools/lab/slowdisk --write-mbps 5 --read-mbps 10 --size-gb 0.5 --dir "$T")
 ABL=(--deck input/tiny.deck --ranks 2 --seeds 1 --timeout 120 --bin "$T/xx-wrap" --reload
      --variant 'small: model dense vocab 256 dim 64 layers 2 heads 4 ffn 192 seq 64'
      --common 'checkpoint every 0 at_end yes; eval every 0 batches 1')
@@ -112,7 +113,7 @@ left=$(leftovers "$T/sd/slowdisk.json")
 check [ -z "$left" ] || fail "left behind: $left"
 
 begin "--resume: other limits refused, the same kept"
-SD2=(/usr/bin/python3 tools/slowdisk --write-mbps 6 --read-mbps 10 --size-gb 0.5 --dir "$T")
+SD2=(/usr/bin/python3 tools/lab/slowdisk --write-mbps 6 --read-mbps 10 --size-gb 0.5 --dir "$T")
 LAST_CMD="${SD2[*]} -- ${ABL[*]} --steps 3 --out $T/sd --resume"
 "${SD2[@]}" -- "${ABL[@]}" --steps 3 --out "$T/sd" --resume >"$T/out" 2>"$T/err"
 RC=$?

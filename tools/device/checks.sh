@@ -254,9 +254,12 @@ EOF
   else
     ckpt=$(ls "$d"/run/ckpt/step_*.h5 | tail -1)
     prompt="The quick brown fox. Q: What is it? A:"
+    # tools/ckpt export reads the checkpoint's deck through the binary (xuanxue -print-config json)
+    printf '#!/usr/bin/env bash\nsource "%s/env.sh"\nxx_run "%s" "$@"\n' "$XX_BUNDLE" "$XX" >"$d/xuanxue"
+    chmod +x "$d/xuanxue"
     limited "$XX" generate -ckpt "$ckpt" -prompt "$prompt" -tokens 1 -temperature 0 -logits "$d/ours.txt" \
       >"$logs/hf_generate.log" 2>&1 &&
-      timeout 60 "$PY" tools/ckpt export "$ckpt" --format hf "$d/hf" >"$logs/hf_export.log" 2>&1 &&
+      XUANXUE_BIN="$d/xuanxue" timeout 60 "$PY" tools/ckpt export "$ckpt" --format hf "$d/hf" >"$logs/hf_export.log" 2>&1 &&
       timeout "$((LIMIT > 20 ? LIMIT - 10 : 10))" "$PY" tools/device/hf_logits.py "$d/hf" "$d/ours.txt" >"$logs/hf_logits.log" 2>&1
     rc=$?
     cat "$logs/hf_logits.log" | grep -v Warning | tail -6 | sed 's/^/    /'

@@ -1,4 +1,4 @@
-# tools/ablate_lib.py: the ablation harness behind tools/ablate (and tools/netsim).
+# tools/lab/ablate_lib.py: the ablation harness behind tools/lab/ablate (and tools/lab/netsim).
 #
 # An ablation is a base deck, a list of variants (each a few deck lines that
 # replace the base's lines of the same command) and a list of seeds. Every
@@ -29,8 +29,11 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV_SH = os.path.join(ROOT, "tools", "env.sh")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/, for xxpy
+import xxpy.deck  # noqa: E402
+import xxpy.metrics  # noqa: E402
+from xxpy import ROOT  # noqa: E402
+from xxpy.launch import sourced_env  # noqa: E402
 RESULTS = "results.json"
 LAST_N = 10  # final train loss: the mean of the last LAST_N logged steps
 HARNESS_COMMANDS = {"seed": "--seeds", "output": "the harness (OUT/<variant>/seed<S>, log_every 1)"}
@@ -45,11 +48,11 @@ class UsageError(Exception):
 
 USAGE_EXAMPLE = """\
 example:
-  tools/ablate --deck input/deepseek-tiny.deck --ranks 4 --seeds 1,2,3 --steps 200 \\
+  tools/lab/ablate --deck input/deepseek-tiny.deck --ranks 4 --seeds 1,2,3 --steps 200 \\
      --variant 'dense: sync dense' \\
      --variant 'topk-int8: compress topk 0.01 quant int8' \\
      --variant 'local4: sync local 4' --eval-every 20 --target-loss 2.5
-  tools/ablate --report-only runs/ablate/NAME     # rebuild table and plots
+  tools/lab/ablate --report-only runs/ablate/NAME     # rebuild table and plots
 
 A variant is 'NAME: deck line; deck line; ...' (NAME: letters, digits, '.', '_',
 '-'). Each line replaces every line of the base deck with the same command (its
@@ -60,7 +63,7 @@ is the baseline of the relative columns. docs/ABLATE.md has the details."""
 
 def parser():
     p = argparse.ArgumentParser(
-        prog="tools/ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="tools/lab/ablate", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs every variant of a deck for every seed, one case at a time, interleaved "
                     "(seed-major), and reports loss, communication and speed per variant: "
                     "OUT/results.json, OUT/table.md, OUT/loss.png, OUT/val_loss.png, OUT/bytes.png.",
@@ -104,14 +107,14 @@ def parser():
     p.add_argument("--resume-any-binary", action="store_true",
                    help="with --resume: keep finished cases even when they ran another binary or corpus/tokenizer "
                         "(sha256); the mix is recorded in results.json and the table")
-    p.add_argument("--netsim-shaping", help=argparse.SUPPRESS)  # tools/netsim: its shaping, as JSON
+    p.add_argument("--netsim-shaping", help=argparse.SUPPRESS)  # tools/lab/netsim: its shaping, as JSON
     p.add_argument("--ckpt-root", metavar="DIR",
                    help="each case's RUN_DIR/ckpt is a symlink to DIR/<variant>/seed<S> (made afresh before the case): "
-                        "its checkpoints go to DIR's storage (tools/slowdisk)")
+                        "its checkpoints go to DIR's storage (tools/lab/slowdisk)")
     p.add_argument("--ckpt-root-clean", action="store_true",
                    help="with --ckpt-root: remove a case's checkpoints from DIR once it (and its --reload) has ended; "
                         "its figures stay in console.txt")
-    p.add_argument("--slowdisk-storage", help=argparse.SUPPRESS)  # tools/slowdisk: its storage limits, as JSON
+    p.add_argument("--slowdisk-storage", help=argparse.SUPPRESS)  # tools/lab/slowdisk: its storage limits, as JSON
     p.add_argument("--reload", action="store_true",
                    help="after each case, start it again with -resume auto (nothing left to train: it reads its "
                         "newest checkpoint and ends); its console goes to console_reload.txt")
@@ -276,7 +279,7 @@ def case_deck(cfg, variant, seed, case_dir):
     if cfg["eval_every"] is not None:
         set_keyword(blocks, "eval", "every", cfg["eval_every"])
     rel = os.path.relpath(cfg["deck"], ROOT)
-    head = [f"# written by tools/ablate: {rel}, variant {variant['name']} "
+    head = [f"# written by tools/lab/ablate: {rel}, variant {variant['name']} "
             f"({'; '.join(variant['lines']) or 'the deck as it is'}), seed {seed}"]
     return "\n".join(head + [r for b in blocks for r in b["raw"]]) + "\n"
 
@@ -377,54 +380,22 @@ def ablation_provenance(cfg):
             "storage": cfg.get("storage") or "none"}
 
 
-def expand(text, variables):
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2), m.group(0)), text)
-
-
-def deck_data_fields(deck_path, var_pairs):
-    """{'format', 'path', 'valid', 'tokenizer'} of a deck's `data` line, its variables expanded by hand (the
-    deck's `variable` lines, then -var): the fallback when the binary's -dry-run does not print them."""
-    variables, data = {}, None
-    for b in read_blocks(deck_path):
-        w = b["words"]
-        if b["key"] and b["key"].startswith("variable ") and len(w) >= 3:
-            variables[w[1]] = " ".join(w[2:])
-        elif b["key"] == "data":
-            data = w
-    variables.update(dict(var_pairs))
-    if not data or len(data) < 3:
-        return None
-    words = [expand(x, variables).strip("'\"") for x in data]
-    out = {"format": words[1], "path": words[2], "valid": None, "tokenizer": None}
-    for k in ("valid", "tokenizer"):
-        if k in words[3:-1]:
-            out[k] = words[words.index(k, 3) + 1]
-    return out
-
-
 _DATA_FIELDS = {}
 
 
 def data_fields(cfg, env, deck_path, var_pairs):
-    """The data files a case deck names, as the binary resolves them (`-dry-run` prints data.path, data.valid,
-    data.tokenizer); cached by the deck's data and variable lines and the -var pairs."""
+    """The data files a case deck names, as the binary resolves them (xuanxue -print-config json); cached by the
+    deck's data and variable lines and the -var pairs. None when the binary cannot read the deck."""
     blocks = read_blocks(deck_path)
     key = (cfg["bin"], tuple(tuple(b["words"]) for b in blocks if b["key"] and
                              (b["key"] == "data" or b["key"].startswith("variable "))), tuple(map(tuple, var_pairs)))
     if key not in _DATA_FIELDS:
-        cmd = [cfg["bin"], "-in", deck_path, "-dry-run", "-ranks", "1"]
-        for name, value in var_pairs:
-            cmd += ["-var", name, value]
-        text = quiet(cmd, timeout=120, any_status=True, cwd=ROOT, env=env)
-        got = dict(re.findall(r"^data\.(format|path|valid|tokenizer)\s+(.*?)\s*$", text, re.M))
-        if "path" in got:
-            fields = {"format": got.get("format"), "path": got["path"], "valid": got.get("valid"),
-                      "tokenizer": got.get("tokenizer"), "resolved_by": "xuanxue -dry-run"}
-        else:
-            fields = deck_data_fields(deck_path, var_pairs)
-            if fields:
-                fields["resolved_by"] = "the deck's variables"
-        _DATA_FIELDS[key] = fields
+        try:
+            d = xxpy.deck.first_phase(deck_path, var_pairs, xuanxue=cfg["bin"], env=env, cwd=ROOT)["data"]
+            _DATA_FIELDS[key] = {"format": d["format"], "path": d["path"], "valid": d["valid"],
+                                 "tokenizer": d["tokenizer"] or None, "resolved_by": "xuanxue -print-config json"}
+        except xxpy.deck.DeckError:
+            _DATA_FIELDS[key] = None
     return _DATA_FIELDS[key]
 
 
@@ -436,7 +407,7 @@ def data_provenance(fields):
     files = {}
     for role in ("path", "valid", "tokenizer"):
         name = fields.get(role)
-        if not name or name == "(none)":
+        if not name:
             continue
         full = name if os.path.isabs(name) else os.path.join(ROOT, name)
         matches = sorted(glob.glob(full)) if glob.has_magic(full) else [full]
@@ -471,13 +442,6 @@ def short(sha):
 
 # ---------------------------------------------------------------------------
 # running one case
-
-
-def sourced_env():
-    """The environment after `source tools/env.sh`, as every rank sees it."""
-    out = subprocess.run(["bash", "-c", 'source "$1" && env -0', "bash", ENV_SH],
-                         check=True, capture_output=True).stdout
-    return dict(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
 
 
 def mpirun_command(cfg, deck_path, case_dir):
@@ -579,10 +543,7 @@ def console_tail(out, case, n=12):
 
 def read_metrics(path):
     """metrics.jsonl -> records sorted by step (missing file -> [])."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return sorted((json.loads(l) for l in f if l.strip()), key=lambda r: r["step"])
+    return xxpy.metrics.by_step(xxpy.metrics.read(path, missing_ok=True))
 
 
 def main_loss(record):
@@ -710,7 +671,7 @@ def provenance_lines(cfg, cases):
     libs = lambda p: ", ".join(f"{k} {v.split(' (')[0]}" for k, v in sorted(p.get("libraries", {}).items()))
     net = lambda p: (p["network"] if isinstance(p.get("network"), str) else f"tbf {p['network'].get('rate')}"
                      + (f" uplinks of {p['network']['nodes']} nodes of {p['network'].get('ranks_per_node')} ranks"
-                        if p["network"].get("nodes") else ""))  # tools/netsim --nodes
+                        if p["network"].get("nodes") else ""))  # tools/lab/netsim --nodes
     st = lambda p: p.get("storage") or "none"  # cases from before the key: none
     disk = lambda p: (st(p) if isinstance(st(p), str) else
                       f"{st(p).get('fs', 'throttled')}, write {st(p).get('write_mbps')} MB/s, "
@@ -866,7 +827,7 @@ def plots(cfg, cases):
 
 def write_results(cfg, cases):
     summary = variant_summary(cfg, cases)
-    doc = {"tool": "tools/ablate", "config": cfg, "cases": cases, "variants": summary}
+    doc = {"tool": "tools/lab/ablate", "config": cfg, "cases": cases, "variants": summary}
     tmp = os.path.join(cfg["out"], RESULTS + ".tmp")
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
@@ -896,7 +857,7 @@ def report(cfg, cases, draw=True):
 def load_results(out):
     path = os.path.join(out, RESULTS)
     if not os.path.isfile(path):
-        raise UsageError(f"{path}: no such file (expected the OUT folder of an earlier tools/ablate run)")
+        raise UsageError(f"{path}: no such file (expected the OUT folder of an earlier tools/lab/ablate run)")
     with open(path) as f:
         doc = json.load(f)
     doc["config"]["out"] = os.path.abspath(out)  # the folder may have moved
@@ -905,7 +866,7 @@ def load_results(out):
 
 def finished(cfg, case):
     """A case that needs no rerun: it ran to its end (exit 0, metrics; with --reload, the reload too), or a
-    variant that is meant to fail (`expect_fail`, tools/verdicts' faults) failed, without a timeout, or a
+    variant that is meant to fail (`expect_fail`, tools/lab/verdicts' faults) failed, without a timeout, or a
     variant whose every end counts (`any_end`: it ran on, failed, or hung until --timeout)."""
     v = next((v for v in cfg["variants"] if v["name"] == case["variant"]), {})
     if v.get("any_end"):
@@ -923,9 +884,9 @@ DEFAULTS = {"order": "seed-major"}  # what a results.json from before the key me
 
 def comparable(cfg, key):
     value = cfg.get(key, DEFAULTS.get(key))
-    if key == "launcher":  # tools/netsim's namespace is named after its process: a new one each run
+    if key == "launcher":  # tools/lab/netsim's namespace is named after its process: a new one each run
         value = [re.sub(r"^xxnetsim\d+$", "xxnetsim<pid>", w) for w in value or []]
-        # tools/slowdisk's cgroup and mount (xxslowdisk<pid>, in paths too): a new one each run
+        # tools/lab/slowdisk's cgroup and mount (xxslowdisk<pid>, in paths too): a new one each run
         value = [re.sub(r"xxslowdisk\d+", "xxslowdisk<pid>", w) for w in value]
     return value or None
 
@@ -987,10 +948,10 @@ def kept_cases(cfg, any_binary=False):
                          "(recorded in results.json and the table)")
     if problems:
         cfg["mixed"].append({"when": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "what": "; ".join(problems)})
-        print(f"# tools/ablate: --resume-any-binary: mixing: {'; '.join(problems)}", flush=True)
+        print(f"# tools/lab/ablate: --resume-any-binary: mixing: {'; '.join(problems)}", flush=True)
     unknown = sum(1 for c in keep if not c.get("provenance"))
     if unknown:
-        print(f"# tools/ablate: {unknown} finished case(s) predate provenance: their binary and corpus are "
+        print(f"# tools/lab/ablate: {unknown} finished case(s) predate provenance: their binary and corpus are "
               "unknown; kept", flush=True)
     kept = {c["dir"] for c in keep}
     for v in cfg["variants"]:
@@ -1020,7 +981,7 @@ def run_all(cfg, resume=False, any_binary=False):
     shared = None  # the ablation's provenance, taken when the first case runs (a rerun with nothing left takes none)
     ran = 0
     order = case_order(cfg["seeds"], cfg["variants"], cfg.get("order", "seed-major"))  # interleaved
-    print(f"# tools/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
+    print(f"# tools/lab/ablate: {cfg['title']}: {len(cfg['variants'])} variants x {len(cfg['seeds'])} seeds "
           f"on {cfg['ranks']} ranks, one case at a time -> {cfg['out']}"
           + (f" ({len(cases)} finished before, kept)" if cases else ""), flush=True)
     done = {(c["variant"], c["seed"]) for c in cases}
@@ -1075,11 +1036,11 @@ def main(argv=None):
                 raise UsageError("--resume-any-binary: only with --resume")
             cases, ran = run_all(cfg, resume=args.resume, any_binary=args.resume_any_binary)
     except UsageError as e:
-        print(f"tools/ablate: {e}", file=sys.stderr)
+        print(f"tools/lab/ablate: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if cfg:
-            print(f"tools/ablate: interrupted; to report the cases that ran: tools/ablate --report-only {cfg['out']}",
+            print(f"tools/lab/ablate: interrupted; to report the cases that ran: tools/lab/ablate --report-only {cfg['out']}",
                   file=sys.stderr)
         return 130
     text, failures = report(cfg, cases, draw=ran != 0)

@@ -1,6 +1,6 @@
-# tools/verdicts_judge.py: from the cases of tools/verdicts to its rows (issue 15/18).
+# tools/lab/verdicts_judge.py: from the cases of tools/lab/verdicts to its rows (issue 15/18).
 #
-# A case (one variant, one seed of a tools/ablate run) is read once into a
+# A case (one variant, one seed of a tools/lab/ablate run) is read once into a
 # CaseData: its metrics.jsonl records and the few console facts the metrics
 # need. The same CaseData is what the archive keeps (docs/verdicts/archive.json.xz),
 # so a report rebuilt from the archive judges the same numbers.
@@ -13,7 +13,7 @@
 #   metric cannot show it   the switch acted (the curves differ) but the metric
 #                           is equal in every pair;
 #   no data                 fewer than 2 pairs.
-# Otherwise the paired statistics of tools/verdict_stats.py give two one-sided
+# Otherwise the paired statistics of tools/lab/verdict_stats.py give two one-sided
 # p-values; the verdict waits for the family adjustment (adjust()).
 import dataclasses
 import json
@@ -79,7 +79,7 @@ def read_case(out_dir, case):
                 facts["fault_unix"] = float(m.group(1))
     lines = console.strip().splitlines()
     facts["console_tail"] = [l for l in lines if l.startswith("xuanxue:")][:20] + lines[-15:]
-    second = _text(os.path.join(d, "second_job.txt")).strip().splitlines()  # tools/run-twice
+    second = _text(os.path.join(d, "second_job.txt")).strip().splitlines()  # tools/lab/run-twice
     facts["second_job"] = [l for l in second if l.startswith("xuanxue:")][:5] + second[-2:]
     facts["reload_rc"] = case.get("reload_rc")
     return CaseData(case["variant"], case["seed"], case.get("rc"), case.get("summary") or {}, records, facts,
@@ -309,7 +309,7 @@ def judge(test, cases, seeds):
 
 
 def adjust(rows, looks_of):
-    """The family adjustment (tools/verdict_stats.py): Holm over the primary rows' hypotheses, Benjamini-
+    """The family adjustment (tools/lab/verdict_stats.py): Holm over the primary rows' hypotheses, Benjamini-
     Hochberg over the exploratory ones; a row seen on a second look pays for it (p x looks). Sets each
     statistical row's adjusted p-values and verdict."""
     for primary in (True, False):

@@ -1,14 +1,14 @@
-# tools/verdicts_lib.py: the claims behind tools/verdicts, and how they run (issue 15/18).
+# tools/lab/verdicts_lib.py: the claims behind tools/lab/verdicts, and how they run (issue 15/18).
 #
-# Each piece of folklore is a Claim: the ablations (tools/ablate, or
-# tools/netsim for the network's share) that create its conditions, and the
+# Each piece of folklore is a Claim: the ablations (tools/lab/ablate, or
+# tools/lab/netsim for the network's share) that create its conditions, and the
 # Tests that pair their cases by seed. Exactly one Test per claim is primary:
 # the 14 primaries form one family (Holm); every other row is exploratory
 # (Benjamini-Hochberg). Each size or margin names its source: the seed's own
 # words, or the one stated default (DEFAULT_SOURCE). The rule is fixed here,
-# before any run; tools/verdicts_judge.py applies it, tools/verdicts_report.py
+# before any run; tools/lab/verdicts_judge.py applies it, tools/lab/verdicts_report.py
 # writes it down. Nothing here runs a rank itself: every case is a
-# tools/ablate case, resumed with --resume, so a rerun skips what finished.
+# tools/lab/ablate case, resumed with --resume, so a rerun skips what finished.
 #
 # Runs with /usr/bin/python3 (scipy for the statistics, matplotlib for the plots).
 
@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import sys
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TOOLS)
-sys.path.insert(0, TOOLS)
+LAB = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(LAB))
+sys.path.insert(0, LAB)
 import ablate_lib  # noqa: E402
 import verdicts_judge as vj  # noqa: E402
 
@@ -55,7 +55,7 @@ class Scale:
     lrs: tuple          # the LR grid of that choice (the deck's 3e-3 in the middle)
     speed_steps: int    # claims that time steps
     ckpt_steps: int     # B5: a checkpoint every ckpt_steps/4
-    ckpt_deck: str      # A5's deck, checkpoint every ckpt_every, through tools/slowdisk with these limits
+    ckpt_deck: str      # A5's deck, checkpoint every ckpt_every, through tools/lab/slowdisk with these limits
     ckpt_every: int
     slowdisk: str
     fault_timeout: int  # seconds a case with a hung rank may run
@@ -71,20 +71,20 @@ QUICK = Scale("quick", [1, 2], 2, 4, 2, 16, 4, 16, 0, [1, 2], [101], (3e-3,), 8,
 
 @dataclasses.dataclass
 class Experiment:
-    """One tools/ablate invocation: its variants (the first is the baseline) and options."""
+    """One tools/lab/ablate invocation: its variants (the first is the baseline) and options."""
     name: str
     variants: list            # ['NAME: line; line', ...]
     steps: int
     ranks: int
     common: list = dataclasses.field(default_factory=list)
     eval_every: int = 0       # 0: the last step only
-    netsim: str = ""          # tools/netsim's options ('--rate 1gbit', '--nodes 2 --rate 1gbit'): the ablation runs under it
-    slowdisk: str = ""        # limits: the ablation runs under tools/slowdisk LIMITS (checkpoints on slow storage)
+    netsim: str = ""          # tools/lab/netsim's options ('--rate 1gbit', '--nodes 2 --rate 1gbit'): the ablation runs under it
+    slowdisk: str = ""        # limits: the ablation runs under tools/lab/slowdisk LIMITS (checkpoints on slow storage)
     reload: bool = False      # each case restarted with -resume auto (timing the load)
     expect_fail: list = dataclasses.field(default_factory=list)
     any_end: list = dataclasses.field(default_factory=list)
     deck: str = DECK
-    launcher: str = ""        # a command prefix before mpirun (tools/run-twice: a second job on the run dir)
+    launcher: str = ""        # a command prefix before mpirun (tools/lab/run-twice: a second job on the run dir)
     vars: dict = dataclasses.field(default_factory=dict)  # -var NAME VALUE
     order: str = "seed-major"  # abba for timing: the baseline is not always first
     timeout: int = 900
@@ -122,8 +122,8 @@ class Experiment:
         return a
 
     def command(self, out, seeds, variants=None, target=None):
-        tool = (["tools/netsim"] + self.netsim.split() + ["--"] if self.netsim else
-                ["tools/slowdisk"] + self.slowdisk.split() + ["--"] if self.slowdisk else ["tools/ablate"])
+        tool = (["tools/lab/netsim"] + self.netsim.split() + ["--"] if self.netsim else
+                ["tools/lab/slowdisk"] + self.slowdisk.split() + ["--"] if self.slowdisk else ["tools/lab/ablate"])
         return tool + self.argv(out, seeds, variants or self.variants, target)
 
 
@@ -162,7 +162,7 @@ class Claim:
     tests: list
     note: str = ""
     untestable: str = ""  # why this machine cannot create the claim's condition: no runs, "not testable here"
-    project: str = ""     # an experiment whose bytes tools/netsim --project takes to 8, 64 and 512 ranks
+    project: str = ""     # an experiment whose bytes tools/lab/netsim --project takes to 8, 64 and 512 ranks
 
 
 def loss_ni(row, exp, base, var, primary=False):
@@ -242,7 +242,7 @@ def all_claims(s):
                T("A1.4", "A1-1gbit", "dense", "local3", "target_s", "superiority", -DEFAULT, scale="log"),
                T("A1.5", "A1-300mbit", "dense", "local3", "target_s", "superiority", -DEFAULT, scale="log")],
               "Time to target: each case's training seconds until its val loss first reached the worst final val "
-              "loss of any A1 case (so every case reaches it), evaluated every few steps, under tools/netsim."),
+              "loss of any A1 case (so every case reaches it), evaluated every few steps, under tools/lab/netsim."),
         Claim("A2", "LR restarts every 10 epochs, ±5% jitter, restart point chosen from the LR history, help "
               "when nodes' data differ",
               f"`{sgdr} jitter 0.05 restart_from best` under `{local}`, each rank its own slice "
@@ -333,7 +333,7 @@ def all_claims(s):
               "checkpoint of 1.1 GB at 4 ranks) under `sync local 4`, so that every rank's own state differs from the "
               "base between syncs; a checkpoint every "
               f"{s.ckpt_every} steps, {2 * s.ckpt_every} in all, written to storage throttled to be bandwidth-bound "
-              f"(`tools/slowdisk {s.slowdisk}`: a loop-device file system under a blkio cgroup; "
+              f"(`tools/lab/slowdisk {s.slowdisk}`: a loop-device file system under a blkio cgroup; "
               "docs/CHECKPOINT.md). The stall is what the training thread waits per checkpoint."),
         Claim("A6", "swarm topology: full → random clusters of 4 → full",
               "input/verdicts-swarm.deck: `topology full`, `topology clusters C redraw D`, `topology full` (phases of "
@@ -348,7 +348,7 @@ def all_claims(s):
                T("A6.3", "A6-nodes", "full", "swarm", "train_s", "superiority", -DEFAULT, scale="log")],
               "Wire bytes: a ring all-reduce over g ranks puts 2(g-1)/g of its buffer on the wire, so a cluster of "
               "4 sends 0.857x what 8 ranks do, and leaving the clusters adds one global average. A6.3 times the "
-              "training on a simulated two-level network (tools/netsim --nodes 2: two 'nodes' of 4 ranks, each "
+              "training on a simulated two-level network (tools/lab/netsim --nodes 2: two 'nodes' of 4 ranks, each "
               "behind a 1 Gbit/s link; ranks of one node talk through its own loopback), where a random cluster "
               "usually spans both nodes."),
         Claim("A7", "multi-view loss aggregation stops mid-training oscillation",
@@ -398,13 +398,13 @@ def all_claims(s):
                  common=["sync local 4"], reload=True, order="abba"),
                E("B5-twice", [f"collective: checkpoint every {s.ckpt_steps // 4} writer collective",
                               f"rank0: checkpoint every {s.ckpt_steps // 4} writer rank0"], 4 * s.ckpt_steps,
-                 s.timing_ranks, common=["sync local 4"], reload=True, launcher="tools/run-twice")],
+                 s.timing_ranks, common=["sync local 4"], reload=True, launcher="tools/lab/run-twice")],
               [overhead("B5", "B5", "collective", "rank0", "ckpt_write_s", primary=True),
                overhead("B5.2", "B5", "collective", "rank0", "ckpt_load_s"),
                T("B5.3", "B5-twice", "collective", "rank0", "second_job", "protected",
                  expect="in use by another job")],
               "B5.3 is the hazard the folklore guards against: a second job started on the same run directory "
-              "while the first writes its checkpoints (tools/run-twice). Protected: the second is refused (exit 2, "
+              "while the first writes its checkpoints (tools/lab/run-twice). Protected: the second is refused (exit 2, "
               "naming the first) and the first's checkpoint loads."),
         Claim("B6", "per-rank logs, rank-0 metrics, a barrier after logging", "`output ... barrier on`",
               "ms per step (log ratio, ABBA order, one rank per core)",
@@ -523,7 +523,7 @@ def run_ablation(cmd, log):
     print(f"#   exit status {p.returncode}" + (f"; {tail[0][2:]}" if tail else ""), flush=True)
     if p.returncode == 2:  # a usage error: a mixed binary, a bad argument; the harness says which in the log
         with open(log, errors="replace") as f:
-            raise SystemExit(f"tools/verdicts: {f.read().strip().splitlines()[-1]}")
+            raise SystemExit(f"tools/lab/verdicts: {f.read().strip().splitlines()[-1]}")
     return p.returncode
 
 
@@ -555,12 +555,12 @@ def run_experiment(exp, out, seeds, scale, log, by_name):
 
 
 def projection(claim, out):
-    """tools/netsim --project's table of bytes per rank at 8, 64 and 512 ranks (10 Gbit/s, 5 us) for the
+    """tools/lab/netsim --project's table of bytes per rank at 8, 64 and 512 ranks (10 Gbit/s, 5 us) for the
     claim's `project` experiment, or "" where it has not run."""
     path = os.path.join(out, claim.project, ablate_lib.RESULTS) if claim.project else ""
     if not path or not os.path.isfile(path):
         return ""
-    p = subprocess.run([sys.executable, os.path.join(TOOLS, "netsim"), "--project", path, "--ranks", "8,64,512",
+    p = subprocess.run([sys.executable, os.path.join(LAB, "netsim"), "--project", path, "--ranks", "8,64,512",
                         "--bandwidth", "10gbit"], cwd=ROOT, capture_output=True, text=True)
     text = p.stdout
     return text[text.find("## bytes per rank"):].replace("## bytes per rank per step, projected", "").strip() \

@@ -23,85 +23,40 @@ import tempfile
 
 import numpy as np
 
+from . import deck as xxdeck
+from .fs import fsync_dir
+
 
 class Refusal(Exception):
     """A model that has no Hugging Face counterpart, or an export that cannot be written as asked: exit 2."""
 
 
 # ----------------------------------------------------------------------------
-# the deck (the checkpoint's resolved deck text: one command per line)
-
-
-def split_words(line):
-    """Words at white space; '...' or "..." quote part of a word (src/deck/deck.cpp's rule)."""
-    words, word, quote, open_ = [], [], None, False
-    for c in line:
-        if quote:
-            if c == quote:
-                quote = None
-            else:
-                word.append(c)
-        elif c in "'\"":
-            quote, open_ = c, True
-        elif c.isspace():
-            if open_:
-                words.append("".join(word))
-            word, open_ = [], False
-        else:
-            word.append(c)
-            open_ = True
-    if open_:
-        words.append("".join(word))
-    return words
-
-
-# Defaults of src/deck/config.h.
-MODEL_DEFAULTS = {"rope_theta": 10000.0, "norm_eps": 1e-5, "init_std": 0.02}
-MOE_DEFAULTS = {"dense_layers": 1, "shared": 0, "gate": "softmax", "balance": "aux", "balance_coef": 0.001,
-                "route_scale": 1.0}
+# the deck (the checkpoint's resolved deck text), as the binary resolves it
 
 
 def deck_settings(deck):
-    """The model, attention, moe, mtp and data lines in effect at the first `run` (each the last one
-    before it), as {command: {"kind": word, keyword: value}}."""
-    s = {"attention": {"kind": "mha"}, "moe": {"kind": "off"}, "mtp": {"depth": "0", "weight": "0.3"}}
-    for line in deck.splitlines():
-        words = split_words(line.split("#")[0])
-        if not words:
-            continue
-        if words[0] == "run":
-            break
-        if words[0] in ("model", "attention", "moe", "data"):
-            d = {"kind": words[1] if len(words) > 1 else ""}
-            rest = words[2:]
-            if words[0] == "data" and rest:
-                d["path"], rest = rest[0], rest[1:]
-            d.update(zip(rest[0::2], rest[1::2]))
-            s[words[0]] = d
-        elif words[0] == "mtp":
-            s["mtp"] = {"weight": "0.3", **dict(zip(words[1::2], words[2::2]))}
-    if "model" not in s:
-        raise Refusal("its deck has no model line (expected the deck the run was trained with)")
-    return s
+    """The configuration in force at the first `run` of the checkpoint's deck (xuanxue -print-config json):
+    {command: {keyword: value}}, every default filled in."""
+    try:
+        return xxdeck.text_phases(deck)[0]["config"]
+    except xxdeck.DeckError as e:
+        raise Refusal(f"its deck cannot be read back ({e})")
 
 
 def model_of(s):
-    """Typed values of the deck's model, attention, moe and mtp lines (defaults filled in)."""
-    m = {**MODEL_DEFAULTS, **s["model"]}
-    out = {"kind": m["kind"], **{k: int(m[k]) for k in ("vocab", "dim", "layers", "heads", "ffn", "seq")},
-           **{k: float(m[k]) for k in MODEL_DEFAULTS}}
-    a = s["attention"]
+    """The model, attention, moe and mtp values the export needs."""
+    m, a, e = s["model"], s["attention"], s["moe"]
+    out = {k: m[k] for k in ("kind", "vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps",
+                             "init_std")}
     out["attention"] = {"kind": a["kind"]}
     if a["kind"] == "mla":
-        out["attention"].update({k: int(a.get(k, 0)) for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim",
-                                                                "rope_dim", "v_dim")})
-    e = {**MOE_DEFAULTS, **s["moe"]}
-    out["moe"] = {"mode": e["kind"]}
-    if e["kind"] == "on":
-        out["moe"].update({k: int(e[k]) for k in ("dense_layers", "shared", "routed", "topk", "ffn")})
-        out["moe"].update(gate=e["gate"], balance=e["balance"], balance_coef=float(e["balance_coef"]),
-                          route_scale=float(e["route_scale"]))
-    out["mtp"] = {"depth": int(s["mtp"].get("depth", 0)), "weight": float(s["mtp"].get("weight", 0.3))}
+        out["attention"].update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim")})
+    out["moe"] = {"mode": e["mode"]}
+    if e["mode"] == "on":
+        out["moe"].update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
+                                             "balance_coef", "route_scale")})
+    out["mtp"] = {"depth": s["mtp"]["depth"], "weight": s["mtp"]["weight"]}
     return out
 
 
@@ -419,7 +374,7 @@ def tokenizer_path(settings, override):
         path, why = override, "given by --tokenizer"
     elif named:
         path, why = named, "named by the deck's data line"
-    elif data.get("kind") == "bytes":
+    elif data.get("format") == "bytes":
         return None, (f"no tokenizer: the deck's data is byte-level (data bytes, token = byte value, vocab "
                       f"{settings['model'].get('vocab')}); no tokenizer file written")
     else:
@@ -437,14 +392,6 @@ def tokenizer_path(settings, override):
 
 # ----------------------------------------------------------------------------
 # the directory, written whole or not at all
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_out_dir(out, force):

@@ -1,4 +1,4 @@
-"""Paired statistics and the verdict rule of tools/verdicts (issue 15/18).
+"""Paired statistics and the verdict rule of tools/lab/verdicts (issue 15/18).
 
 A claim is tested as a paired experiment: the baseline and the variant run on
 the same seeds, and each seed gives one difference d_i on one of three scales:
