@@ -195,3 +195,23 @@ expect_ok() {
 expect_absent() {  # expect_absent PATH WHY
   check [ ! -e "$1" ] || fail "$1 exists ($2)"
 }
+
+# term_mid_case CONSOLE WHILE_RUNNING CMD...: runs CMD in the background
+# (stdout $T/out, stderr $T/err) until CONSOLE has a step line, calls
+# WHILE_RUNNING (a function that looks at what the run has set up; $PID is
+# the run's), sends SIGTERM and waits; the run must end with exit 130.
+term_mid_case() {
+  local console=$1 while_running=$2 i
+  shift 2
+  "$@" >"$T/out" 2>"$T/err" &
+  PID=$!
+  for ((i = 0; i < 120; ++i)); do
+    grep -q "^step" "$console" 2>/dev/null && break
+    sleep 0.5
+  done
+  "$while_running"
+  kill -TERM "$PID"
+  wait "$PID"
+  RC=$?
+  check [ "$RC" -eq 130 ] || { fail "exit status $RC, expected 130"; show_run; }
+}

@@ -145,17 +145,9 @@ check [ -z "$left" ] || fail "left behind: $left"
 
 begin "SIGTERM during a case: exit 130, nothing left"
 LAST_CMD="${NS[*]} -- ${ABL[*]} --steps 2000 --out $T/term"
-"${NS[@]}" -- "${ABL[@]}" --steps 2000 --out "$T/term" >"$T/out" 2>"$T/err" &
-pid=$!
-for ((i = 0; i < 120; ++i)); do
-  grep -q "^step" "$T/term/dense/seed1/console.txt" 2>/dev/null && break
-  sleep 0.5
-done
-seen=$(leftovers "$pid")
-kill -TERM "$pid"
-wait "$pid"
-RC=$?
-check [ "$RC" -eq 130 ] || { fail "exit status $RC, expected 130"; show_run; }
+note_leftovers() { seen=$(leftovers "$PID"); }
+term_mid_case "$T/term/dense/seed1/console.txt" note_leftovers "${NS[@]}" -- "${ABL[@]}" --steps 2000 --out "$T/term"
+pid=$PID
 check [ -n "$seen" ] || fail "no namespace or bridge seen during the run"
 left=$(leftovers "$pid")
 check [ -z "$left" ] || fail "left behind: $left"

@@ -130,17 +130,9 @@ check [ -z "$left" ] || fail "left behind: $left"
 
 begin "SIGTERM during a case: exit 130, nothing left"
 LAST_CMD="${SD[*]} -- ${ABL[*]} --steps 2000 --out $T/term"
-"${SD[@]}" -- "${ABL[@]}" --steps 2000 --out "$T/term" >"$T/out" 2>"$T/err" &
-pid=$!
-for ((i = 0; i < 120; ++i)); do
-  grep -q "^step" "$T/term/small/seed1/console.txt" 2>/dev/null && break
-  sleep 0.5
-done
-mnt=$(ls -d "$T"/xxslowdisk*/mnt 2>/dev/null)
-kill -TERM "$pid"
-wait "$pid"
-RC=$?
-check [ "$RC" -eq 130 ] || { fail "exit status $RC, expected 130"; show_run; }
+note_mount() { mnt=$(ls -d "$T"/xxslowdisk*/mnt 2>/dev/null); }
+term_mid_case "$T/term/small/seed1/console.txt" note_mount "${SD[@]}" -- "${ABL[@]}" --steps 2000 --out "$T/term"
+pid=$PID
 check [ -n "$mnt" ] || fail "no mount seen during the run"
 check [ -z "$(ls "$T" | grep xxslowdisk)" ] || fail "left behind in $T: $(ls "$T" | grep xxslowdisk)"
 check [ -z "$(grep -F "$T/xxslowdisk" /proc/mounts)" ] || fail "a mount is left: $(grep -F "$T/xxslowdisk" /proc/mounts)"
