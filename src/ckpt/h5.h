@@ -52,7 +52,6 @@ hid_t native();
 template <> inline hid_t native<int>() { return H5T_NATIVE_INT; }
 template <> inline hid_t native<int64_t>() { return H5T_NATIVE_INT64; }
 template <> inline hid_t native<uint64_t>() { return H5T_NATIVE_UINT64; }
-template <> inline hid_t native<uint32_t>() { return H5T_NATIVE_UINT32; }
 template <> inline hid_t native<double>() { return H5T_NATIVE_DOUBLE; }
 
 template <class V>
