@@ -12,7 +12,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
+#include "ckpt/store.h"  // step_files, latest_checkpoint, prune_checkpoints
 #include "kernels/ckpt_codec.h"
 #include "model/params.h"
 
@@ -30,11 +32,10 @@ constexpr int kExitWriteFailed = 4;
 struct CheckpointWriteError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// True once a write in this process ended in CheckpointWriteError (on any
-// thread): an asynchronous writer's failure, for the training loop to agree on.
-bool checkpoint_write_failed();
 
-// Everything besides the tensors that a run needs to continue exactly.
+// Everything besides the tensors that a run needs to continue exactly:
+// /train's attributes (schema.cpp's table of fields, which the writer and
+// the reader walk). Plain values: it travels between ranks as bytes.
 struct TrainState {
   int64_t step = 0;             // optimizer steps taken
   int64_t sampler_batches = 0;  // batches this rank's loader handed out
@@ -45,6 +46,7 @@ struct TrainState {
   double last_loss = 0;
   uint64_t chaos_seed = 0;      // data shuffle chaos|independent: the drawn seed (0: none), for replay
 };
+static_assert(std::is_trivially_copyable_v<TrainState>);
 
 // Part of a tensor that one rank writes or reads itself: elements [begin,
 // begin + count) of the flattened tensor layout.tensors()[tensor], at `at`
@@ -108,9 +110,9 @@ struct ChainBase {
   std::vector<float> own_params, own_m, own_v;     // mode full: this rank's /ranks/<r> tensors in it
 };
 
-// A checkpoint encoded into datasets in host memory (encode_checkpoint),
-// ready for write_encoded: the codec kernels run in the first, HDF5 only in
-// the second, so a background thread can take the second alone.
+// A checkpoint encoded into datasets in host memory (encode_checkpoint,
+// encode.cpp), ready for write_encoded: the codec kernels run in the first,
+// HDF5 only in the second, so a background thread can take the second alone.
 struct EncodedCheckpoint;
 
 // Collective over comm: encodes `data` and `mine` (as write_checkpoint
@@ -125,7 +127,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
 //    writes its own /ranks/<r>.
 //  - rank0: every rank's /ranks/<r> is gathered onto rank 0, which alone
 //    builds the file in memory (HDF5's core driver) and writes it with POSIX
-//    calls: HDF5 never meets a full disk (checkpoint.cpp, Writer).
+//    calls: HDF5 never meets a full disk (file_writer.cpp, h5_writer.h).
 enum class CheckpointWriter { collective, rank0 };
 
 // Collective over comm (the same ranks as encode_checkpoint's, possibly a
@@ -186,20 +188,10 @@ std::pair<int, int> read_checkpoint_layout(const std::string& path);
 // needs to rebuild its model before reading the tensors). Throws InputError.
 std::string read_checkpoint_deck(const std::string& path);
 
-// Deletes all but the newest `keep` step_*.h5 files of DIR, never the one
-// `latest` names nor a base that a kept delta needs.
-void prune_checkpoints(const std::string& dir, int64_t keep);
-
 // A file's root attributes chain_kind ("base" when absent) and chain_parent.
 struct ChainLink {
   std::string kind = "base", parent;
 };
 ChainLink read_chain_link(const std::string& path);
-
-// DIR's step_<N>.h5 files, complete or not, newest (largest N) first.
-std::vector<std::string> step_files(const std::string& dir);
-
-// The newest complete checkpoint in DIR ("" when there is none).
-std::string latest_checkpoint(const std::string& dir);
 
 }  // namespace xx

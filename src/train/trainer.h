@@ -6,6 +6,7 @@
 // and resume; trainer_resilience.cpp health, stop signals and faults.
 #pragma once
 #include <mpi.h>
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -191,6 +192,7 @@ class Trainer {
   std::thread writer_;
   MPI_Comm writer_comm_ = MPI_COMM_NULL;  // dup of comm_: the writer's collectives never meet the training's
   std::exception_ptr writer_error_;       // the background write's failure, rethrown by finish_checkpoint
+  std::atomic<bool> writer_failed_{false};  // it ended in CheckpointWriteError: the step boundary agrees on it
   struct PendingWrite {
     std::string path, kind, how;   // file, chain kind, "diff lossless" / "full copies"
     std::string writer;            // "collective" / "rank 0 writes"

@@ -119,7 +119,7 @@ void Trainer::restore(const std::string& path) {
   MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
   MPI_Bcast(&by_slabs, 1, MPI_INT, 0, comm_);
   MPI_Bcast(&old_world, 1, MPI_INT, 0, comm_);
-  MPI_Bcast(&data.state.step, 1, MPI_INT64_T, 0, comm_);
+  MPI_Bcast(&data.state, int(sizeof(TrainState)), MPI_BYTE, 0, comm_);
   // The phase the checkpoint continues, and its strategy: the strategy's
   // state comes back unless the checkpoint ended the phase before a change.
   step_ = last_saved_ = data.state.step;
@@ -143,8 +143,6 @@ void Trainer::restore(const std::string& path) {
     MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
     MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
   }
-  MPI_Bcast(&data.state.sampler_batches, 1, MPI_INT64_T, 0, comm_);
-  MPI_Bcast(&data.state.chaos_seed, 1, MPI_UINT64_T, 0, comm_);
   bcast_map(data.buffers, MPI_FLOAT, comm_);
   bcast_map(data.series, MPI_DOUBLE, comm_);
   RankState mine;
@@ -325,6 +323,9 @@ void Trainer::save_checkpoint(double loss) {
     writer_ = std::thread([this, dir, encoded, writer, keep] {
       try {
         write_checkpoint_now(writer_comm_, dir, *encoded, writer, keep);
+      } catch (const CheckpointWriteError&) {
+        writer_error_ = std::current_exception();
+        writer_failed_ = true;
       } catch (...) {
         writer_error_ = std::current_exception();
       }

@@ -1,0 +1,149 @@
+// HDF5 helpers the checkpoint writers and readers share: a handle that
+// closes itself, HDF5's error stack as text, and checked reads (every one
+// throws InputError naming the file and the dataset or attribute).
+#pragma once
+#include <hdf5.h>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <fmt/format.h>
+#include "core/crc32c.h"
+#include "core/error.h"
+#include "model/params.h"
+
+namespace xx::h5 {
+
+// HDF5 handle that closes itself.
+struct H5 {
+  hid_t id = -1;
+  herr_t (*close)(hid_t) = nullptr;
+  H5(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
+  ~H5() {
+    if (id >= 0 && close) close(id);
+  }
+  H5(const H5&) = delete;
+  H5& operator=(const H5&) = delete;
+  H5(H5&& o) noexcept : id(o.id), close(o.close) { o.id = -1; }
+  operator hid_t() const { return id; }
+};
+
+// No automatic error printing: every failure is reported by the caller.
+inline void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+inline std::string errno_text(int e) { return std::strerror(e); }
+
+// The innermost message on HDF5's error stack (the cause), "" when empty.
+inline std::string error_text() {
+  std::string out;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+        if (e->desc && *e->desc) *static_cast<std::string*>(data) = fmt::format("{}: {}", e->func_name, e->desc);
+        return 0;
+      },
+      &out);
+  return out;
+}
+
+// HDF5's native type for T.
+template <class T>
+hid_t native();
+template <> inline hid_t native<int>() { return H5T_NATIVE_INT; }
+template <> inline hid_t native<int64_t>() { return H5T_NATIVE_INT64; }
+template <> inline hid_t native<uint64_t>() { return H5T_NATIVE_UINT64; }
+template <> inline hid_t native<double>() { return H5T_NATIVE_DOUBLE; }
+
+template <class V>
+V read_attr(hid_t obj, const char* name, hid_t type, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) input_error("{}: attribute '{}' is missing (expected a xuanxue checkpoint)", path, name);
+  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  V value{};
+  if (H5Aread(attr, type, &value) < 0) input_error("{}: cannot read attribute '{}'", path, name);
+  return value;
+}
+
+inline std::string read_string_attr(hid_t obj, const char* name, const std::string& path) {
+  if (H5Aexists(obj, name) <= 0) input_error("{}: attribute '{}' is missing (expected a xuanxue checkpoint)", path, name);
+  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5 type(H5Aget_type(attr), H5Tclose);
+  std::string value(H5Tget_size(type), '\0');
+  H5 memtype(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(memtype, value.size());
+  H5Tset_strpad(memtype, H5T_STR_NULLPAD);
+  if (H5Aread(attr, memtype, value.data()) < 0) input_error("{}: cannot read attribute '{}'", path, name);
+  while (!value.empty() && value.back() == '\0') value.pop_back();
+  return value;
+}
+
+// Version 2 files carry a crc32c attribute on every dataset: the checksum
+// of the values as written, verified on top of HDF5's fletcher32.
+inline void verify_crc(hid_t ds, const void* data, size_t bytes, const std::string& where, const std::string& path) {
+  if (H5Aexists(ds, "crc32c") <= 0) return;  // version 1
+  const auto want = read_attr<uint32_t>(ds, "crc32c", H5T_NATIVE_UINT32, path);
+  const uint32_t got = crc32c(data, bytes);
+  if (got != want)
+    input_error("{}: dataset '{}' fails its checksum (crc32c {:08x}, expected {:08x})", path, where, got, want);
+}
+
+// The tensor `t` of `group` into data + t.offset, its shape and checksums checked.
+inline void read_tensor(hid_t group, const std::string& group_name, const TensorInfo& t, float* data,
+                        const std::string& path) {
+  const std::string where = group_name + "/" + t.name;
+  if (H5Lexists(group, t.name.c_str(), H5P_DEFAULT) <= 0)
+    input_error("{}: tensor '{}' is missing (expected by the deck's model)", path, where);
+  H5 ds(H5Dopen2(group, t.name.c_str(), H5P_DEFAULT), H5Dclose);
+  H5 space(H5Dget_space(ds), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(std::max(rank, 0));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  if (shape != t.shape)
+    input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
+                fmt::join(shape, ", "), fmt::join(t.shape, ", "));
+  if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
+    input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+  verify_crc(ds, data + t.offset, size_t(t.size) * sizeof(float), where, path);
+}
+
+// A 1-D dataset of `expect` values (-1: any), its crc32c attribute verified.
+template <class T>
+std::vector<T> read_vector(hid_t group, const std::string& name, hid_t type, int64_t expect, const std::string& where,
+                           const std::string& path) {
+  if (H5Lexists(group, name.c_str(), H5P_DEFAULT) <= 0)
+    input_error("{}: dataset '{}' is missing (expected by the deck's run)", path, where);
+  H5 ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+  H5 space(H5Dget_space(ds), H5Sclose);
+  hsize_t n = 0;
+  if (H5Sget_simple_extent_ndims(space) != 1)
+    input_error("{}: dataset '{}' is not one-dimensional (expected a flat vector)", path, where);
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  if (expect >= 0 && int64_t(n) != expect)
+    input_error("{}: dataset '{}' has {} values (expected {})", path, where, n, expect);
+  std::vector<T> v(n);
+  if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+    input_error("{}: dataset '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+  verify_crc(ds, v.data(), v.size() * sizeof(T), where, path);
+  return v;
+}
+
+// The datasets directly in `group` (not its subgroups), by name.
+inline std::vector<std::string> dataset_names(hid_t group, const std::string& where, const std::string& path) {
+  H5G_info_t info;
+  if (H5Gget_info(group, &info) < 0) input_error("{}: cannot list group '{}'", path, where);
+  std::vector<std::string> out;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {0};
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT) < 0) continue;
+    if (H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose); ds >= 0) out.push_back(name);
+  }
+  return out;
+}
+
+// A file opened read-only (a negative id when it cannot be).
+inline H5 open_read_only(const std::string& path) {
+  quiet();
+  return H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+}
+
+}  // namespace xx::h5
