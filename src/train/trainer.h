@@ -6,13 +6,10 @@
 // and resume; trainer_resilience.cpp health, stop signals and faults.
 #pragma once
 #include <mpi.h>
-#include <atomic>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 #include "ckpt/checkpoint.h"
 #include "comm/expert_exchange_mpi.h"
@@ -29,6 +26,7 @@
 #include "model/decoder.h"
 #include "model/transformer.h"
 #include "resilience/watchdog.h"
+#include "train/checkpoint_saver.h"
 #include "train/lossagg.h"
 #include "train/mixed_precision.h"
 #include "train/optimizer.h"
@@ -106,17 +104,11 @@ class Trainer {
   // checkpoints (trainer_checkpoint.cpp)
   std::string resolve_resume(const std::string& resume) const;
   void restore(const std::string& path);
-  void apply_state(const StateRegistry& registry, const CheckpointData& data, const RankState* mine,
-                   const std::string& path);
-  RankState merged_rank_state(const std::string& path, const CheckpointData& base, int old_world);
   std::map<std::string, int64_t> required_buffers(StatePlace place) const;
   CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state
   // Sharded runs write and read their own slabs of the file's tensors (docs/CHECKPOINT.md, "Sharded runs").
   bool writes_slabs() const;
   void save_checkpoint(double loss);
-  void write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
-                            CheckpointWriter writer, int64_t keep);
-  void log_checkpoint();
 
   // resilience (trainer_resilience.cpp)
   void check_health_now();
@@ -185,23 +177,7 @@ class Trainer {
   int stop_signal_ = 0;        // the stop signal the ranks agreed on
   bool resumed_ = false;       // restored from a checkpoint: fault injection is off
 
-  // checkpoint writer (docs/CHECKPOINT.md): the chain's base for diff across
-  // time, and under async on one background write at a time (HDF5 is not
-  // thread-safe), on its own communicator.
-  ChainBase chain_;
-  std::thread writer_;
-  MPI_Comm writer_comm_ = MPI_COMM_NULL;  // dup of comm_: the writer's collectives never meet the training's
-  std::exception_ptr writer_error_;       // the background write's failure, rethrown by finish_checkpoint
-  std::atomic<bool> writer_failed_{false};  // it ended in CheckpointWriteError: the step boundary agrees on it
-  struct PendingWrite {
-    std::string path, kind, how;   // file, chain kind, "diff lossless" / "full copies"
-    std::string writer;            // "collective" / "rank 0 writes"
-    double stall = 0, write_s = 0; // training-thread seconds in save_checkpoint; seconds the write took
-    double waited = 0;             // of the stall: waiting for the previous write (async on)
-    bool async = false;
-  };
-  PendingWrite pending_;
-  bool async_checked_ = false, async_ok_ = false;
+  std::unique_ptr<CheckpointSaver> saver_;  // encodes and writes them, in place or in the background
   std::string log_note_;  // said once the log exists
 };
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "data/seeding.h"
 #include "ckpt/slabs.h"
+#include "ckpt/state_io.h"
 #include "train/trainer.h"
 #include "train/transfer.h"
 
@@ -69,35 +70,6 @@ std::map<std::string, int64_t> Trainer::required_buffers(StatePlace place) const
   return out;
 }
 
-// Puts each entry of `registry` back from the checkpoint's data.
-void Trainer::apply_state(const StateRegistry& registry, const CheckpointData& data, const RankState* mine,
-                          const std::string& path) {
-  for (const auto& e : registry.entries()) {
-    const bool own = e.place == StatePlace::rank_buffer;
-    if (own && !mine) continue;  // a file without per-rank state
-    const std::string where = own ? fmt::format("/ranks/{}/{}", rank_, e.name)
-                              : e.is_series() ? "/train/" + e.name : "/buffers/" + e.name;
-    if (e.is_series()) {
-      const auto it = data.series.find(e.name);
-      if (it == data.series.end()) {
-        if (e.required) input_error("{}: dataset '{}' is missing (expected it for this deck)", path, where);
-        continue;
-      }
-      if (e.load_doubles) e.load_doubles(it->second);
-      continue;
-    }
-    const auto& values = own ? mine->extra : data.buffers;
-    const auto it = values.find(e.name);
-    if (it == values.end()) {
-      if (e.required) input_error("{}: dataset '{}' is missing (expected it for this deck)", path, where);
-      continue;
-    }
-    if (e.size >= 0 && int64_t(it->second.size()) != e.size)
-      input_error("{}: dataset '{}' has {} values (expected {})", path, where, it->second.size(), e.size);
-    if (e.load_floats) e.load_floats(it->second);
-  }
-}
-
 void Trainer::restore(const std::string& path) {
   finish_checkpoint();  // one HDF5 user at a time
   CheckpointData data;
@@ -147,7 +119,8 @@ void Trainer::restore(const std::string& path) {
   bcast_map(data.series, MPI_DOUBLE, comm_);
   RankState mine;
   if (per_rank) {  // this rank's own tensors, strategy state and data position
-    mine = merged_rank_state(path, data, old_world);
+    mine = merged_rank_state(path, *file_layout_, data, old_world, world_, rank_,
+                             required_buffers(StatePlace::rank_buffer));
     if (!by_slabs) data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
   }
@@ -169,40 +142,10 @@ void Trainer::restore(const std::string& path) {
     from_host(optimizer_->v(), placed_->owned_part(placed_->from_file_frame(data.adam_v)));
   }
   optimizer_->set_steps_taken(step_);
-  apply_state(state_, data, per_rank ? &mine : nullptr, path);
-  apply_state(strategy_state_, data, per_rank ? &mine : nullptr, path);
+  for (const auto* registry : {&state_, &strategy_state_})
+    load_state(*registry, data, per_rank ? &mine : nullptr, path, rank_);
   if (!strategy_goes_on) strategy_->register_state(strategy_state_);  // saved from here on
   log_note_ = data_->resume(data.state.chaos_seed, data.state.sampler_batches, old_world);
-}
-
-// This rank's state from a checkpoint of `old_world` ranks: its own at the
-// same world size; otherwise the average of the old ranks r with
-// floor(r * W / old_world) == rank (ranks merge), or of all of them when none
-// maps here (a new rank starts from the base).
-RankState Trainer::merged_rank_state(const std::string& path, const CheckpointData& base, int old_world) {
-  const auto own = required_buffers(StatePlace::rank_buffer);
-  std::vector<int> sources;
-  for (int r = 0; r < old_world; ++r)
-    if (int64_t(r) * world_ / old_world == rank_) sources.push_back(r);
-  if (sources.empty())
-    for (int r = 0; r < old_world; ++r) sources.push_back(r);
-  RankState out = read_rank_state(path, *file_layout_, base, sources[0], own);
-  if (sources.size() == 1) return out;
-  auto average = [&](std::vector<float>& into, auto get) {
-    std::vector<double> sum(into.begin(), into.end());
-    for (size_t i = 1; i < sources.size(); ++i) {
-      RankState other = read_rank_state(path, *file_layout_, base, sources[i], own);
-      const std::vector<float>& v = get(other);
-      for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
-    }
-    for (size_t j = 0; j < sum.size(); ++j) into[j] = float(sum[j] / double(sources.size()));
-  };
-  average(out.params, [](RankState& s) -> std::vector<float>& { return s.params; });
-  average(out.adam_m, [](RankState& s) -> std::vector<float>& { return s.adam_m; });
-  average(out.adam_v, [](RankState& s) -> std::vector<float>& { return s.adam_v; });
-  for (auto& [name, values] : out.extra)
-    average(values, [name = name](RankState& s) -> std::vector<float>& { return s.extra.at(name); });
-  return out;
 }
 
 std::vector<float> Trainer::whole_params() {
@@ -240,19 +183,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
     mine.adam_v = placed_->to_file_frame(placed_->gather_whole(to_host(optimizer_->v())));
   }
   mine.sampler_batches = data_->position();
-  for (const auto* registry : {&state_, &strategy_state_})
-    for (const auto& e : registry->entries()) {
-      if (e.is_series()) {
-        if (auto v = e.save_doubles ? e.save_doubles() : std::vector<double>{}; !v.empty()) {
-          data.series[e.name] = v;
-          data.state_index += "/train " + e.name + "\n";
-        }
-      } else if (auto v = e.save_floats ? e.save_floats() : std::vector<float>{}; !v.empty()) {
-        const bool own = e.place == StatePlace::rank_buffer;
-        (own ? mine.extra : data.buffers)[e.name] = std::move(v);
-        data.state_index += (own ? "/ranks/* " : "/buffers ") + e.name + "\n";
-      }
-    }
+  for (const auto* registry : {&state_, &strategy_state_}) save_state(*registry, data, mine);
   data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
   // Every rank encodes its state against the same base bits: the ranks'
   // average where they may differ, else rank 0's own (equal to every
@@ -282,86 +213,10 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
 void Trainer::save_checkpoint(double loss) {
   if (last_saved_ == step_) return;
   last_saved_ = step_;
-  const double t0 = MPI_Wtime();
-  finish_checkpoint();  // one write at a time: the previous one is on disk before this one starts
-  const double waited = MPI_Wtime() - t0;
-  RankState mine;
-  const CheckpointData data = snapshot(loss, mine);
-  CheckpointFormat format;
-  format.mode = cfg_.checkpoint.mode;
-  format.codec.kind = *kernels::ckpt_codec::codec_from_name(cfg_.checkpoint.codec);
-  format.codec.ratio = cfg_.checkpoint.ratio;
-  format.codec.block = cfg_.checkpoint.block;
-  format.base_every = cfg_.checkpoint.base_every;
-  const std::string dir = (fs::path(cfg_.output.dir) / "ckpt").string();
-  // The codec kernels run here: Kokkos' host backend shares its reduction
-  // scratch between threads, so only the HDF5 write (deflate, checksums, I/O)
-  // goes to the background.
-  const auto encoded = encode_checkpoint(comm_, *file_layout_, data, &mine, format, &chain_);
-  pending_ = {};
-  pending_.waited = waited;
-  pending_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
-  pending_.how = data.slabs              ? "each rank its own slabs"
-                 : format.mode == "diff" ? "diff " + cfg_.checkpoint.codec
-                                         : "full copies";
-  const auto writer = cfg_.checkpoint.writer == "rank0" ? CheckpointWriter::rank0 : CheckpointWriter::collective;
-  pending_.writer = writer == CheckpointWriter::rank0 ? "rank 0 writes" : "collective";
-  if (cfg_.checkpoint.async && !async_checked_) {
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
-    async_ok_ = provided == MPI_THREAD_MULTIPLE, async_checked_ = true;
-    if (!async_ok_)
-      log_->console("warning: checkpoint async on needs MPI_THREAD_MULTIPLE, which this MPI does not provide: "
-                    "checkpoints are written synchronously");
-  }
-  const int64_t keep = cfg_.checkpoint.keep;
-  if (cfg_.checkpoint.async && async_ok_) {
-    if (writer_comm_ == MPI_COMM_NULL) MPI_Comm_dup(comm_, &writer_comm_);
-    pending_.async = true;
-    pending_.stall = MPI_Wtime() - t0;
-    // (rank0: the gather runs here too, on the writer's own communicator)
-    writer_ = std::thread([this, dir, encoded, writer, keep] {
-      try {
-        write_checkpoint_now(writer_comm_, dir, *encoded, writer, keep);
-      } catch (const CheckpointWriteError&) {
-        writer_error_ = std::current_exception();
-        writer_failed_ = true;
-      } catch (...) {
-        writer_error_ = std::current_exception();
-      }
-    });
-    return;
-  }
-  write_checkpoint_now(comm_, dir, *encoded, writer, keep);
-  pending_.stall = MPI_Wtime() - t0;
-  log_checkpoint();
+  saver_->save(cfg_.checkpoint, (fs::path(cfg_.output.dir) / "ckpt").string(),
+               [&](RankState& mine) { return snapshot(loss, mine); });
 }
 
-// The HDF5 part of a checkpoint, on the training thread or the writer's.
-void Trainer::write_checkpoint_now(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
-                                   CheckpointWriter writer, int64_t keep) {
-  const double t0 = MPI_Wtime();
-  pending_.path = write_encoded(comm, dir, encoded, writer);
-  if (rank_ == 0 && keep > 0) prune_checkpoints(dir, keep);
-  pending_.write_s = MPI_Wtime() - t0;
-}
-
-void Trainer::finish_checkpoint() {
-  if (!writer_.joinable()) return;
-  writer_.join();
-  if (writer_error_) std::rethrow_exception(std::exchange(writer_error_, nullptr));
-  log_checkpoint();
-}
-
-// One console line per checkpoint: stall is what the training thread spent
-// in save_checkpoint; write is the whole write (rank0: the gather included).
-void Trainer::log_checkpoint() {
-  const auto& p = pending_;
-  const double mb = rank_ == 0 && fs::exists(p.path) ? double(fs::file_size(p.path)) / 1e6 : 0.0;
-  log_->console(fmt::format("checkpoint {} ({}, {}, {}, {:.2f} MB, write {:.3f} s{}, stall {:.3f} s, of which waiting "
-                            "for the previous write {:.3f} s)",
-                            p.path, p.how, p.kind, p.writer, mb, p.write_s, p.async ? " in background" : "", p.stall,
-                            p.waited));
-}
+void Trainer::finish_checkpoint() { saver_->finish(); }
 
 }  // namespace xx

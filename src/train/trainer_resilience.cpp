@@ -72,7 +72,7 @@ void Trainer::check_health_now() {
 bool Trainer::stop_requested() {
   // With the signal, whether a background checkpoint write failed: its
   // writers fail on every rank alike, but the ranks see it at different steps.
-  int mine[2] = {pending_stop_signal(), writer_failed_};
+  int mine[2] = {pending_stop_signal(), saver_->failed()};
   if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, mine, 2, MPI_INT, MPI_MAX, comm_);
   if (mine[1]) {
     finish_checkpoint();  // rethrows the writer's CheckpointWriteError

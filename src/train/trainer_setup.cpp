@@ -67,20 +67,12 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
 }
 
 Trainer::~Trainer() {
-  // A checkpoint write in flight finishes; a failure the run never waited
-  // for is printed, since a destructor cannot throw it.
-  if (writer_.joinable()) writer_.join();
-  if (writer_error_) try {
-      std::rethrow_exception(writer_error_);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "xuanxue: rank {}: background checkpoint write failed: {}\n", rank_, e.what());
-    }
-  watchdog_.reset();  // after the join: a writer stuck in a collective is still caught
+  saver_.reset();     // a checkpoint write in flight finishes (and a failure nobody waited for is printed)
+  watchdog_.reset();  // after it: a writer stuck in a collective is still caught
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
   exchange_.reset();
-  if (writer_comm_ != MPI_COMM_NULL) MPI_Comm_free(&writer_comm_);
 }
 
 // moe ... ep N: groups of N consecutive ranks share the routed experts out
@@ -126,6 +118,9 @@ void Trainer::build_model() {
   placement_ = place_model(cfg_.model, model_->layout(), *shard_level_from_name(cfg_.shard.level), bucket, world_,
                            rank_, fp32_weights_in_pieces(cfg_, world_));
   placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
+  saver_ = std::make_unique<CheckpointSaver>(comm_, *file_layout_, [this](const std::string& line) {
+    log_->console(line);
+  });
   if (ep > 1) {
     exchange_ = std::make_unique<MpiExpertExchange>(placed_->expert_group());
     model_->set_expert_exchange(exchange_.get());
