@@ -43,7 +43,12 @@ def first_phase(deck_path, variables=(), **kw):
 
 
 def text_phases(text, **kw):
-    """phases() of a deck given as text (the resolved deck a checkpoint keeps)."""
+    """phases() of a deck given as text (the resolved deck a checkpoint keeps). A checkpoint's deck may describe
+    the model alone (tests/parity_dump writes its model and precision lines only): a placeholder data line and one
+    `run` then make it a program whose one phase is that model (no file is read: -print-config checks none)."""
+    commands = {line.split()[0] for line in text.splitlines() if line.split() and not line.lstrip().startswith("#")}
+    if "run" not in commands:
+        text += ("" if "data" in commands else "\ndata bytes model-only-deck") + "\nrun 1\n"
     with tempfile.NamedTemporaryFile("w", suffix=".deck", prefix="xx-") as f:
         f.write(text)
         f.flush()
