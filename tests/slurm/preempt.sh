@@ -59,9 +59,12 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 # A port of our own, so that another Slurm on this machine (or a second run
-# of this test) is left alone.
-port=$((20000 + $$ % 20000))
-while ss -ltnH 2>/dev/null | awk '{ print $4 }' | grep -q -E ":($port|$((port + 1)))\$"; do
+# of this test) is left alone: below the kernel's ephemeral range (an
+# outgoing connection, MPI's or UCX's, may hold any port in it without
+# listening), and held by no socket in any state.
+ephemeral=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+port=$((10000 + $$ % (ephemeral - 10002)))
+while ss -tanH 2>/dev/null | awk '{ print $4 }' | grep -q -E ":($port|$((port + 1)))\$"; do
   port=$((port + 2))
 done
 export SLURM_LOCAL_PORT=$port SLURM_CONF="$T/slurm/slurm.conf"
