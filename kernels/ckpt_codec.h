@@ -47,6 +47,7 @@
 #include <stdexcept>
 #include <string_view>
 #include "core/device_memory.h"
+#include "core/modes.h"  // Codec
 #include "core/views.h"
 #include "kernels/math.h"
 // topk_count, topk_select and its Workspace, block_scale, quant_code, magnitude_key
@@ -57,23 +58,7 @@ namespace xx::kernels::ckpt_codec {
 // ----------------------------------------------------------------------------
 // the setting a deck line `checkpoint ... codec lossless|int8|topk R` fills
 
-enum class Codec : uint32_t { lossless = 0, int8 = 1, topk = 2 };
-
-inline const char* codec_name(Codec c) {
-  switch (c) {
-    case Codec::lossless: return "lossless";
-    case Codec::int8: return "int8";
-    case Codec::topk: return "topk";
-  }
-  return "?";
-}
-
-inline std::optional<Codec> codec_from_name(std::string_view name) {
-  if (name == "lossless") return Codec::lossless;
-  if (name == "int8") return Codec::int8;
-  if (name == "topk") return Codec::topk;
-  return std::nullopt;
-}
+using xx::Codec;  // core/modes.h
 
 struct CodecSetting {
   Codec kind = Codec::lossless;

@@ -37,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+#include "core/modes.h"  // Quant
 #include "core/views.h"
 #include "kernels/math.h"
 #include "kernels/team.h"
@@ -45,17 +46,7 @@ namespace xx::kernels::compress {
 
 static_assert(std::endian::native == std::endian::little, "the payload is little-endian and written natively");
 
-enum class Quant : uint32_t { none = 0, int8 = 1, int4 = 2, bf16 = 3 };
-
-inline const char* quant_name(Quant q) {
-  switch (q) {
-    case Quant::none: return "none";
-    case Quant::int8: return "int8";
-    case Quant::int4: return "int4";
-    case Quant::bf16: return "bf16";
-  }
-  return "?";
-}
+using xx::Quant;  // core/modes.h
 
 // Largest code magnitude: int8 codes lie in [-127, 127], int4 in [-7, 7].
 constexpr int32_t quant_max(Quant q) { return q == Quant::int8 ? 127 : q == Quant::int4 ? 7 : 0; }
@@ -481,7 +472,7 @@ inline void quantize(Vec<float> scale, Vec<uint8_t> codes, Vec<const float> val,
   if (!has_scales(quant) || block < 1 || int64_t(scale.extent(0)) != nb ||
       int64_t(codes.extent(0)) != value_bytes(quant, k))
     throw std::invalid_argument(fmt::format("compress::quantize: quant {}, block {}, k = {}, scales {}, codes {}",
-                                            quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
+                                            mode_name(quant), block, k, scale.extent(0), codes.extent(0)));
   // a team row per block: the largest |value|, or the block's first NaN
   Kokkos::parallel_for(
       "compress::quant_scales", row_policy(nb), KOKKOS_LAMBDA(const TeamMember& tm) {
@@ -522,7 +513,7 @@ inline void dequantize(Vec<float> out, Vec<const float> scale, Vec<const uint8_t
   if (!has_scales(quant) || block < 1 || int64_t(scale.extent(0)) != ceil_div(k, block) ||
       int64_t(codes.extent(0)) != value_bytes(quant, k))
     throw std::invalid_argument(fmt::format("compress::dequantize: quant {}, block {}, k = {}, scales {}, codes {}",
-                                            quant_name(quant), block, k, scale.extent(0), codes.extent(0)));
+                                            mode_name(quant), block, k, scale.extent(0), codes.extent(0)));
   if (quant == Quant::int8) dequantize_as<Quant::int8>(out, scale.data(), codes.data(), block);
   else dequantize_as<Quant::int4>(out, scale.data(), codes.data(), block);
 }
@@ -584,7 +575,7 @@ inline int64_t encode(Vec<uint8_t> payload, Vec<const uint32_t> idx, Vec<const f
   if (n < 1 || n > int64_t(UINT32_MAX) || k < 1 || k > n || int64_t(val.extent(0)) != k ||
       (has_scales(quant) && (block < 1 || block > int64_t(UINT32_MAX))))
     throw std::invalid_argument(fmt::format("compress::encode: n = {}, k = {} (val {}), quant {}, block {}", n, k,
-                                            val.extent(0), quant_name(quant), block));
+                                            val.extent(0), mode_name(quant), block));
   const Header h{n, k, quant, has_scales(quant) ? block : 0};
   const Layout L = layout_of(h);
   if (int64_t(payload.extent(0)) != L.end)
@@ -668,12 +659,12 @@ inline Header read_header(Vec<const uint8_t> payload) {
     throw std::runtime_error(fmt::format("compressed payload header: k = {} for n = {} (need 1 <= k <= n)", h.k, h.n));
   if (has_scales(h.quant) ? h.block < 1 : h.block != 0)
     throw std::runtime_error(
-        fmt::format("compressed payload header: block {} with quant {}", h.block, quant_name(h.quant)));
+        fmt::format("compressed payload header: block {} with quant {}", h.block, mode_name(h.quant)));
   const int64_t expect = layout_of(h).end;
   if (size != expect)
     throw std::runtime_error(fmt::format(
         "compressed payload is {} bytes, its header (n = {}, k = {}, quant {}, block {}) implies {}: {}", size, h.n,
-        h.k, quant_name(h.quant), h.block, expect, size < expect ? "truncated" : "corrupted or trailing bytes"));
+        h.k, mode_name(h.quant), h.block, expect, size < expect ? "truncated" : "corrupted or trailing bytes"));
   return h;
 }
 

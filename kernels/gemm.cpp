@@ -70,23 +70,25 @@ GemmOperand shifted(const GemmOperand& m, int64_t elements) {
 
 }  // namespace
 
-void select_gemm_backend(const std::string& choice) {
+void select_gemm_backend(GemmChoice choice) {
   auto& r = registry();
+  const bool any = choice == GemmChoice::automatic;
+  const std::string wanted(mode_name(choice));  // the registry's name of the backend asked for
   for (auto& b : r.order) {
-    if (choice != "auto" && choice != b->name()) continue;
+    if (!any && b->name() != wanted) continue;
     if (b->available()) {
       r.chosen = b.get();
       return;
     }
-    if (choice != "auto") throw std::runtime_error("gemm " + choice + " cannot run here: " + b->unavailable_reason());
+    if (!any) throw std::runtime_error("gemm " + wanted + " cannot run here: " + b->unavailable_reason());
   }
-  if (choice != "auto")
-    throw std::runtime_error("gemm " + choice + " is not built into this binary (xuanxue was built without it)");
+  if (!any)
+    throw std::runtime_error("gemm " + wanted + " is not built into this binary (xuanxue was built without it)");
   throw std::runtime_error("no GEMM backend can run here");
 }
 
 GemmBackend& gemm_backend() {
-  if (!registry().chosen) select_gemm_backend("auto");
+  if (!registry().chosen) select_gemm_backend(GemmChoice::automatic);
   return *registry().chosen;
 }
 

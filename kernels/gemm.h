@@ -91,7 +91,7 @@ void gemm_f64(const GemmOperand& a, const GemmOperand& b, double alpha, double b
 
 // The registry: "auto" takes the first available of onednn, cublas, blas; a
 // name takes that one or throws std::runtime_error saying why it cannot run.
-void select_gemm_backend(const std::string& choice);
+void select_gemm_backend(GemmChoice choice);
 GemmBackend& gemm_backend();  // selects "auto" when nothing was selected
 // Under mixed precision: multiply 16-bit operands on the backend's fp32
 // kernel, widened first, even where it has a 16-bit one (deck: precision ...

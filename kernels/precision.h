@@ -9,17 +9,14 @@
 #include <bit>
 #include <cstdint>
 #include <string>
+#include "core/modes.h"  // Precision
 #include "core/views.h"
 #include "kernels/math.h"
 #include "kernels/team.h"
 
 namespace xx::kernels {
 
-enum class Precision { fp32, bf16, fp16 };
-
-inline Precision precision_from_name(const std::string& name) {
-  return name == "bf16" ? Precision::bf16 : name == "fp16" ? Precision::fp16 : Precision::fp32;
-}
+using xx::Precision;
 
 // ---------------------------------------------------------------------------
 // bf16: the top 16 bits of a float, rounded

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     for (const auto& line : arch) deck += line + "\n";
     deck += "precision " + precision + "\n";
     const int B = 3;
-    Transformer<float> model(m, B, kernels::precision_from_name(precision));
+    Transformer<float> model(m, B, *mode_from_name<Precision>(precision));
     model.init(2024);
 
     // Selection biases: non-zero and distinct in bias mode, so that top-k
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     for (auto& [prefix, ffn] : model.moe_layers()) {
       auto bias = xx::host_staging(ffn->bias());
       for (int64_t e = 0; e < int64_t(bias.extent(0)); ++e)
-        bias(e) = m.moe.balance == "bias" ? float(0.004 * double((5 * e + 3 * layer_index) % 8) - 0.014) : 0.0f;
+        bias(e) = m.moe.balance == Balance::bias ? float(0.004 * double((5 * e + 3 * layer_index) % 8) - 0.014) : 0.0f;
       Kokkos::deep_copy(ffn->bias(), bias);
       data.buffers[prefix + "ffn.gate_bias"].assign(bias.data(), bias.data() + bias.extent(0));
       ++layer_index;

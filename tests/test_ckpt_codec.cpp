@@ -480,8 +480,8 @@ TEST_CASE("ckpt_codec: encoded_bytes is the size of the arrays the encoders fill
 }
 
 TEST_CASE("ckpt_codec: codec names and settings", "[kernels][ckpt_codec]") {
-  for (Codec c : {Codec::lossless, Codec::int8, Codec::topk}) CHECK(cc::codec_from_name(cc::codec_name(c)) == c);
-  CHECK_FALSE(cc::codec_from_name("int4").has_value());
+  for (Codec c : {Codec::lossless, Codec::int8, Codec::topk}) CHECK(mode_from_name<Codec>(mode_name(c)) == c);
+  CHECK_FALSE(mode_from_name<Codec>("int4").has_value());
   CHECK(CodecSetting{} == CodecSetting{Codec::lossless, 64, 0.01});
   CHECK_NOTHROW(cc::check_setting({Codec::topk, 64, 1.0}));
   CHECK_THROWS_WITH(cc::check_setting({Codec::topk, 64, 0.0}), Catch::Contains("ratio must be in (0, 1]"));

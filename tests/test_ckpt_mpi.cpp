@@ -6,6 +6,7 @@
 #include <hdf5.h>
 #include <cmath>
 #include <filesystem>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "mpi_fixture.h"
@@ -444,8 +445,8 @@ TEST_CASE("writer rank0 writes the file writer collective writes: every dataset 
   for (const auto& [name, codec] : formats) {
     INFO(name);
     CheckpointFormat format;
-    format.mode = name == "full" ? "full" : "diff";
-    format.codec.kind = *kernels::ckpt_codec::codec_from_name(codec);
+    format.mode = name == "full" ? CheckpointMode::full : CheckpointMode::diff;
+    format.codec.kind = *mode_from_name<Codec>(codec);
     // One encoding, written by each writer: any difference is the writers'.
     const auto encoded = encode_checkpoint(MPI_COMM_WORLD, layout, data, &mine, format);
     const std::string collective = write_encoded(MPI_COMM_WORLD, dir + "/c_" + name, *encoded);

@@ -252,7 +252,7 @@ TEST_CASE("compress: the payload handed over is payload_bytes long", "[kernels][
       for (Quant q : {Quant::none, Quant::int8, Quant::int4, Quant::bf16})
         for (int64_t block : {1, 3, 64, 1000}) {
           const int64_t k = c::topk_count(n, ratio);
-          CAPTURE(n, ratio, c::quant_name(q), block, k);
+          CAPTURE(n, ratio, xx::mode_name(q), block, k);
           auto grad = on_device(make_grad(n, uint64_t(n * 31 + block), Data::normal));
           Buffer<float> residual("test::residual", n);
           const auto sent = compress_once(residual, grad, c::Settings{ratio, q, block, true});
@@ -316,7 +316,7 @@ TEST_CASE("compress: error feedback conserves every element", "[kernels][compres
   for (Quant q : {Quant::none, Quant::int8, Quant::int4, Quant::bf16})
     for (double ratio : {0.01, 0.1, 0.5, 1.0})
       for (int64_t block : {7, 64}) {
-        CAPTURE(c::quant_name(q), ratio, block);
+        CAPTURE(xx::mode_name(q), ratio, block);
         const c::Settings s{ratio, q, block, true};
         Buffer<float> residual = on_device(make_grad(n, 5, Data::wide));  // leftovers of earlier steps
         for (int step = 0; step < 3; ++step) {
@@ -364,7 +364,7 @@ TEST_CASE("compress: quantization error is within half a scale, ties to even, in
     for (Quant q : {Quant::int8, Quant::int4})
       for (int64_t block : {1, 5, 64})
         for (Data kind : {Data::normal, Data::wide, Data::ties}) {
-          CAPTURE(c::quant_name(q), block, int(kind));
+          CAPTURE(xx::mode_name(q), block, int(kind));
           const int64_t k = 3001, nb = c::ceil_div(k, block);
           const auto v = make_grad(k, uint64_t(block) * 7 + int(kind), kind);
           auto val = on_device(v);
@@ -459,7 +459,7 @@ TEST_CASE("compress: the same input gives the same bytes", "[kernels][compress]"
   const auto g = make_grad(n, 3, Data::ties);
   const auto r0 = make_grad(n, 4, Data::wide);
   for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
-    CAPTURE(c::quant_name(q));
+    CAPTURE(xx::mode_name(q));
     const c::Settings s{0.0123, q, 63, true};  // k = 862, 14 blocks, int4 values end mid-word
     auto grad = on_device(g);
     auto res_a = on_device(r0), res_b = on_device(r0);
@@ -641,7 +641,7 @@ TEST_CASE("compress: indices spanning several segments round-trip exactly", "[ke
     auto idx = on_device(ix);
     auto val = on_device(v);
     for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
-      CAPTURE(c::quant_name(q));
+      CAPTURE(xx::mode_name(q));
       const int64_t bytes = c::payload_bytes(n, k, q, 64);
       // 20 + (7 counts + 65545 halves and one of padding) + scales + values
       const int64_t values = q == Quant::none ? 4 * k : q == Quant::int8 ? k : c::ceil_div(k, 2);
@@ -714,7 +714,7 @@ TEST_CASE("compress: indices spanning several segments round-trip exactly", "[ke
       for (double ratio : {0.01, 0.3})
         for (Quant q : {Quant::none, Quant::int8, Quant::int4}) {
           const int64_t k = c::topk_count(n, ratio);
-          CAPTURE(n, ratio, c::quant_name(q), k);
+          CAPTURE(n, ratio, xx::mode_name(q), k);
           const auto g = make_grad(n, uint64_t(n) + 5, Data::ties);
           auto grad = on_device(g);
           Buffer<float> residual("test::residual", n);
@@ -781,7 +781,7 @@ TEST_CASE("compress: the pieces of a selection carry exactly its entries, and co
   for (Quant q : {Quant::none, Quant::int8, Quant::bf16})
     for (int64_t R : {1, 3, 8})
       for (double ratio : {0.001, 0.05, 1.0}) {
-        CAPTURE(c::quant_name(q), R, ratio);
+        CAPTURE(xx::mode_name(q), R, ratio);
         const c::Settings s{ratio, q, 64, true};
         const auto g = make_grad(n, 40 + R, Data::wide);
         const auto r0 = make_grad(n, 41, Data::wide);
@@ -840,7 +840,7 @@ TEST_CASE("compress: many buckets selected into one sorted list and cut into ran
   for (Quant q : {Quant::none, Quant::int8, Quant::bf16})
     for (double ratio : {0.01, 1.0})
       for (bool feedback : {true, false}) {
-        CAPTURE(c::quant_name(q), ratio, feedback);
+        CAPTURE(xx::mode_name(q), ratio, feedback);
         const c::Settings s{ratio, q, 64, feedback};
         const auto g = make_grad(S, 77, Data::wide);
         const auto r0 = make_grad(S, 78, Data::normal);

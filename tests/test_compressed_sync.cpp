@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
+#include "mode_words.h"
 #include "comm/compressed_sync.h"
 #include "comm/ops.h"
 #include "core/error.h"
@@ -79,7 +80,7 @@ struct Direct {
       : spans(make_spans(sizes)),
         P(spans.back().offset + spans.back().size),
         grads("grads", P),
-        ops(MPI_COMM_WORLD, "mpi", transport),
+        ops(MPI_COMM_WORLD, DenseTransport::mpi, *mode_from_name<SparseTransport>(transport)),
         sync(spans, grads, cfg, bucket_mb) {}
   static std::vector<TensorSpan> make_spans(const std::vector<int64_t>& sizes) {
     std::vector<TensorSpan> out;
@@ -100,7 +101,8 @@ struct Direct {
 // min_size 0: every tensor in the sparse part.
 CompressConfig topk(double ratio, const std::string& quant, const std::string& exchange) {
   CompressConfig c;
-  c.kind = "topk", c.ratio = ratio, c.quant = quant, c.exchange = exchange, c.min_size = 0;
+  c.kind = CompressKind::topk, c.ratio = ratio, c.quant = *mode_from_name<Quant>(quant);
+  c.exchange = *mode_from_name<Exchange>(exchange), c.min_size = 0;
   return c;
 }
 
@@ -141,7 +143,7 @@ TEST_CASE("compress topk 1 without quantization is the dense all-reduce, bit for
     for (size_t s = 0; s < dense.losses.size(); ++s) REQUIRE(topk.losses[s] == Approx(dense.losses[s]).epsilon(1e-5));
   }
   // one exchange (partitioned: two), one all-reduce of the small tensors
-  for (const auto& c : topk.comm) REQUIRE(c.rounds == (mpi_size() == 1 ? 0 : exchange == "partitioned" ? 3 : 2));
+  for (const auto& c : topk.comm) REQUIRE(c.rounds == (mpi_size() == 1 ? 0 : exchange == Exchange::partitioned ? 3 : 2));
 }
 
 TEST_CASE("compressed training over UCX and over MPI gives identical results", "[compress][mpi]") {
@@ -173,9 +175,9 @@ TEST_CASE("bytes on the wire are the payload formula", "[compress][mpi]") {
   // From the layout, independently of CompressedSync: each tensor of >= 100
   // values is one bucket (smaller than 1 MB) with its own payload; the rest
   // is all-reduced.
-  const cx::Quant q = quant == "int8"   ? cx::Quant::int8
-                      : quant == "int4" ? cx::Quant::int4
-                      : quant == "bf16" ? cx::Quant::bf16
+  const cx::Quant q = quant == Quant::int8   ? cx::Quant::int8
+                      : quant == Quant::int4 ? cx::Quant::int4
+                      : quant == Quant::bf16 ? cx::Quant::bf16
                                         : cx::Quant::none;
   int64_t sparse = 0, dense = 0, payload = 0;
   for (const auto& t : trainer.model().layout().tensors()) {

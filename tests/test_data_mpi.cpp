@@ -54,7 +54,7 @@ TEST_CASE("common pool: one shared copy per node, the same bytes everywhere, dis
   CAPTURE(many);
   const std::string text = make_corpus(dir);
   if (many && rank == 0) {
-    const Corpus whole = Corpus::load(text, "bytes");
+    const Corpus whole = Corpus::load(text, DataFormat::bytes);
     const int64_t cut[] = {0, 9000, 25000, whole.size()};
     for (int s = 0; s < 3; ++s) {
       std::vector<int32_t> t;
@@ -63,7 +63,7 @@ TEST_CASE("common pool: one shared copy per node, the same bytes everywhere, dis
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  const Corpus corpus = many ? Corpus::load(dir + "/pool_*.bin", "shard") : Corpus::load(text, "bytes");
+  const Corpus corpus = many ? Corpus::load(dir + "/pool_*.bin", DataFormat::shard) : Corpus::load(text, DataFormat::bytes);
   REQUIRE(corpus.files().size() == (many ? 3u : 1u));
   const int64_t seq = 32;
   const WindowSplit split = split_windows(corpus, seq, 0.1);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdlib.h>  // mkdtemp
+#include "mode_words.h"
 #include "core/error.h"
 #include "deck/deck.h"
 #include "source_dir.h"
@@ -162,6 +163,8 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
   msg = check(kBase + "schedule cosine lr_min 0.1\nrun 1\n", 3,
               "unknown keyword 'lr_min' for 'schedule cosine' (expected one of: warmup, min_lr, total) (did you mean 'min_lr'?)");
   check(kBase + "schedule linear\nrun 1\n", 3, "unknown kind 'linear' for 'schedule' (expected one of: cosine, sgdr, step)");
+  msg = check("data shards x.bin\n", 1, "unknown kind 'shards' for 'data' (expected one of: bytes, shard)");
+  CHECK_THAT(msg, Catch::EndsWith("(did you mean 'shard'?)"));
   check("model dense vocab 256 dim\n", 1, "keyword 'dim' needs a value (expected an integer)");
   check("model dense vocab 256 dim abc layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value 'abc' for 'dim' (expected an integer)");
   check("model dense vocab 256 dim 12x layers 1 heads 2 ffn 32 seq 8\n", 1, "bad value '12x' for 'dim'");
@@ -192,14 +195,12 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
 TEST_CASE("deck: compress ... exchange allgather|partitioned", "[deck]") {
   TempDir t;
   const std::string file = (t.dir / "test.deck").string();
-  CHECK(build(t, kBase + "compress topk 0.1\nrun 1\n").phases[0].config.compress.exchange == "allgather");
+  CHECK(build(t, kBase + "compress topk 0.1\nrun 1\n").phases[0].config.compress.exchange == Exchange::allgather);
   const Program p = build(t, kBase + "compress topk 0.1 quant int8 exchange partitioned\nrun 1\n");
-  CHECK(p.phases[0].config.compress.exchange == "partitioned");
-  CHECK(p.phases[0].config.compress.quant == "int8");
-  CHECK(build(t, kBase + "compress topk 1 quant bf16 exchange partitioned\nrun 1\n").phases[0].config.compress.quant ==
-        "bf16");
-  CHECK(build(t, kBase + "compress topk 0.1 exchange allgather\nrun 1\n").phases[0].config.compress.exchange ==
-        "allgather");
+  CHECK(p.phases[0].config.compress.exchange == Exchange::partitioned);
+  CHECK(p.phases[0].config.compress.quant == Quant::int8);
+  CHECK(build(t, kBase + "compress topk 1 quant bf16 exchange partitioned\nrun 1\n").phases[0].config.compress.quant == Quant::bf16);
+  CHECK(build(t, kBase + "compress topk 0.1 exchange allgather\nrun 1\n").phases[0].config.compress.exchange == Exchange::allgather);
   CHECK(error_of(t, kBase + "compress topk 0.1 exchange ring\nrun 1\n") ==
         file + ":3: bad value 'ring' for 'exchange' (expected one of: allgather, partitioned)");
   CHECK(error_of(t, kBase + "compress topk 0.1 exchange\nrun 1\n") ==
@@ -405,8 +406,8 @@ TEST_CASE("deck: quoted words, data's valid fraction or file, the stored deck re
   CHECK(again.phases.front().config.sample.prompt == "Q: it's");
   CHECK(again.phases.front().config.data.path == "runs/my data/train_*.bin");
   const Program fraction = build(t, kBase + "data bytes x valid 0.2 partition contiguous\nrun 1\n");
-  CHECK(fraction.phases.front().config.data.partition == "contiguous");
-  CHECK(build(t, kBase + "run 1\n").phases.front().config.data.partition == "shuffled");
+  CHECK(fraction.phases.front().config.data.partition == Partition::contiguous);
+  CHECK(build(t, kBase + "run 1\n").phases.front().config.data.partition == Partition::shuffled);
   CHECK_THAT(error_of(t, kBase + "data bytes x partition sliced\nrun 1\n"),
              Catch::Contains("bad value 'sliced' for 'partition' (expected one of: shuffled, contiguous)"));
   CHECK(fraction.phases.front().config.data.valid_fraction == 0.2);

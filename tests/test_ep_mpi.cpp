@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "ckpt/checkpoint.h"
 #include "comm/expert_exchange_mpi.h"
@@ -26,7 +27,7 @@ namespace {
 // by 1.5e-3 there, by 6e-9 at 3e-4; ep 2 against ep 1 by 7e-4 and 4e-9).
 std::string deck(const std::string& corpus, const std::string& out, int ep, const std::string& gate, int steps,
                  const std::string& extra = "") {
-  const std::string balance = gate == "softmax" ? "aux" : "bias";
+  const std::string balance = gate == Gate::softmax ? "aux" : "bias";
   return "seed 1234\n"
          "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 96 seq 32\n"
          "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8\n"

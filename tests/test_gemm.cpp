@@ -20,8 +20,8 @@ namespace {
 
 // Restores "auto" when a test chose another backend.
 struct BackendChoice {
-  explicit BackendChoice(const std::string& name) { k::select_gemm_backend(name); }
-  ~BackendChoice() { k::select_gemm_backend("auto"); }
+  explicit BackendChoice(const std::string& name) { k::select_gemm_backend(*mode_from_name<GemmChoice>(name)); }
+  ~BackendChoice() { k::select_gemm_backend(GemmChoice::automatic); }
 };
 
 std::vector<float> random_values(int64_t n, unsigned seed) {
@@ -51,12 +51,12 @@ std::vector<std::string> backends() {
   std::vector<std::string> out;
   for (const char* name : {"onednn", "cublas", "blas"}) {
     try {
-      k::select_gemm_backend(name);
+      k::select_gemm_backend(*mode_from_name<GemmChoice>(name));
       out.push_back(name);
     } catch (const std::runtime_error&) {
     }
   }
-  k::select_gemm_backend("auto");
+  k::select_gemm_backend(GemmChoice::automatic);
   return out;
 }
 
@@ -177,7 +177,7 @@ TEST_CASE("gemm: an empty sum scales c by beta; mismatched shapes are refused", 
 #else
   const char* absent = "cublas";  // nor cuBLAS of a host one
 #endif
-  CHECK_THROWS_WITH(k::select_gemm_backend(absent), Catch::Contains("not built into this binary"));
+  CHECK_THROWS_WITH(k::select_gemm_backend(*mode_from_name<GemmChoice>(absent)), Catch::Contains("not built into this binary"));
 }
 
 TEST_CASE("gemm: the start-up line names the backend and says how 16-bit products run", "[gemm]") {

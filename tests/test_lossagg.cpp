@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "deck/deck.h"
@@ -177,7 +178,7 @@ TEST_CASE("lossagg uncertainty: the log-variance gradient matches a finite diffe
 
 TEST_CASE("LossWeights scale each loss's seed apart: main, MTP and aux", "[lossagg]") {
   ModelConfig cfg = architecture("deepseek-mtp");
-  cfg.moe.balance = "aux";  // all three losses
+  cfg.moe.balance = Balance::aux;  // all three losses
   const int B = 2;
   Transformer<float> model(cfg, B);
   model.init(11);
@@ -218,14 +219,14 @@ TEST_CASE("deck: lossagg kinds, their values and their ranges", "[lossagg][deck]
   auto build = [&](const std::string& line) {
     return build_program(read_deck(t.write("test.deck", head + line + "run 2\nlossagg off\nrun 1\n"), {}), false);
   };
-  CHECK(build("").phases[0].config.lossagg.kind == "off");
+  CHECK(build("").phases[0].config.lossagg.kind == LossAggKind::off);
   const auto softmax = build("lossagg softmax 0.5\n");
-  CHECK(softmax.phases[0].config.lossagg.kind == "softmax");
+  CHECK(softmax.phases[0].config.lossagg.kind == LossAggKind::softmax);
   CHECK(softmax.phases[0].config.lossagg.temperature == 0.5);
-  CHECK(softmax.phases[1].config.lossagg.kind == "off");  // a later phase may switch it
+  CHECK(softmax.phases[1].config.lossagg.kind == LossAggKind::off);  // a later phase may switch it
   CHECK(build("lossagg robust trim 0.4\n").phases[0].config.lossagg.trim == 0.4);
   CHECK(build("lossagg robust\n").phases[0].config.lossagg.trim == 0.25);
-  CHECK(build("lossagg uncertainty\n").phases[0].config.lossagg.kind == "uncertainty");
+  CHECK(build("lossagg uncertainty\n").phases[0].config.lossagg.kind == LossAggKind::uncertainty);
   auto error_of = [&](const std::string& line) -> std::string {
     try {
       build(line);

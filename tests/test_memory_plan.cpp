@@ -93,8 +93,8 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   const bool pieces = half && W > 1;
   const double below_params = pieces ? c * P + 4 * S + 4 * M * (W - 1) / W : (4 + c) * P;
   const double gathered = pieces ? 4 * M : 0;
-  const auto off = plan_level(b, Shard::off), opt = plan_level(b, Shard::optimizer),
-             grad = plan_level(b, Shard::gradients), par = plan_level(b, Shard::params);
+  const auto off = plan_level(b, ShardLevel::off), opt = plan_level(b, ShardLevel::optimizer),
+             grad = plan_level(b, ShardLevel::gradients), par = plan_level(b, ShardLevel::params);
   // off: everything whole; the all-reduce works in place.
   CHECK(off.weights == (4 + c) * P);
   CHECK(off.gradients == 4 * P);
@@ -140,7 +140,7 @@ TEST_CASE("the plan counts the sync strategy's buffers, whole at every level", "
   const PlanBasis c = plan_basis(compressed, 4), l = plan_basis(local, 4);
   CHECK(c.sync_buffers > 4 * 4 * P);  // packed, dense, residual, momentum, and a workspace
   CHECK(l.sync_buffers == 3 * 4 * P);  // anchor, outer momentum, group mean
-  for (Shard level : kShardLevels)
+  for (ShardLevel level : kShardLevels)
     CHECK(plan_level(l, level).communication - plan_level(plan_basis(dense, 4), level).communication ==
           l.sync_buffers);
 }
@@ -149,8 +149,8 @@ TEST_CASE("a deck that cannot fit is refused with the smallest level that would"
   TempDir t;
   const Program program = small_program(t, "bf16");
   const PlanBasis b = plan_basis(program, 8);
-  const double off = plan_level(b, Shard::off).total(), grad = plan_level(b, Shard::gradients).total(),
-               par = plan_level(b, Shard::params).total();
+  const double off = plan_level(b, ShardLevel::off).total(), grad = plan_level(b, ShardLevel::gradients).total(),
+               par = plan_level(b, ShardLevel::params).total();
   CHECK(memory_refusal(program, 8, {off, "test"}).empty());  // fits exactly
   CHECK(memory_refusal(program, 8, {0, "none known"}).empty());
   const std::string refusal = memory_refusal(program, 8, {grad, "-device-gb 1"});
@@ -161,8 +161,8 @@ TEST_CASE("a deck that cannot fit is refused with the smallest level that would"
   const std::string report = dry_run_report(program, 8, {grad, "-device-gb 1"});
   CHECK_THAT(report, Catch::Contains("smallest level that fits: gradients\n"));
   std::string fits;  // the levels at or below the limit, in order
-  for (Shard level : kShardLevels)
-    if (plan_level(b, level).total() <= grad) fits += (fits.empty() ? "" : ", ") + std::string(shard_name(level));
+  for (ShardLevel level : kShardLevels)
+    if (plan_level(b, level).total() <= grad) fits += (fits.empty() ? "" : ", ") + std::string(mode_name(level));
   CHECK_THAT(report, Catch::Contains("fits: " + fits + "\n"));
   CHECK_THAT(report, Catch::Contains("  <- the deck's"));
   // The deck's own level is what a run is held to: sharded, it fits.
@@ -201,19 +201,19 @@ TEST_CASE("under ep the experts divide by ep, and sharding divides them by their
   const int64_t rows = int64_t(std::ceil(kExpertLoadPlanned * NK));
   CHECK(b.expert_rows == rows);
   CHECK(b.exchange == 4.0 * 2 * rows * C);  // outputs going home, output gradients arriving
-  for (Shard level : kShardLevels) {
-    CAPTURE(shard_name(level));
+  for (ShardLevel level : kShardLevels) {
+    CAPTURE(mode_name(level));
     const MemoryPlan p = plan_level(b, level), p1 = plan_level(b1, level);
     // The formulas of every level, with P and S as above (and below params
     // in 16 bits the fp32 master of S and of the M fp32-read weights).
     const double M = double(b.fp32_read), master_pieces = c * P + 4 * S + 4 * M * (W - 1) / W;
-    const bool pieces = c > 0 && (level == Shard::optimizer || level == Shard::gradients);
-    CHECK(p.weights == Approx(pieces ? master_pieces : (4 + c) * (level == Shard::params ? S : P)));
-    CHECK(p.gradients == 4 * (level == Shard::gradients || level == Shard::params ? S : P));
-    CHECK(p.optimizer == 8 * (level == Shard::off ? P : S));
+    const bool pieces = c > 0 && (level == ShardLevel::optimizer || level == ShardLevel::gradients);
+    CHECK(p.weights == Approx(pieces ? master_pieces : (4 + c) * (level == ShardLevel::params ? S : P)));
+    CHECK(p.gradients == 4 * (level == ShardLevel::gradients || level == ShardLevel::params ? S : P));
+    CHECK(p.optimizer == 8 * (level == ShardLevel::off ? P : S));
     CHECK(p.activations == b.activations);
     // Against ep 1: what the other ranks' experts cost is gone.
-    if (level == Shard::off) {
+    if (level == ShardLevel::off) {
       CHECK(p1.weights - p.weights == (4 + c) * double(experts - X));
       CHECK(p1.optimizer - p.optimizer == 8.0 * double(experts - X));
       CHECK(p.communication == b.exchange);
@@ -273,7 +273,7 @@ TEST_CASE("a plan under ep needs whole expert-parallel groups", "[model][plan]")
   CHECK(memory_refusal(program, 6, {1, "-device-gb 1e-9"}).empty());
   CHECK_NOTHROW(plan_basis(program, 8));
   const PlanBasis b = plan_basis(program, 4);
-  CHECK_THAT(memory_refusal(program, 4, {plan_level(b, Shard::off).total() / 2, "-device-gb 1"}),
+  CHECK_THAT(memory_refusal(program, 4, {plan_level(b, ShardLevel::off).total() / 2, "-device-gb 1"}),
              Catch::Contains("per rank at 4 rank(s), ep 4 ("));
 }
 

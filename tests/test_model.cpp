@@ -1,5 +1,6 @@
 // The whole model's gradient against central finite differences, in double,
 // on a tiny configuration; and the properties the trainer relies on.
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "source_dir.h"
 #include "fd.h"
@@ -40,15 +41,15 @@ Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
 ModelConfig architecture(const std::string& name) {
   auto m = tiny_model();
   if (name == "dense") return m;
-  m.kind = "deepseek";
-  m.attention = {"mla", /*kv_lora_rank*/ 6, /*q_lora_rank*/ 0, /*nope*/ 4, /*rope*/ 2, /*v*/ 3};
+  m.kind = ModelKind::deepseek;
+  m.attention = {AttentionKind::mla, /*kv_lora_rank*/ 6, /*q_lora_rank*/ 0, /*nope*/ 4, /*rope*/ 2, /*v*/ 3};
   if (name == "mla") return m;
   if (name == "mla-qlora") return m.attention.q_lora_rank = 5, m;
-  m.moe.mode = "on";
+  m.moe.mode = MoeMode::on;
   m.moe.dense_layers = 1, m.moe.shared = 1, m.moe.routed = 4, m.moe.topk = 2, m.moe.ffn = 6;
   m.moe.balance_coef = 0.01;  // large enough to show in the gradient
   if (name == "moe-softmax-aux") return m;
-  m.moe.gate = "sigmoid", m.moe.balance = "bias", m.moe.route_scale = 1.5;
+  m.moe.gate = Gate::sigmoid, m.moe.balance = Balance::bias, m.moe.route_scale = 1.5;
   if (name == "moe-sigmoid-bias") return m;
   m.mtp.depth = 2, m.mtp.weight = 0.5;
   if (name == "deepseek-mtp") return m;  // MLA + MoE + MTP
@@ -70,7 +71,7 @@ TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const auto loss0 = model.forward(tin, ttgt);
   REQUIRE(std::isfinite(loss0.total));
   if (cfg.mtp.depth > 0) REQUIRE(loss0.mtp > 0);
-  if (cfg.moe.enabled() && cfg.moe.balance == "aux") REQUIRE(loss0.aux > 0);
+  if (cfg.moe.enabled() && cfg.moe.balance == Balance::aux) REQUIRE(loss0.aux > 0);
   int64_t dropped = 0;  // capacity_factor: dropped rows reach neither the output nor the expert's gradient
   for (auto& [prefix, ffn] : model.moe_layers()) dropped += ffn->dropped_rows();
   REQUIRE((dropped > 0) == (cfg.moe.capacity_factor > 0));
@@ -302,12 +303,12 @@ TEST_CASE("with attention_kernel flash the activation estimate is what the model
   const auto type = GENERATE(kernels::Precision::fp32, kernels::Precision::bf16);
   CAPTURE(name, int(type));
   auto cfg = architecture(name);
-  cfg.attention.kernel = "flash";
+  cfg.attention.kernel = AttentionKernel::flash;
   const int B = 2;
   const auto est = estimate_memory(cfg, B);
   const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
   CHECK(kept_by(cfg, B, type) == gemm_bytes + 4 * est.other_elements);
-  cfg.attention.kernel = "packed";
+  cfg.attention.kernel = AttentionKernel::packed;
   const auto packed = estimate_memory(cfg, B);
   const int64_t blocks = cfg.layers + cfg.mtp.depth, BH = int64_t(B) * cfg.heads;
   CHECK(packed.halvable_elements - est.halvable_elements ==

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include "mode_words.h"
 #include "mpi_fixture.h"
 #include "resilience/flight_recorder.h"
 #include "train/trainer.h"
@@ -103,7 +104,7 @@ TEST_CASE("sync local K averages every K steps and only then", "[mpi][sync]") {
   CAPTURE(outer);
   const auto dir = shared_scratch("local_" + outer);
   const auto corpus = make_corpus(dir);
-  const std::string sync = outer == "average" ? "sync local 3" : "sync local 3 outer nesterov lr 0.7 momentum 0.9";
+  const std::string sync = outer == Outer::average ? "sync local 3" : "sync local 3 outer nesterov lr 0.7 momentum 0.9";
   RunOptions options;
   options.quiet = true;
   Trainer trainer(MPI_COMM_WORLD, make_program(dir, "deck", small_deck(corpus, dir + "/run", 9, sync + "\n")), options);

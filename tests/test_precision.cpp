@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <vector>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "deck/deck.h"
@@ -216,7 +217,7 @@ TEST_CASE("has_nonfinite finds one inf or NaN anywhere and nothing in finite dat
 TEST_CASE("the loss scaler halves and skips on overflow, doubles after N clean steps; a static scale never moves",
           "[precision]") {
   SECTION("dynamic") {
-    LossScaler s = LossScaler::from_setting("dynamic", 3);
+    LossScaler s = LossScaler::from_setting(LossScaleKind::dynamic, 1, false, 3);
     REQUIRE(s.scale() == LossScaler::kInitialDynamic);
     CHECK_FALSE(s.update(false));
     CHECK_FALSE(s.update(false));
@@ -237,13 +238,13 @@ TEST_CASE("the loss scaler halves and skips on overflow, doubles after N clean s
     CHECK(s.scale() == LossScaler::kInitialDynamic / 2);  // the window counts from the last change
     CHECK_FALSE(s.update(false));
     CHECK(s.scale() == LossScaler::kInitialDynamic);
-    LossScaler copy = LossScaler::from_setting("dynamic", 3);
+    LossScaler copy = LossScaler::from_setting(LossScaleKind::dynamic, 1, false, 3);
     copy.update(false);
     copy.restore(s.state());
     CHECK(copy.state() == s.state());
   }
   SECTION("static") {
-    LossScaler s = LossScaler::from_setting("128", 2);
+    LossScaler s = LossScaler::from_setting(LossScaleKind::fixed, 128, false, 2);
     CHECK_FALSE(s.dynamic());
     for (int i = 0; i < 5; ++i) CHECK_FALSE(s.update(false));
     CHECK(s.update(true));  // still skipped: the gradients are unusable
@@ -353,7 +354,7 @@ TEST_CASE("deck: precision parses its kinds and keywords and rejects bad scales"
     }
     return "";
   };
-  CHECK(build("").precision.kind == "fp32");
+  CHECK(build("").precision.kind == Precision::fp32);
   CHECK(build("").precision.loss_scale == "auto");
   const auto c = build("precision fp16 loss_scale 1024 scale_window 50\n").precision;
   CHECK(c.kind == "fp16");
@@ -368,9 +369,9 @@ TEST_CASE("deck: precision parses its kinds and keywords and rejects bad scales"
   CHECK_THAT(error_of("precision fp32 loss_scale 8\n"), Catch::Contains("unknown keyword 'loss_scale'"));
   CHECK_THAT(error_of("precision fp8\n"), Catch::Contains("unknown kind 'fp8'"));
   // products: fp32 native (strict) or tf32; 16-bit native or widened
-  CHECK(build("").precision.products == "native");
-  CHECK(build("precision fp32 products tf32\n").precision.products == "tf32");
-  CHECK(build("precision bf16 products widened\n").precision.products == "widened");
+  CHECK(build("").precision.products == Products::native);
+  CHECK(build("precision fp32 products tf32\n").precision.products == Products::tf32);
+  CHECK(build("precision bf16 products widened\n").precision.products == Products::widened);
   CHECK_THAT(error_of("precision bf16 products tf32\n"), Catch::Contains("p.deck:3") && Catch::Contains("tf32"));
   CHECK_THAT(error_of("precision fp32 products widened\n"), Catch::Contains("p.deck:3") && Catch::Contains("widened"));
 }

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <stdexcept>
+#include "mode_words.h"
 #include "core/error.h"
 #include "deck/deck.h"
 #include "temp_dir.h"
@@ -25,7 +26,7 @@ OptimizerConfig with_lr(double lr) {
 
 ScheduleConfig sgdr(int64_t period, double mult, double min_lr, int64_t warmup, double jitter = 0) {
   ScheduleConfig s;
-  s.kind = "sgdr";
+  s.kind = ScheduleKind::sgdr;
   s.period = period;
   s.mult = mult;
   s.min_lr = min_lr;
@@ -36,7 +37,7 @@ ScheduleConfig sgdr(int64_t period, double mult, double min_lr, int64_t warmup, 
 
 ScheduleConfig step_decay(int64_t every, double factor, int64_t warmup, double jitter = 0) {
   ScheduleConfig s;
-  s.kind = "step";
+  s.kind = ScheduleKind::step;
   s.every = every;
   s.factor = factor;
   s.warmup = warmup;
@@ -259,7 +260,7 @@ TEST_CASE("schedule: deck lines for sgdr and step", "[schedule][deck]") {
     CHECK(s.min_lr == 1e-5);
     CHECK(s.warmup == 20);
     CHECK(s.jitter == 0.1);
-    CHECK(s.restart_from == "best");
+    CHECK(s.restart_from == RestartFrom::best);
     CHECK(Schedule(p.phases[0].config.optimizer, s, p.phases[0].config.seed).restart_from_best());
   }
   SECTION("sgdr defaults") {
@@ -268,7 +269,7 @@ TEST_CASE("schedule: deck lines for sgdr and step", "[schedule][deck]") {
     CHECK(s.period == 7);
     CHECK(s.mult == 1.0);
     CHECK(s.jitter == 0.0);
-    CHECK(s.restart_from == "last");
+    CHECK(s.restart_from == RestartFrom::last);
     CHECK(!Schedule(p.phases[0].config.optimizer, s, 1).restart_from_best());
   }
   SECTION("step") {
@@ -316,8 +317,8 @@ TEST_CASE("schedule: deck lines for sgdr and step", "[schedule][deck]") {
                   {}),
         false);
     REQUIRE(p.phases.size() == 2);
-    CHECK(p.phases[0].config.schedule.kind == "cosine");
-    CHECK(p.phases[1].config.schedule.kind == "sgdr");
+    CHECK(p.phases[0].config.schedule.kind == ScheduleKind::cosine);
+    CHECK(p.phases[1].config.schedule.kind == ScheduleKind::sgdr);
     CHECK(p.phases[1].config.schedule.warmup == 10);
     CHECK(p.phases[1].config.schedule.min_lr == 1e-5);
   }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "kernels/gemm.h"

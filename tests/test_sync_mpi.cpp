@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
+#include "mode_words.h"
 #include "core/device_memory.h"
 #include "comm/ops.h"
 #include "comm/sync_strategy.h"
@@ -27,7 +28,7 @@ ModelConfig tiny_model() {
 
 // Flat buffers laid out like a tiny model's parameters (the compressor reads its tensor list).
 struct Fixture {
-  Communicator ops{MPI_COMM_WORLD, "auto", "mpi"};
+  Communicator ops{MPI_COMM_WORLD, DenseTransport::automatic, SparseTransport::mpi};
   ParamLayout layout{tiny_model()};
   const int64_t P = layout.total();
   Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)}, m{"m", size_t(P)}, v{"v", size_t(P)};
@@ -61,8 +62,8 @@ double mean_of(int64_t i, int offset) {
 
 SyncSettings settings(const std::string& sync_line, const std::string& topology = "full", int size = 2) {
   SyncSettings s;
-  s.sync.kind = sync_line;
-  s.topology.kind = topology;
+  s.sync.kind = *mode_from_name<SyncKind>(sync_line);
+  s.topology.kind = *mode_from_name<TopologyKind>(topology);
   s.topology.size = size;
   return s;
 }
@@ -97,7 +98,7 @@ TEST_CASE("sync dense: the gradients become their mean over every rank, the rank
 TEST_CASE("a dense all-reduce puts 2(g-1)/g of its bytes on the wire", "[mpi][sync]") {
   const int g = mpi_size();
   // The all-reduce op alone: 1000 floats, 4000 bytes handed to MPI.
-  Communicator ops{MPI_COMM_WORLD, "auto", "mpi"};
+  Communicator ops{MPI_COMM_WORLD, DenseTransport::automatic, SparseTransport::mpi};
   Buffer<float> buffer("buffer", 1000);
   Kokkos::deep_copy(buffer, 1.0f);
   CommStats op;
@@ -169,7 +170,7 @@ TEST_CASE("sync local K: no gradient traffic; every K steps the parameters becom
 TEST_CASE("sync local nesterov: the outer step on anchor - mean, as the formula says", "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("local");
-  s.sync.every = 1, s.sync.outer = "nesterov", s.sync.outer_lr = 0.5, s.sync.momentum = 0.9;
+  s.sync.every = 1, s.sync.outer = Outer::nesterov, s.sync.outer_lr = 0.5, s.sync.momentum = 0.9;
   // Every rank starts from the same anchor: the parameters at the phase start.
   Kokkos::deep_copy(f.params, 1.0f);
   auto sync = choose_sync_strategy(f.buffers(), s);
@@ -227,7 +228,7 @@ TEST_CASE("compress topk 1: every entry through the sparse path is the mean; the
           "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("dense");
-  s.compress.kind = "topk", s.compress.ratio = 1.0, s.compress.transport = "mpi";
+  s.compress.kind = CompressKind::topk, s.compress.ratio = 1.0, s.compress.transport = SparseTransport::mpi;
   std::string report;
   auto sync = choose_sync_strategy(f.buffers(), s, &report);
   CHECK(report.rfind("compressed-gradient: ", 0) == 0);
@@ -248,8 +249,8 @@ TEST_CASE("compress topk 1: every entry through the sparse path is the mean; the
 TEST_CASE("compress exchange partitioned: the owner residual is named state and round-trips", "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("dense");
-  s.compress.kind = "topk", s.compress.ratio = 1, s.compress.quant = "int8", s.compress.transport = "mpi";
-  s.compress.exchange = "partitioned";
+  s.compress.kind = CompressKind::topk, s.compress.ratio = 1, s.compress.quant = Quant::int8, s.compress.transport = SparseTransport::mpi;
+  s.compress.exchange = Exchange::partitioned;
   std::string report;
   auto sync = choose_sync_strategy(f.buffers(), s, &report);
   CHECK(report.find("exchange partitioned") != std::string::npos);
@@ -288,7 +289,7 @@ TEST_CASE("compress exchange partitioned: the owner residual is named state and 
 TEST_CASE("compress target update: the parameters move by the group's mean change", "[mpi][sync]") {
   Fixture f;
   SyncSettings s = settings("dense");
-  s.compress.kind = "topk", s.compress.ratio = 1.0, s.compress.target = "update", s.compress.transport = "mpi";
+  s.compress.kind = CompressKind::topk, s.compress.ratio = 1.0, s.compress.target = CompressTarget::update, s.compress.transport = SparseTransport::mpi;
   std::string report;
   auto sync = choose_sync_strategy(f.buffers(), s, &report);
   CHECK(report.rfind("compressed-update: ", 0) == 0);
@@ -348,18 +349,18 @@ TEST_CASE("the dense transport: NCCL only with a GPU per rank of each node, ever
   CHECK(here.ranks_on_node == mpi_size());
   CHECK(here.gpus_on_node == visible_gpus());
   // Asked for by name, MPI serves; NCCL refused with its reason where it cannot serve (a host build here).
-  Communicator mpi(MPI_COMM_WORLD, "mpi", "");
+  Communicator mpi(MPI_COMM_WORLD, DenseTransport::mpi, std::nullopt);
   CHECK(std::string(mpi.dense().name()) == "mpi");
   CHECK(mpi.report().find("(the deck's sync ... transport)") != std::string::npos);
   if (!nccl_obstacles(here).empty()) {
     try {
-      Communicator nccl(MPI_COMM_WORLD, "nccl", "");
+      Communicator nccl(MPI_COMM_WORLD, DenseTransport::nccl, std::nullopt);
       FAIL("transport nccl was accepted where NCCL cannot serve");
     } catch (const InputError& e) {
       CHECK(std::string(e.what()).find("NCCL cannot carry the dense sums here: " + nccl_obstacles(here)) !=
             std::string::npos);
     }
-    Communicator automatic(MPI_COMM_WORLD, "auto", "");
+    Communicator automatic(MPI_COMM_WORLD, DenseTransport::automatic, std::nullopt);
     CHECK(std::string(automatic.dense().name()) == "mpi");
     CHECK(automatic.report().find("mpi (nccl: " + nccl_obstacles(here) + ")") != std::string::npos);
   }

@@ -196,11 +196,9 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--quants") {
       o.quants.clear();
       for (const auto& s : split(v)) {
-        if (s == "none") o.quants.push_back(cz::Quant::none);
-        else if (s == "int8") o.quants.push_back(cz::Quant::int8);
-        else if (s == "int4") o.quants.push_back(cz::Quant::int4);
-        else if (s == "bf16") o.quants.push_back(cz::Quant::bf16);
-        else throw UsageError(fmt::format("--quants '{}': expected none, int8, int4 or bf16", s));
+        const auto q = xx::mode_from_name<cz::Quant>(s);
+        if (!q) throw UsageError(fmt::format("--quants '{}': expected none, int8, int4 or bf16", s));
+        o.quants.push_back(*q);
       }
     } else if (flag == "--transport") {
       if (v == "both") o.transports = {"mpi", "ucx"};
@@ -497,13 +495,13 @@ json run_sparse(const Options& o, const std::vector<std::unique_ptr<PayloadExcha
         wrong_total += wrong;
         const double size = double(N * kF32), algbw = gbps(size, t.time_us), busbw = algbw * 2.0 * (R - 1) / R;
         const double wire = gbps(double(sent), tx.time_us), factor = size / double(payload);
-        const std::string kind = fmt::format("{}:{}", s.ratio, cz::quant_name(s.quant));
+        const std::string kind = fmt::format("{}:{}", s.ratio, xx::mode_name(s.quant));
         bus_sum[x] += busbw;
         lines[x].push_back(fmt::format(
             "  {:>10} {:>12} {:>6} {:>12} {:>10} {:>7.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.3f} {:>8.3f} {:>8.3f} {:>7}",
             N * kF32, N, "float", kind, payload, factor, t.time_us, t.med_us, tx.time_us, algbw, busbw, wire, wrong));
         rows.push_back({{"transport", ex.name()}, {"size_bytes", N * kF32}, {"count", N}, {"type", "float"},
-                        {"ratio", s.ratio}, {"quant", cz::quant_name(s.quant)}, {"k", k}, {"payload_bytes", payload},
+                        {"ratio", s.ratio}, {"quant", xx::mode_name(s.quant)}, {"k", k}, {"payload_bytes", payload},
                         {"bytes_sent", sent}, {"factor", factor}, {"time_us", t.time_us}, {"med_us", t.med_us},
                         {"xchg_us", tx.time_us}, {"xchg_med_us", tx.med_us}, {"algbw_gbps", algbw},
                         {"busbw_gbps", busbw}, {"wire_gbps", wire}, {"wrong", wrong}});

@@ -108,8 +108,11 @@ Args parse(int argc, char** argv) {
           a.precisions.push_back(p);
           at = comma + 1;
         }
-      } else if (arg == "--gemm") a.gemm = value(i);
-      else if (arg == "--products") {
+      } else if (arg == "--gemm") {
+        a.gemm = value(i);
+        if (!xx::mode_from_name<xx::GemmChoice>(a.gemm))
+          usage_error("--gemm: '" + a.gemm + "' (expected auto, onednn, cublas or blas)");
+      } else if (arg == "--products") {
         a.products = value(i);
         if (a.products != "native" && a.products != "widened") usage_error("--products: expected native or widened");
       }
@@ -169,7 +172,7 @@ double median(std::vector<double> v) {
 // One precision's peak: measured, printed, written (or kept).
 int measure(const Args& a, const xx::Config& cfg, const std::string& precision) {
   const xx::ModelConfig& m = cfg.model;
-  const auto type = xx::kernels::precision_from_name(precision);
+  const auto type = *xx::mode_from_name<xx::Precision>(precision);
   const xx::PeakKey key = xx::this_machine(xx::kernels::gemm_kernel(type), precision);
 
   if (a.if_missing) {
@@ -319,7 +322,7 @@ int measure(const Args& a, const xx::Config& cfg, const std::string& precision) 
 int run(const Args& a) {
   const xx::Program program = xx::build_program(xx::read_deck(a.deck, a.vars), /*check_files=*/false);
   try {
-    xx::kernels::select_gemm_backend(a.gemm);
+    xx::kernels::select_gemm_backend(*xx::mode_from_name<xx::GemmChoice>(a.gemm));
     xx::kernels::set_widened_products(a.products == "widened");
   } catch (const std::runtime_error& e) {
     usage_error(std::string("--gemm: ") + e.what());

@@ -18,16 +18,19 @@ void advance_chain(ChainBase& chain, bool chained, bool delta, const std::string
   if (!chained) return;
   chain.name = name, chain.written = 1, chain.format = format;
   chain.params = data.params, chain.adam_m = data.adam_m, chain.adam_v = data.adam_v;
-  if (mine && format.mode == "full") chain.own_params = mine->params, chain.own_m = mine->adam_m, chain.own_v = mine->adam_v;
+  if (mine && format.mode == CheckpointMode::full) chain.own_params = mine->params, chain.own_m = mine->adam_m, chain.own_v = mine->adam_v;
 }
 
 ChainLink chain_link(hid_t file, const std::string& path) {
   ChainLink link;
-  if (H5Aexists(file, "chain_kind") > 0) link.kind = h5::read_string_attr(file, "chain_kind", path);
+  if (H5Aexists(file, "chain_kind") > 0) {
+    const std::string word = h5::read_string_attr(file, "chain_kind", path);
+    const auto kind = mode_from_name<ChainKind>(word);
+    if (!kind) input_error("{}: attribute 'chain_kind' is '{}' (expected base or delta)", path, word);
+    link.kind = *kind;
+  }
   if (H5Aexists(file, "chain_parent") > 0) link.parent = h5::read_string_attr(file, "chain_parent", path);
-  if (link.kind != "base" && link.kind != "delta")
-    input_error("{}: attribute 'chain_kind' is '{}' (expected base or delta)", path, link.kind);
-  if (link.kind == "delta" && link.parent.empty())
+  if (link.kind == ChainKind::delta && link.parent.empty())
     input_error("{}: attribute 'chain_parent' is empty (expected the base file this delta is written against)", path);
   return link;
 }

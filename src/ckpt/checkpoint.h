@@ -20,6 +20,10 @@
 
 namespace xx {
 
+// A file's place in its chain: root attribute chain_kind, one of these words.
+enum class ChainKind { base, delta };
+constexpr auto mode_words(ChainKind) { return std::array{"base"sv, "delta"sv}; }
+
 // 2: per-rank state under /ranks, crc32c attributes, mode and codec; version 1 files still load.
 constexpr int kCheckpointVersion = 2;
 
@@ -80,12 +84,13 @@ struct CheckpointData {
   // The training-state registry's datasets in this file, one per line
   // "WHERE NAME" (WHERE: /train, /buffers, /ranks/*), for tools/ckpt; root attribute state_index.
   std::string state_index;
-  std::string chain_kind = "base", chain_parent;  // diff across time: root attributes chain_kind, chain_parent
+  ChainKind chain_kind = ChainKind::base;  // diff across time: root attributes chain_kind, chain_parent
+  std::string chain_parent;
 };
 
 // How each rank's own state is stored (deck: checkpoint ... mode full|diff codec ...).
 struct CheckpointFormat {
-  std::string mode = "full";         // full: each rank's tensors as they are; diff: their difference from the base
+  CheckpointMode mode = CheckpointMode::full;  // full: each rank's tensors as they are; diff: their difference from the base
   kernels::ckpt_codec::CodecSetting codec;  // diff (and deltas across time): lossless (bit-exact), int8, topk R
   int64_t base_every = 1;            // diff across time: a base file every M checkpoints, deltas in between
   bool operator==(const CheckpointFormat&) const = default;
@@ -128,7 +133,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
 //  - rank0: every rank's /ranks/<r> is gathered onto rank 0, which alone
 //    builds the file in memory (HDF5's core driver) and writes it with POSIX
 //    calls: HDF5 never meets a full disk (file_writer.cpp, h5_writer.h).
-enum class CheckpointWriter { collective, rank0 };
+// (CheckpointWriter: core/modes.h)
 
 // Collective over comm (the same ranks as encode_checkpoint's, possibly a
 // dup): writes the file atomically and points DIR/latest at it; returns its path.
@@ -136,7 +141,7 @@ enum class CheckpointWriter { collective, rank0 };
 std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCheckpoint& encoded,
                           CheckpointWriter writer = CheckpointWriter::collective);
 // The file's chain kind ("base" or "delta") once encoded.
-std::string chain_kind_of(const EncodedCheckpoint& encoded);
+ChainKind chain_kind_of(const EncodedCheckpoint& encoded);
 
 // Collective over comm: writes DIR/step_<N>.h5 with parallel HDF5 (MPI-IO,
 // collective transfers) atomically and points DIR/latest at it; returns the
@@ -190,7 +195,8 @@ std::string read_checkpoint_deck(const std::string& path);
 
 // A file's root attributes chain_kind ("base" when absent) and chain_parent.
 struct ChainLink {
-  std::string kind = "base", parent;
+  ChainKind kind = ChainKind::base;
+  std::string parent;
 };
 ChainLink read_chain_link(const std::string& path);
 

@@ -11,7 +11,7 @@ using h5::read_vector;
 
 Encoded encode(const float* value, const float* base, int64_t n, const CheckpointFormat& f, bool lossless) {
   Encoded e;
-  if (f.mode == "full") {
+  if (f.mode == CheckpointMode::full) {
     e.floats.assign(value, value + n);
     return e;
   }
@@ -79,7 +79,7 @@ void add_parts(std::vector<Part>& parts, const std::string& name, const Encoded&
 
 Codec stored_codec(hid_t group, const std::string& name, const std::string& at, const std::string& path) {
   const std::string codec = h5::read_string_attr(group, (name + ".codec").c_str(), path);
-  if (const auto c = cc::codec_from_name(codec)) return *c;
+  if (const auto c = mode_from_name<Codec>(codec)) return *c;
   input_error("{}: tensor '{}' is stored with codec '{}' (expected lossless, int8 or topk)", path, at, codec);
 }
 

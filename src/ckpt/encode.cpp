@@ -47,7 +47,7 @@ void share_parts(MPI_Comm comm, EncodedCheckpoint& out, int64_t my_batches) {
 
 }  // namespace
 
-std::string chain_kind_of(const EncodedCheckpoint& encoded) { return encoded.kind; }
+ChainKind chain_kind_of(const EncodedCheckpoint& encoded) { return encoded.kind; }
 
 std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
                                                      const CheckpointData& data, const RankState* mine,
@@ -63,10 +63,10 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
   if (data.slabs && chained) throw std::logic_error("checkpoint: a chain cannot be written by slabs");
   if (data.slabs) check_slabs(comm, layout, *data.slabs, out->slab_crcs);
   const bool delta = chained && continues_chain(*chain, format, n, out->name);
-  out->kind = delta ? "delta" : "base";
+  out->kind = delta ? ChainKind::delta : ChainKind::base;
   out->parent = delta ? chain->name : "";
   CheckpointFormat through_codec = format;  // deltas across time always go through the codec
-  through_codec.mode = "diff";
+  through_codec.mode = CheckpointMode::diff;
   const std::vector<float>* now[3] = {&data.params, &data.adam_m, &data.adam_v};
   // The base as a reader will rebuild it: the ranks' diffs are against these bits.
   const std::vector<float>* rebuilt[3] = {now[0], now[1], now[2]};
@@ -88,7 +88,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
   if (mine && !data.slabs) {  // (by slabs the ranks agree: each one's tensors are the base)
     // Mode diff: against the base as rebuilt. Mode full in a delta: against
     // this rank's own tensors in the chain's base file.
-    const bool own_delta = delta && format.mode == "full";
+    const bool own_delta = delta && format.mode == CheckpointMode::full;
     const std::vector<float>* own[3] = {&mine->params, &mine->adam_m, &mine->adam_v};
     const CheckpointFormat& f = own_delta ? through_codec : format;
     const std::vector<float>* own_was[3] = {};
@@ -98,7 +98,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
       auto e = encode(own[i]->data(), against, n, f);
       // int8 refuses a non-finite difference; the ranks agree on the fallback,
       // so every rank writes the same datasets.
-      int refused = f.mode == "diff" && f.codec.kind == Codec::int8 && e.codec != Codec::int8;
+      int refused = f.mode == CheckpointMode::diff && f.codec.kind == Codec::int8 && e.codec != Codec::int8;
       MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, comm);
       if (refused && e.codec != Codec::lossless) e = encode(own[i]->data(), against, n, f, true);
       add_parts(out->parts, kRankTensors[i], out->store.emplace_back(std::move(e)));
@@ -119,7 +119,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
 
 int64_t bytes_at_least(const EncodedCheckpoint& enc, int world) {
   int64_t n = 0;
-  if (enc.kind == "base")
+  if (enc.kind == ChainKind::base)
     for (const auto& t : enc.tensors) n += 3 * t.size * int64_t(sizeof(float));
   for (const auto& [name, values] : enc.data.buffers) n += int64_t(values.size() * sizeof(float));
   for (const auto& [name, values] : enc.data.series) n += int64_t(values.size() * sizeof(double));

@@ -15,7 +15,8 @@ struct EncodedCheckpoint {
   CheckpointData data;               // the base: /model and /optimizer of a base file, /buffers, /train
   CheckpointFormat format;
   bool has_ranks = false;
-  std::string kind = "base", parent;  // diff across time
+  ChainKind kind = ChainKind::base;  // diff across time
+  std::string parent;
   std::vector<TensorInfo> tensors;
   std::deque<Encoded> store;          // what the parts point into (a deque: stable addresses)
   std::vector<Part> base_parts[3];    // a delta's /model, /optimizer/m, /optimizer/v

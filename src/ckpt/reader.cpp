@@ -35,7 +35,7 @@ H5 open_complete(const std::string& path) {
 
 // Root attribute rank_tensors = base: written by slabs, /ranks/<r> holds no tensors.
 bool rank_tensors_are_base(hid_t file, const std::string& path) {
-  return H5Aexists(file, "rank_tensors") > 0 && read_string_attr(file, "rank_tensors", path) == "base";
+  return H5Aexists(file, "rank_tensors") > 0 && mode_from_name<ChainKind>(read_string_attr(file, "rank_tensors", path)) == ChainKind::base;
 }
 
 // /buffers: the named ones of the given sizes, then whatever else is there
@@ -94,16 +94,17 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   const ChainLink link = chain_link(file, path);
   data.chain_kind = link.kind, data.chain_parent = link.parent;
   CheckpointData parent;
-  if (link.kind == "delta" && tensors) {
+  if (link.kind == ChainKind::delta && tensors) {
     parent = read_checkpoint(chain_parent_path(path, link), layout, buffers);
-    if (parent.chain_kind != "base")
-      input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, parent.chain_kind);
+    if (parent.chain_kind != ChainKind::base)
+      input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent,
+                  mode_name(parent.chain_kind));
   }
   const int64_t block = codec_block(file, path);
   auto read_group = [&](const std::string& g, std::vector<float>& out, const std::vector<float>& was) {
     H5 group(H5Gopen2(file, g.c_str(), H5P_DEFAULT), H5Gclose);
     for (const auto& t : layout.tensors()) {
-      if (link.kind == "base") {
+      if (link.kind == ChainKind::base) {
         read_tensor(group, "/" + g, t, out.data(), path);
         continue;
       }
@@ -135,7 +136,7 @@ bool has_rank_state(const std::string& path) {
 
 bool written_by_slabs(const std::string& path) {
   H5 file = open_complete(path);
-  return chain_link(file, path).kind == "base" && rank_tensors_are_base(file, path);
+  return chain_link(file, path).kind == ChainKind::base && rank_tensors_are_base(file, path);
 }
 
 void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layout, std::array<TensorSlabs, 3>& slabs) {
@@ -205,16 +206,19 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   if (H5Lexists(file, "ranks", H5P_DEFAULT) <= 0 || H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0)
     input_error("{}: group '{}' is missing (expected the state of rank {})", path, where, rank);
   H5 group(H5Gopen2(file, where.c_str(), H5P_DEFAULT), H5Gclose);
-  const std::string mode = read_string_attr(file, "mode", path);
+  const std::string mode_word = read_string_attr(file, "mode", path);
+  const auto stored_mode = mode_from_name<CheckpointMode>(mode_word);
+  if (!stored_mode) input_error("{}: attribute 'mode' is '{}' (expected full or diff)", path, mode_word);
+  const CheckpointMode mode = *stored_mode;
   const int64_t n = layout.total();
   const bool base_tensors = rank_tensors_are_base(file, path);  // the ranks agreed
-  if (mode == "diff" && !base_tensors && int64_t(base.params.size()) != n)
+  if (mode == CheckpointMode::diff && !base_tensors && int64_t(base.params.size()) != n)
     input_error("{}: mode diff needs the base of the file to rebuild rank {} (expected {} values, got {})", path, rank,
                 n, base.params.size());
   // Mode full in a delta: each tensor is the change since this rank's own
   // tensor in the chain's base file.
   const ChainLink link = chain_link(file, path);
-  const bool own_delta = mode == "full" && link.kind == "delta" && !base_tensors;
+  const bool own_delta = mode == CheckpointMode::full && link.kind == ChainKind::delta && !base_tensors;
   RankState was;
   if (own_delta) was = read_rank_state(chain_parent_path(path, link), layout, base, rank, extra);
   const int64_t block = codec_block(file, path);
@@ -231,7 +235,7 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
       value = *bases[i];
       continue;
     }
-    if (mode == "full" && !own_delta) {
+    if (mode == CheckpointMode::full && !own_delta) {
       value = read_vector<float>(group, name, H5T_NATIVE_FLOAT, n, at, path);
       continue;
     }

@@ -34,18 +34,18 @@ uint32_t crc_of(const std::vector<T>& v) {
 void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   const auto& data = enc.data;
   const auto& format = enc.format;
-  const bool diff = enc.has_ranks && format.mode == "diff";
-  const char* codec = kernels::ckpt_codec::codec_name(format.codec.kind);
+  const bool diff = enc.has_ranks && format.mode == CheckpointMode::diff;
+  const std::string codec(mode_name(format.codec.kind));
   w.string_attr(file, "format", "xuanxue-checkpoint");
   w.attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
   w.string_attr(file, "deck", data.deck);
   if (!data.state_index.empty()) w.string_attr(file, "state_index", data.state_index);
-  w.string_attr(file, "mode", enc.has_ranks ? format.mode : "full");
+  w.string_attr(file, "mode", std::string(mode_name(enc.has_ranks ? format.mode : CheckpointMode::full)));
   w.string_attr(file, "codec", diff ? codec : "none");
   w.attr(file, "codec_block", H5T_NATIVE_INT64, format.codec.block);
-  w.string_attr(file, "chain_kind", enc.kind);
+  w.string_attr(file, "chain_kind", std::string(mode_name(enc.kind)));
   w.string_attr(file, "chain_parent", enc.parent);
-  if (enc.kind == "delta") w.string_attr(file, "chain_codec", codec);
+  if (enc.kind == ChainKind::delta) w.string_attr(file, "chain_codec", codec);
   if (data.slabs) w.string_attr(file, "rank_tensors", "base");  // /ranks/<r> holds no tensors: the base is every rank's
   w.sync();
 }
@@ -54,7 +54,7 @@ void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
 // rank 0's copy of what every rank passes alike, each rank's own slabs, or
 // a delta's change of each tensor since the chain's base, through its codec.
 void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, int i, const std::vector<float>& flat) {
-  if (enc.kind == "delta") {
+  if (enc.kind == ChainKind::delta) {
     for (const auto& p : enc.base_parts[i])
       w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
   } else if (enc.data.slabs) {  // they come tensor by tensor
@@ -122,7 +122,7 @@ void write_ranks(H5Writer& w, hid_t file, const EncodedCheckpoint& enc, int worl
       if (p.codec) {
         const std::string tensor = p.name.substr(0, p.name.find('.'));
         if (H5Aexists(group, (tensor + ".codec").c_str()) <= 0)
-          w.string_attr(group, (tensor + ".codec").c_str(), kernels::ckpt_codec::codec_name(*p.codec));
+          w.string_attr(group, (tensor + ".codec").c_str(), std::string(mode_name(*p.codec)));
       }
     w.sync();
   }

@@ -15,10 +15,6 @@ constexpr double kExchangeTimeout = 300;  // seconds without a peer's payload be
 
 using HostBytes = Kokkos::View<uint8_t*, Kokkos::HostSpace, Unmanaged>;
 
-cx::Quant quant_of(const std::string& q) {
-  return q == "int8" ? cx::Quant::int8 : q == "int4" ? cx::Quant::int4 : q == "bf16" ? cx::Quant::bf16 : cx::Quant::none;
-}
-
 Vec<float> part(const Buffer<float>& b, int64_t begin, int64_t end) { return Vec<float>(b.data() + begin, end - begin); }
 
 // The ranges of the flat buffer, one after the other in packed, and back.
@@ -57,10 +53,10 @@ CompressedSync::CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<fl
                                const CompressConfig& cfg, double bucket_mb)
     : cfg_(cfg), grads_(grads) {
   settings_.ratio = cfg.ratio;
-  settings_.quant = quant_of(cfg.quant);
+  settings_.quant = cfg.quant;
   settings_.block = cfg.block;
   settings_.feedback = cfg.feedback;
-  exchange_ = cfg.exchange == "partitioned" ? Exchange::partitioned : Exchange::allgather;
+  exchange_ = cfg.exchange;
   // Pack the tensors by size class, merging neighbours in the flat buffer.
   auto add = [](std::vector<std::pair<int64_t, int64_t>>& to, int64_t offset, int64_t size) {
     if (!to.empty() && to.back().first + to.back().second == offset) to.back().second += size;

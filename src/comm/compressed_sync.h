@@ -78,7 +78,6 @@ namespace xx {
 
 class CompressedSync {
  public:
-  enum class Exchange { allgather, partitioned };  // the deck's compress ... exchange
   // `tensors`: every tensor of the flat gradient, in buffer order (the model's
   // ParamLayout::spans()); buckets never span two of them.
   CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<float> grads, const CompressConfig& cfg,

@@ -55,6 +55,7 @@ void sum_in_int_counts(float* buffer, int64_t n, MPI_Comm group, CommStats& stat
 class MpiAllreduce final : public DenseAllreduce {
  public:
   const char* name() const override { return "mpi"; }
+  DenseTransport transport() const override { return DenseTransport::mpi; }
   bool enabled() const override { return true; }
   std::string disabled_reason() const override { return ""; }
   void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
@@ -73,6 +74,7 @@ class NcclAllreduce final : public DenseAllreduce {
   NcclAllreduce(MPI_Comm world, const NcclFacts& facts)
       : world_(world), emulated_(facts.emulated), obstacles_(nccl_obstacles(facts)) {}
   const char* name() const override { return "nccl"; }
+  DenseTransport transport() const override { return DenseTransport::nccl; }
   bool enabled() const override { return obstacles_.empty(); }
   std::string disabled_reason() const override { return obstacles_; }
   void execute(float* buffer, int64_t n, MPI_Comm group, CommStats& stats) override {
@@ -217,17 +219,18 @@ std::string nccl_obstacles(const NcclFacts& f) {
   return joined;
 }
 
-Communicator::Communicator(MPI_Comm world, const std::string& dense_transport, const std::string& sparse_transport) {
-  if (dense_transport != "mpi") dense_ops_.push_back(std::make_unique<NcclAllreduce>(world, gather_nccl_facts(world)));
-  if (dense_transport != "nccl") dense_ops_.push_back(std::make_unique<MpiAllreduce>());
+Communicator::Communicator(MPI_Comm world, DenseTransport dense_transport, std::optional<SparseTransport> sparse) {
+  if (dense_transport != DenseTransport::mpi) dense_ops_.push_back(std::make_unique<NcclAllreduce>(world, gather_nccl_facts(world)));
+  if (dense_transport != DenseTransport::nccl) dense_ops_.push_back(std::make_unique<MpiAllreduce>());
   dense_ = first_enabled(dense_ops_);
   if (!dense_)
     input_error("deck: sync transport nccl: NCCL cannot carry the dense sums here: {} (expected transport auto or "
                 "mpi)", dense_ops_.front()->disabled_reason());
-  if (sparse_transport.empty()) return;
+  if (!sparse) return;
+  const SparseTransport sparse_transport = *sparse;
   // Both exchanges are collective to create; every rank builds the same list.
-  if (sparse_transport != "mpi") sparse_ops_.push_back(make_ucx_exchange(world));
-  if (sparse_transport != "ucx") sparse_ops_.push_back(make_mpi_exchange(world));
+  if (sparse_transport != SparseTransport::mpi) sparse_ops_.push_back(make_ucx_exchange(world));
+  if (sparse_transport != SparseTransport::ucx) sparse_ops_.push_back(make_mpi_exchange(world));
   sparse_ = first_enabled(sparse_ops_);
   if (!sparse_)
     input_error("deck: compress transport ucx: UCX cannot serve the sparse exchange here: {} (expected "
@@ -245,9 +248,9 @@ PayloadExchange& Communicator::sparse() {
 std::string Communicator::report() const {
   std::string out = describe("dense all-reduce", dense_ops_, static_cast<const DenseAllreduce*>(dense_));
   if (dense_ops_.size() == 1) out += " (the deck's sync ... transport)";
-  if (std::string(dense_->name()) == "nccl" && device_emulated())
+  if (dense_->transport() == DenseTransport::nccl && device_emulated())
     out += "; emulated: MPI sums the kernel buffers in place, as NCCL would on the GPU";
-  if (dense_ && std::string(dense_->name()) == "mpi" && !mpi_reaches_kernel_memory())
+  if (dense_ && dense_->transport() == DenseTransport::mpi && !mpi_reaches_kernel_memory())
     out += "; each bucket staged through host memory (this MPI cannot read kernel memory)";
   // appended in two steps: "\n" + a temporary trips GCC 12's false -Wrestrict (its bug 105329)
   if (sparse_)

@@ -33,6 +33,7 @@ class DenseAllreduce {
  public:
   virtual ~DenseAllreduce() = default;
   virtual const char* name() const = 0;
+  virtual DenseTransport transport() const = 0;  // which of the deck's sync ... transport this is
   virtual bool enabled() const = 0;
   virtual std::string disabled_reason() const = 0;  // empty when enabled
   // group: a communicator holding this rank (the world, or a topology group).
@@ -70,7 +71,8 @@ class Communicator {
   // Collective over world. dense_transport: "auto", "nccl" or "mpi";
   // sparse_transport: "" (no sparse traffic), "auto", "ucx" or "mpi".
   // Throws InputError when the deck asks for a transport that cannot start.
-  Communicator(MPI_Comm world, const std::string& dense_transport, const std::string& sparse_transport);
+  // sparse: the compressed exchange's transport, or none (no phase compresses)
+  Communicator(MPI_Comm world, DenseTransport dense, std::optional<SparseTransport> sparse);
   ~Communicator();
 
   DenseAllreduce& dense() { return *dense_; }

@@ -38,13 +38,13 @@ class CompressedSyncBase : public GroupSync {
     const std::string group = full() ? "all ranks" : fmt::format("clusters of {}", settings_.topology.size);
     return fmt::format("{} over {}", compressor_->describe(), group);
   }
-  int micro_batches() const override { return settings_.sync.kind == "accumulate" ? settings_.sync.every : 1; }
+  int micro_batches() const override { return settings_.sync.kind == SyncKind::accumulate ? settings_.sync.every : 1; }
   // Each rank's residual (what it has not sent yet) and local momentum.
   void register_state(StateRegistry& registry) override {
     registry.add(buffer_entry("compress.residual", StatePlace::rank_buffer, compressor_->residual()));
     if (compressor_->momentum().extent(0) > 0)
       registry.add(buffer_entry("compress.momentum", StatePlace::rank_buffer, compressor_->momentum()));
-    if (compressor_->exchange() == CompressedSync::Exchange::partitioned)
+    if (compressor_->exchange() == Exchange::partitioned)
       registry.add(owner_residual_entry(compressor_.get(), buffers_.world));
   }
   const CompressedSync* compressor() const override { return compressor_.get(); }

@@ -9,16 +9,16 @@ namespace xx::sync_detail {
 namespace {
 
 std::string group_text(const TopologyConfig& t) {
-  if (t.kind == "clusters")
+  if (t.kind == TopologyKind::clusters)
     return t.redraw > 0 ? fmt::format("clusters of {} (redrawn every {} steps)", t.size, t.redraw)
                         : fmt::format("clusters of {}", t.size);
-  return t.kind == "ring" ? "the two ring neighbours" : "all ranks";
+  return t.kind == TopologyKind::ring ? "the two ring neighbours" : "all ranks";
 }
 
-int micro_of(const SyncConfig& s) { return s.kind == "accumulate" ? s.every : 1; }
+int micro_of(const SyncConfig& s) { return s.kind == SyncKind::accumulate ? s.every : 1; }
 
 std::string micro_text(const SyncConfig& s) {
-  return s.kind == "accumulate" ? fmt::format(", one round per {} micro-batches", s.every) : "";
+  return s.kind == SyncKind::accumulate ? fmt::format(", one round per {} micro-batches", s.every) : "";
 }
 
 class DenseSync final : public GroupSync {
@@ -26,7 +26,7 @@ class DenseSync final : public GroupSync {
   DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb, b.experts) {
     // NCCL where built for a device; otherwise MPI's nonblocking sums (staged
     // through the host where MPI cannot read kernel memory)
-    if (std::string(b.ops->dense().name()) != "mpi") sync_.use_device_allreduce(b.ops->dense());
+    if (b.ops->dense().transport() != DenseTransport::mpi) sync_.use_device_allreduce(b.ops->dense());
   }
   std::string describe() const override {
     return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", sync_.buckets(),

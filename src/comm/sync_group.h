@@ -23,7 +23,7 @@ class GroupSync : public SyncStrategy {
   void end_phase(int64_t step, CommStats& stats) override;
 
  protected:
-  bool full() const { return settings_.topology.kind == "full"; }
+  bool full() const { return settings_.topology.kind == TopologyKind::full; }
   // mean_ = the parameters averaged over the group (or the ring
   // neighbourhood), or over the world; sets consensus_.
   void measure_mean(bool global, CommStats& stats);

@@ -22,7 +22,7 @@ class LocalSync final : public GroupSync {
   }
   std::string describe() const override {
     const auto& s = settings_.sync;
-    const std::string group = settings_.topology.kind == "full" ? "all ranks" : "the topology's groups";
+    const std::string group = settings_.topology.kind == TopologyKind::full ? "all ranks" : "the topology's groups";
     if (!outer()) return fmt::format("no gradient traffic; parameters averaged over {} every {} steps", group, s.every);
     return fmt::format("no gradient traffic; every {} steps an outer {} step (lr {}, momentum {}) on the change "
                        "averaged over {}", s.every, s.outer, s.outer_lr, s.momentum, group);
@@ -56,7 +56,7 @@ class LocalSync final : public GroupSync {
   }
 
  private:
-  bool outer() const { return settings_.sync.outer != "average"; }
+  bool outer() const { return settings_.sync.outer != Outer::average; }
   void sync_group(CommStats& stats) {
     measure_mean(false, stats);
     auto& params = buffers_.params;
@@ -67,7 +67,7 @@ class LocalSync final : public GroupSync {
       const auto& s = settings_.sync;
       kernels::outer_step(Vec<float>(params.data(), P), Vec<float>(anchor_.data(), P),
                           Vec<float>(momentum_.data(), P), Vec<const float>(mean_.data(), P), float(s.outer_lr),
-                          float(s.momentum), s.outer == "nesterov");
+                          float(s.momentum), s.outer == Outer::nesterov);
     }
     ExecSpace().fence();
   }

@@ -72,7 +72,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                                                "cannot read kernel memory)" : "; each collective over MPI";
     return describe_level() + staged;
   }
-  int micro_batches() const override { return settings_.sync.kind == "accumulate" ? settings_.sync.every : 1; }
+  int micro_batches() const override { return settings_.sync.kind == SyncKind::accumulate ? settings_.sync.every : 1; }
 
   void begin_step(int64_t) override {
     stats_ = CommStats{};
@@ -191,7 +191,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
  private:
   // What the level does (describe adds the staging)
   std::string describe_level() const {
-    const std::string micro = settings_.sync.kind == "accumulate"
+    const std::string micro = settings_.sync.kind == SyncKind::accumulate
                                   ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
     const std::string gather =
         master_sharded()
@@ -217,8 +217,8 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                        gather);
   }
 
-  bool gradients_sharded() const { return settings_.shard == "gradients" || settings_.shard == "params"; }
-  bool weights_sharded() const { return settings_.shard == "params"; }
+  bool gradients_sharded() const { return settings_.shard == ShardLevel::gradients || settings_.shard == ShardLevel::params; }
+  bool weights_sharded() const { return settings_.shard == ShardLevel::params; }
   // Below params under 16-bit precision: the fp32 master is this rank's pieces (and the fp32-read runs).
   bool master_sharded() const {
     return !weights_sharded() && world_ > 1 && buffers_.half_params.extent(0) > 0;

@@ -78,22 +78,22 @@ const std::vector<StrategyRow>& strategy_rows() {
   static const std::vector<StrategyRow> rows = {
       {"compressed-update",
        [](const SyncSettings& s) {
-         return s.compress.kind != "topk" ? std::string("compress off")
-                : s.compress.target != "update" ? std::string("compress target gradient")
+         return s.compress.kind != CompressKind::topk ? std::string("compress off")
+                : s.compress.target != CompressTarget::update ? std::string("compress target gradient")
                                                 : std::string();
        },
        make_compressed_update},
       {"compressed-gradient",
-       [](const SyncSettings& s) { return s.compress.kind != "topk" ? std::string("compress off") : std::string(); },
+       [](const SyncSettings& s) { return s.compress.kind != CompressKind::topk ? std::string("compress off") : std::string(); },
        make_compressed_gradient},
-      {"local", [](const SyncSettings& s) { return s.sync.kind != "local" ? "sync " + s.sync.kind : std::string(); },
+      {"local", [](const SyncSettings& s) { return s.sync.kind != SyncKind::local ? fmt::format("sync {}", s.sync.kind) : std::string(); },
        make_local},
       {"gossip",
        [](const SyncSettings& s) {
-         return s.topology.kind != "ring" ? "topology " + s.topology.kind : std::string();
+         return s.topology.kind != TopologyKind::ring ? fmt::format("topology {}", s.topology.kind) : std::string();
        },
        make_gossip},
-      {"sharded", [](const SyncSettings& s) { return s.shard == "off" ? std::string("shard off") : std::string(); },
+      {"sharded", [](const SyncSettings& s) { return s.shard == ShardLevel::off ? std::string("shard off") : std::string(); },
        make_sharded},
       {"dense", [](const SyncSettings&) { return std::string(); }, make_dense},
   };

@@ -85,17 +85,17 @@ struct SyncSettings {
   SyncConfig sync;
   TopologyConfig topology;
   CompressConfig compress;
-  std::string shard = "off";  // the job's shard level
+  ShardLevel shard = ShardLevel::off;  // the job's shard level
   int64_t phase_start = 0;  // steps before this phase (clusters draw afresh each phase)
   bool operator==(const SyncSettings&) const = default;
 };
 
 // The sparse transport a deck asks for: its compress topk setting's (the
-// deck allows one), or "" when no phase compresses.
-inline std::string sparse_transport(const std::vector<Phase>& phases) {
+// deck allows one), or none when no phase compresses.
+inline std::optional<SparseTransport> sparse_transport(const std::vector<Phase>& phases) {
   for (const auto& p : phases)
-    if (p.config.compress.kind == "topk") return p.config.compress.transport;
-  return "";
+    if (p.config.compress.kind == CompressKind::topk) return p.config.compress.transport;
+  return std::nullopt;
 }
 
 inline SyncSettings sync_settings(const Config& c, int64_t phase_start) {

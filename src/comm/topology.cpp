@@ -27,9 +27,9 @@ std::vector<std::vector<int>> Topology::clusters(int world, int size, uint64_t s
 }
 
 void Topology::update(const TopologyConfig& cfg, int64_t step, int64_t phase_start) {
-  const std::string previous = kind_;
+  const TopologyKind previous = kind_;
   kind_ = cfg.kind;
-  if (kind_ != "clusters") {
+  if (kind_ != TopologyKind::clusters) {
     if (group_ != MPI_COMM_NULL) MPI_Comm_free(&group_);
     draw_ = -1;
     members_.resize(size_);
@@ -39,7 +39,7 @@ void Topology::update(const TopologyConfig& cfg, int64_t step, int64_t phase_sta
   // Draw number: one per phase, or one per `redraw` steps within it.
   const int64_t since = step - phase_start;
   const int64_t draw = phase_start * 1000003 + (cfg.redraw > 0 ? since / cfg.redraw : 0);
-  if (draw == draw_ && previous == "clusters") return;
+  if (draw == draw_ && previous == TopologyKind::clusters) return;
   draw_ = draw;
   const auto groups = clusters(size_, cfg.size, seed_, draw);
   int color = 0;

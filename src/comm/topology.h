@@ -25,8 +25,8 @@ class Topology {
   // Before each step: draws the clusters of this step (phase_start: the step
   // the phase began at, so each phase draws afresh). Collective.
   void update(const TopologyConfig& cfg, int64_t step, int64_t phase_start);
-  bool is_ring() const { return kind_ == "ring"; }
-  bool is_full() const { return kind_ == "full"; }
+  bool is_ring() const { return kind_ == TopologyKind::ring; }
+  bool is_full() const { return kind_ == TopologyKind::full; }
   MPI_Comm group() const { return group_ != MPI_COMM_NULL ? group_ : world_; }  // full and clusters
   const std::vector<int>& members() const { return members_; }                  // world ranks of my group
 
@@ -40,7 +40,7 @@ class Topology {
   MPI_Comm world_;
   int rank_ = 0, size_ = 1;
   uint64_t seed_;
-  std::string kind_ = "full";
+  TopologyKind kind_ = TopologyKind::full;
   int64_t draw_ = -1;
   MPI_Comm group_ = MPI_COMM_NULL;
   std::vector<int> members_;

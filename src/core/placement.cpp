@@ -5,18 +5,6 @@
 
 namespace xx {
 
-namespace {
-constexpr std::array<const char*, 4> kLevelNames{"off", "optimizer", "gradients", "params"};
-}
-
-const char* shard_level_name(ShardLevel level) { return kLevelNames[size_t(level)]; }
-
-std::optional<ShardLevel> shard_level_from_name(const std::string& name) {
-  for (size_t k = 0; k < kLevelNames.size(); ++k)
-    if (name == kLevelNames[k]) return ShardLevel(k);
-  return std::nullopt;
-}
-
 Placement::Placement(std::vector<FrameTensor> frame, int64_t local_total, ExpertShare experts, ShardLevel level,
                      Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces)
     : frame_(std::move(frame)), local_total_(local_total), experts_(std::move(experts)), level_(level),

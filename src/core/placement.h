@@ -18,14 +18,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "core/modes.h"  // ShardLevel
 #include "core/ownership.h"
 
 namespace xx {
-
-// shard off | optimizer | gradients | params: ZeRO 0, 1, 2, 3.
-enum class ShardLevel { off, optimizer, gradients, params };
-const char* shard_level_name(ShardLevel level);
-std::optional<ShardLevel> shard_level_from_name(const std::string& name);
 
 // One tensor of the whole model, and where it lies in this rank's frame.
 struct FrameTensor {

@@ -60,16 +60,13 @@ struct TokenFile::Mapping {
   }
 };
 
-TokenFile TokenFile::open(const std::string& path, const std::string& format, bool check_tokens) {
-  if (format != "bytes" && format != "shard")
-    input_error("{}: unknown corpus format '{}' (expected 'bytes' or 'shard'){}", path, format,
-                did_you_mean(format, {"bytes", "shard"}));
+TokenFile TokenFile::open(const std::string& path, DataFormat format, bool check_tokens) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) input_error("{}: cannot open for reading ({})", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    input_error("{}: not a regular file (expected a {} file)", path, format == "bytes" ? "text" : "shard");
+    input_error("{}: not a regular file (expected a {} file)", path, format == DataFormat::bytes ? "text" : "shard");
   }
   auto map = std::make_shared<Mapping>();
   map->bytes = int64_t(st.st_size);
@@ -90,7 +87,7 @@ TokenFile TokenFile::open(const std::string& path, const std::string& format, bo
   f.map_ = map;
   const int64_t file_bytes = map->bytes;
   const unsigned char* h = map->data;
-  if (format == "bytes") {
+  if (format == DataFormat::bytes) {
     if (file_bytes == 0) input_error("{}: offset 0: empty file (expected at least one byte of text)", path);
     f.tokens_ = h, f.width_ = 1, f.count_ = file_bytes, f.vocab_ = 256;
     return f;
@@ -159,10 +156,10 @@ void TokenFile::read(int64_t start, int64_t n, int32_t* out, bool release) const
   if (release) map_->release(header_ + start * width_, n * width_);
 }
 
-Corpus Corpus::load(const std::string& pattern, const std::string& format, bool check_tokens) {
+Corpus Corpus::load(const std::string& pattern, DataFormat format, bool check_tokens) {
   std::vector<std::string> paths;
   const bool wildcard = pattern.find_first_of("*?[") != std::string::npos;
-  if (format == "shard" && wildcard) {
+  if (format == DataFormat::shard && wildcard) {
     glob_t g{};
     const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
     for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);

@@ -17,6 +17,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "core/modes.h"  // DataFormat
 
 namespace xx {
 
@@ -31,7 +32,7 @@ class TokenFile {
  public:
   // Throws InputError naming the file, the offset and what was expected.
   // Tokens are range-checked when read; `check_tokens` scans them all now.
-  static TokenFile open(const std::string& path, const std::string& format, bool check_tokens);
+  static TokenFile open(const std::string& path, DataFormat format, bool check_tokens);
 
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }
@@ -57,7 +58,7 @@ class Corpus {
  public:
   // `pattern`: a file, or (shard) a glob of files read in name order. Throws
   // InputError naming the file and offset, or the pattern that matched nothing.
-  static Corpus load(const std::string& pattern, const std::string& format, bool check_tokens = true);
+  static Corpus load(const std::string& pattern, DataFormat format, bool check_tokens = true);
 
   int64_t size() const { return size_; }  // tokens in all shards
   int32_t vocab() const { return vocab_; }  // the largest shard vocab

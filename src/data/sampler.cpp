@@ -27,22 +27,6 @@ uint64_t epoch_seed(uint64_t seed, int64_t epoch) { return mix64(seed ^ mix64(ui
 
 }  // namespace
 
-Shuffle parse_shuffle(const std::string& word) {
-  if (word == "fixed") return Shuffle::fixed;
-  if (word == "chaos") return Shuffle::chaos;
-  if (word == "independent") return Shuffle::independent;
-  throw std::invalid_argument("shuffle '" + word + "' (expected fixed, chaos or independent)");
-}
-
-const char* shuffle_name(Shuffle s) {
-  switch (s) {
-    case Shuffle::fixed: return "fixed";
-    case Shuffle::chaos: return "chaos";
-    case Shuffle::independent: return "independent";
-  }
-  return "?";
-}
-
 DistributedSampler::DistributedSampler(int64_t windows, int world, int rank, uint64_t seed)
     : DistributedSampler(windows, world, rank, [seed] {
         SamplerOptions o;

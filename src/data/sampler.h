@@ -23,11 +23,9 @@
 #include <utility>
 #include <vector>
 
-namespace xx {
+#include "core/modes.h"  // Shuffle
 
-enum class Shuffle { fixed, chaos, independent };
-Shuffle parse_shuffle(const std::string& word);  // "fixed", "chaos", "independent"; throws std::invalid_argument
-const char* shuffle_name(Shuffle s);
+namespace xx {
 
 // Where this world's streams pick up an epoch that another world size began
 // (a resume on a different number of ranks): positions [0, position) of

@@ -31,7 +31,7 @@ uint64_t draw_chaos_seed(MPI_Comm comm) {
 
 uint64_t choose_chaos_seed(MPI_Comm comm, const DataConfig& data, const std::string& resume_path,
                            uint64_t checkpoint_seed, const std::string& where) {
-  const bool chaotic = data.shuffle != "fixed";
+  const bool chaotic = data.shuffle != Shuffle::fixed;
   if (!resume_path.empty()) {
     if (!chaotic && checkpoint_seed != 0)
       input_error("{}: written by a shuffle chaos|independent run (chaos_seed {}), resumed with shuffle fixed "
@@ -51,11 +51,11 @@ uint64_t choose_chaos_seed(MPI_Comm comm, const DataConfig& data, const std::str
 
 SamplerOptions sampler_options(const DataConfig& data, uint64_t run_seed, uint64_t chaos_seed) {
   SamplerOptions o;
-  o.shuffle = parse_shuffle(data.shuffle);
+  o.shuffle = data.shuffle;
   o.seed = o.shuffle == Shuffle::fixed ? run_seed : chaos_seed;
   o.common = data.common;
   o.common_rate = data.common > 0 ? data.common_rate : 0.0;
-  o.contiguous = data.partition == "contiguous";
+  o.contiguous = data.partition == Partition::contiguous;
   return o;
 }
 
@@ -70,13 +70,13 @@ DistributedSampler training_sampler(int64_t windows, int world, int rank, const 
 
 std::string describe_sampling(const DataConfig& data, uint64_t chaos_seed, const DistributedSampler& sampler) {
   std::string line = fmt::format("shuffle {}", data.shuffle);
-  if (data.shuffle != "fixed")
+  if (data.shuffle != Shuffle::fixed)
     line += fmt::format(", chaos seed {} (replay: data ... chaos_seed {}, or -var chaos_seed {} with "
                         "chaos_seed ${{chaos_seed}} on the data line)", chaos_seed, chaos_seed, chaos_seed);
   if (!sampler.pool_windows().empty())
     line += fmt::format("; common pool {} of {} windows, {} of each rank's samples", sampler.pool_windows().size(),
                         sampler.windows(), data.common_rate);
-  if (data.partition == "contiguous")
+  if (data.partition == Partition::contiguous)
     line += "; partition contiguous: each rank reads its own slice of the windows";
   return line;
 }

@@ -51,7 +51,27 @@ std::string suggest(const std::string& word, const std::vector<std::string>& can
 // ----------------------------------------------------------------------------
 // options: one value a command sets
 
-using Target = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, bool*>;
+// A mode field of the Config (core/modes.h), set from its word and read back as one.
+struct ModeRef {
+  std::function<void(const std::string&)> set;  // the word is one of the mode's words
+  std::function<std::string()> get;
+  ModeRef() = default;
+  ModeRef(std::nullptr_t) {}
+  ModeRef(std::function<void(const std::string&)> s, std::function<std::string()> g) : set(std::move(s)), get(std::move(g)) {}
+  explicit operator bool() const { return bool(set); }
+};
+
+template <Mode E>
+ModeRef mode_ref(E* p) {
+  return {[p](const std::string& word) {
+            const auto m = mode_from_name<E>(word);
+            if (!m) throw std::logic_error("deck registry: '" + word + "' is not a word of its mode");
+            *p = *m;
+          },
+          [p]() { return std::string(mode_name(*p)); }};
+}
+
+using Target = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, bool*, ModeRef>;
 
 struct Range {
   std::optional<double> lo, hi;
@@ -78,8 +98,10 @@ Option real(std::string name, double* target, Range range = {}) { return {std::m
 Option path(std::string name, std::string* target) { return {std::move(name), target, {}, {}, "a path"}; }
 Option yes_no(std::string name, bool* target) { return {std::move(name), target, {}, {"yes", "no"}, "yes or no"}; }
 Option on_off(std::string name, bool* target) { return {std::move(name), target, {}, {"on", "off"}, "on or off"}; }
-Option choice(std::string name, std::string* target, std::vector<std::string> choices) {
-  Option o{std::move(name), target, {}, std::move(choices), ""};
+// A mode keyword: every word of E, or only `only` where a variant allows fewer.
+template <Mode E>
+Option choice(std::string name, E* target, std::vector<std::string> only = {}) {
+  Option o{std::move(name), mode_ref(target), {}, only.empty() ? mode_word_list<E>() : std::move(only), ""};
   o.expected = "one of: " + fmt::format("{}", fmt::join(o.choices, ", "));
   return o;
 }
@@ -115,13 +137,14 @@ void set_value(const Option& o, const std::string& word, const std::string& wher
     if (!in_range(r, v)) input_error("{}: value {} for '{}' is out of range (expected {})", where, word, o.name, range_text(r));
   };
   std::visit(
-      [&](auto* p) {
+      [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, bool>) {
+        if constexpr (std::is_same_v<T, ModeRef> || std::is_same_v<T, std::string> || std::is_same_v<T, bool>) {
           if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), word) == o.choices.end())
             input_error("{}: bad value '{}' for '{}' (expected {}){}", where, word, o.name, o.expected,
                         suggest(word, o.choices));
-          if constexpr (std::is_same_v<T, bool>) *p = word == o.choices.front();  // yes, on
+          if constexpr (std::is_same_v<T, ModeRef>) p.set(word);
+          else if constexpr (std::is_same_v<T, bool>) *p = word == o.choices.front();  // yes, on
           else *p = word;
         } else {
           auto v = parse_number<T>(word);
@@ -137,9 +160,10 @@ void set_value(const Option& o, const std::string& word, const std::string& wher
 
 std::string value_text(const Option& o) {
   return std::visit(
-      [&o](auto* p) -> std::string {
+      [&o](auto p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>) return *p ? o.choices.front() : o.choices.back();
+        if constexpr (std::is_same_v<T, ModeRef>) return p.get();
+        else if constexpr (std::is_same_v<T, bool>) return *p ? o.choices.front() : o.choices.back();
         else if constexpr (std::is_same_v<T, std::string>) return p->empty() ? "(none)" : *p;
         else return fmt::format("{}", *p);
       },
@@ -167,7 +191,7 @@ enum class Scope { job, phase };
 
 struct Command {
   std::string name;
-  std::string* kind_target = nullptr;  // where the kind word goes, if anywhere
+  ModeRef kind_target;                 // where the kind word goes, if anywhere
   std::string kind_label = "kind";     // its row name in describe
   std::vector<Variant> variants;
   std::string usage;
@@ -189,9 +213,22 @@ void check_model(const ModelConfig& m, const std::string& where) {
                 m.moe.dense_layers, m.layers);
 }
 
+// precision ... loss_scale auto|dynamic|S, as written, into its kind and value.
+void resolve_loss_scale(PrecisionConfig& p, const std::string& where) {
+  if (const auto kind = mode_from_name<LossScaleKind>(p.loss_scale); kind && *kind != LossScaleKind::fixed) {
+    p.loss_scale_kind = *kind, p.loss_scale_value = 1;
+    return;
+  }
+  const auto v = parse_number<double>(p.loss_scale);
+  if (!v || !(*v > 0))
+    input_error("{}: bad value '{}' for 'loss_scale' (expected dynamic or a number > 0){}", where, p.loss_scale,
+                suggest(p.loss_scale, {"dynamic"}));
+  p.loss_scale_kind = LossScaleKind::fixed, p.loss_scale_value = *v;
+}
+
 // The registry, bound to `c`; `steps` receives `run N`.
 std::vector<Command> registry(Config& c, int64_t& steps) {
-  const Option dense_transport = choice("transport", &c.sync.transport, {"auto", "nccl", "mpi"});  // every sync kind
+  const Option dense_transport = choice("transport", &c.sync.transport);  // every sync kind
   auto data_variant = [&](std::string kind) {
     return Variant{std::move(kind),
                    {path("path", &c.data.path)},
@@ -199,11 +236,11 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                     path("tokenizer", &c.data.tokenizer),
                     integer("batch", &c.data.batch, at_least(1)), integer("workers", &c.data.workers, within(0, 64)),
                     integer("queue", &c.data.queue, at_least(1)),
-                    choice("shuffle", &c.data.shuffle, {"fixed", "chaos", "independent"}),
+                    choice("shuffle", &c.data.shuffle),
                     integer("chaos_seed", &c.data.chaos_seed, at_least(0)),
                     real("common", &c.data.common, within(0, 1, false, true)),
                     real("common_rate", &c.data.common_rate, within(0, 1, true, true)),
-                    choice("partition", &c.data.partition, {"shuffled", "contiguous"}),
+                    choice("partition", &c.data.partition),
                     integer("noise_rank", &c.data.noise_rank, at_least(-1))},
                    {},
                    [&c](const std::string& where) {
@@ -217,7 +254,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                      } else {
                        c.data.valid_fraction = 0, c.data.valid_path = v;
                      }
-                     if (c.data.shuffle == "fixed" && c.data.chaos_seed != 0)
+                     if (c.data.shuffle == Shuffle::fixed && c.data.chaos_seed != 0)
                        input_error("{}: 'chaos_seed' {} with shuffle fixed (expected shuffle chaos or independent; "
                                    "fixed shuffles with the run seed)", where, c.data.chaos_seed);
                    }};
@@ -245,16 +282,9 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                    {},
                    {scale, integer("scale_window", &c.precision.scale_window, at_least(1)),
                     choice("products", &c.precision.products, {"native", "widened"}),
-                    choice("clip_order", &c.precision.clip_order, {"unscaled", "scaled"})},
+                    choice("clip_order", &c.precision.clip_order)},
                    {},
-                   [&c](const std::string& where) {
-                     const std::string& s = c.precision.loss_scale;
-                     if (s == "auto" || s == "dynamic") return;
-                     const auto v = parse_number<double>(s);
-                     if (!v || !(*v > 0))
-                       input_error("{}: bad value '{}' for 'loss_scale' (expected dynamic or a number > 0){}", where,
-                                   s, suggest(s, {"dynamic"}));
-                   }};
+                   [&c](const std::string& where) { resolve_loss_scale(c.precision, where); }};
   };
   // fault kill|hang|nan|signal|throw|detach rank R step S: the same keywords, all
   // required (`off` takes them too, so a deck can switch the kind with a variable).
@@ -271,12 +301,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
       {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S", Scope::job},
       {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X", Scope::job},
       {"model",
-       &c.model.kind,
+       mode_ref(&c.model.kind),
        "kind",
        {model_variant("dense"), model_variant("deepseek")},
        "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]", Scope::job},
       {"attention",
-       &a.kind,
+       mode_ref(&a.kind),
        "kind",
        {{"mha", {}, {}, {}, {}},
         {"mla",
@@ -291,12 +321,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          }}},
        "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V", Scope::job},
       {"attention_kernel",
-       &a.kernel,
+       mode_ref(&a.kernel),
        "kernel",
        {{"auto", {}, {}, {}, {}}, {"packed", {}, {}, {}, {}}, {"flash", {}, {}, {}, {}}},
        "attention_kernel auto | packed | flash", Scope::job},
       {"moe",
-       &moe.mode,
+       mode_ref(&moe.mode),
        "mode",
        {{"off",
          {},
@@ -311,8 +341,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {},
          {integer("dense_layers", &moe.dense_layers, at_least(0)), integer("shared", &moe.shared, at_least(0)),
           integer("routed", &moe.routed, at_least(1)), integer("topk", &moe.topk, at_least(1)),
-          integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate, {"softmax", "sigmoid"}),
-          choice("balance", &moe.balance, {"aux", "bias"}), real("balance_coef", &moe.balance_coef, at_least(0)),
+          integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate),
+          choice("balance", &moe.balance), real("balance_coef", &moe.balance_coef, at_least(0)),
           real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1)),
           real("capacity_factor", &moe.capacity_factor, at_least(0))},
          {"routed", "topk", "ffn"},
@@ -335,7 +365,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {}}},
        "mtp depth D [weight W]", Scope::job},
       {"data",
-       &c.data.format,
+       mode_ref(&c.data.format),
        "format",
        {data_variant("bytes"), data_variant("shard")},
        "data bytes|shard PATH|GLOB [valid F|FILE] [tokenizer MODEL] [batch B] [workers N] [queue Q] [shuffle fixed|chaos|independent] "
@@ -352,7 +382,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {}}},
        "optimizer adamw [lr X] [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X]"},
       {"schedule",
-       &c.schedule.kind,
+       mode_ref(&c.schedule.kind),
        "kind",
        {{"cosine",
          {},
@@ -365,7 +395,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {integer("period", &c.schedule.period, at_least(1)), real("mult", &c.schedule.mult, at_least(1)),
           real("min_lr", &c.schedule.min_lr, at_least(0)), integer("warmup", &c.schedule.warmup, at_least(0)),
           real("jitter", &c.schedule.jitter, within(0, 1, false, true)),
-          choice("restart_from", &c.schedule.restart_from, {"last", "best"})},
+          choice("restart_from", &c.schedule.restart_from)},
          {"period"},
          {}},
         {"step",
@@ -378,7 +408,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "schedule cosine [warmup W] [min_lr X] [total S] | sgdr period P [mult M] [min_lr X] [warmup W] [jitter J] "
        "[restart_from last|best] | step every S factor F [jitter J] [warmup W]"},
       {"sync",
-       &c.sync.kind,
+       mode_ref(&c.sync.kind),
        "kind",
        {{"dense",
          {},
@@ -392,33 +422,33 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {}},
         {"local",
          {integer("steps", &c.sync.every, at_least(1))},
-         {choice("outer", &c.sync.outer, {"average", "sgd", "nesterov"}), real("lr", &c.sync.outer_lr, above(0)),
+         {choice("outer", &c.sync.outer), real("lr", &c.sync.outer_lr, above(0)),
           real("momentum", &c.sync.momentum, within(0, 1, false, true)), dense_transport},
          {},
          {}}},
        "sync dense [bucket_mb X] [transport auto|nccl|mpi] | accumulate K [bucket_mb X] [transport auto|nccl|mpi] | "
        "local K [outer average|sgd|nesterov] [lr X] [momentum X] [transport auto|nccl|mpi]"},
       {"topology",
-       &c.topology.kind,
+       mode_ref(&c.topology.kind),
        "kind",
        {{"full", {}, {}, {}, {}},
         {"clusters", {integer("size", &c.topology.size, at_least(1))}, {integer("redraw", &c.topology.redraw, at_least(0))}, {}, {}},
         {"ring", {}, {}, {}, {}}},
        "topology full | clusters N [redraw S] | ring"},
       {"compress",
-       &c.compress.kind,
+       mode_ref(&c.compress.kind),
        "kind",
        {{"off", {}, {}, {}, {}},
         {"topk",
          {real("ratio", &c.compress.ratio, within(0, 1, true, false))},
-         {choice("quant", &c.compress.quant, {"none", "int8", "int4", "bf16"}),
+         {choice("quant", &c.compress.quant),
           on_off("feedback", &c.compress.feedback),
           real("momentum", &c.compress.momentum, within(0, 1, false, true)),
           integer("min_size", &c.compress.min_size, at_least(0)), integer("warmup", &c.compress.warmup, at_least(0)),
           integer("block", &c.compress.block, at_least(1)),
-          choice("target", &c.compress.target, {"gradient", "update"}),
-          choice("transport", &c.compress.transport, {"auto", "ucx", "mpi"}),
-          choice("exchange", &c.compress.exchange, {"allgather", "partitioned"})},
+          choice("target", &c.compress.target),
+          choice("transport", &c.compress.transport),
+          choice("exchange", &c.compress.exchange)},
          {},
          {}}},
        "compress off | topk RATIO [quant none|int8|int4|bf16] [feedback on|off] [momentum M] [min_size N] [warmup STEPS] "
@@ -429,7 +459,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        {{"",
          {},
          {path("dir", &c.output.dir), integer("log_every", &c.output.log_every, at_least(1)),
-          choice("progress", &c.output.progress, {"auto", "on", "off"}), on_off("tensorboard", &c.output.tensorboard),
+          choice("progress", &c.output.progress), on_off("tensorboard", &c.output.tensorboard),
           on_off("barrier", &c.output.barrier)},
          {"dir"},
          {}}},
@@ -457,12 +487,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        {{"",
          {},
          {integer("every", &c.checkpoint.every, at_least(0)), yes_no("at_end", &c.checkpoint.at_end),
-          choice("mode", &c.checkpoint.mode, {"full", "diff"}),
-          choice("codec", &c.checkpoint.codec, {"lossless", "int8", "topk"}),
+          choice("mode", &c.checkpoint.mode),
+          choice("codec", &c.checkpoint.codec),
           real("ratio", &c.checkpoint.ratio, within(0, 1, true, false)),
           integer("block", &c.checkpoint.block, within(1, 1 << 20)), integer("keep", &c.checkpoint.keep, at_least(0)),
           integer("base_every", &c.checkpoint.base_every, at_least(1)), on_off("async", &c.checkpoint.async),
-          choice("writer", &c.checkpoint.writer, {"collective", "rank0"})},
+          choice("writer", &c.checkpoint.writer)},
          {},
          {}}},
        "checkpoint [every N] [at_end yes|no] [mode full|diff] [codec lossless|int8|topk] [ratio R] [block B] "
@@ -481,36 +511,36 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
       {"preempt", nullptr, "", {{"", {}, {on_off("requeue", &c.resilience.requeue)}, {"requeue"}, {}}},
        "preempt requeue on|off", Scope::job},
       {"fault",
-       &c.fault.kind,
+       mode_ref(&c.fault.kind),
        "kind",
        {{"off", {}, {integer("rank", &c.fault.rank, at_least(0)), integer("step", &c.fault.step, at_least(1))}, {}, {}},
         fault_variant("kill"), fault_variant("hang"), fault_variant("nan"), fault_variant("signal"),
         fault_variant("throw"), fault_variant("detach")},
        "fault off | kill|hang|nan|signal|throw|detach rank R step S", Scope::job},
       {"shard",
-       &c.shard.level,
+       mode_ref(&c.shard.level),
        "level",
        {{"off", {}, {}, {}, {}}, {"optimizer", {}, {}, {}, {}}, {"gradients", {}, {}, {}, {}}, {"params", {}, {}, {}, {}}},
        "shard off | optimizer | gradients | params", Scope::job},
       {"grad_check",
        nullptr,
        "",
-       {{"", {}, {choice("missing", &c.grad_check.missing, {"warn", "error", "off"})}, {"missing"}, {}}},
+       {{"", {}, {choice("missing", &c.grad_check.missing)}, {"missing"}, {}}},
        "grad_check missing warn|error|off"},
       {"gemm",
-       &c.gemm,
+       mode_ref(&c.gemm),
        "backend",
        {{"auto", {}, {}, {}, {}}, {"onednn", {}, {}, {}, {}}, {"cublas", {}, {}, {}, {}}, {"blas", {}, {}, {}, {}}},
        "gemm auto | onednn | cublas | blas", Scope::job},
       {"precision",
-       &c.precision.kind,
+       mode_ref(&c.precision.kind),
        "kind",
        {{"fp32", {}, {choice("products", &c.precision.products, {"native", "tf32"})}, {}, {}},
         precision_variant("bf16"), precision_variant("fp16")},
        "precision fp32 [products native|tf32] | bf16|fp16 [loss_scale S|dynamic] [scale_window N] "
        "[products native|widened] [clip_order unscaled|scaled]", Scope::job},
       {"lossagg",
-       &c.lossagg.kind,
+       mode_ref(&c.lossagg.kind),
        "kind",
        {{"off", {}, {}, {}, {}},
         {"mean", {}, {}, {}, {}},
@@ -553,7 +583,7 @@ void apply(const Command& cmd, const DeckLine& line, const std::string& where) {
     if (!variant)
       input_error("{}: unknown kind '{}' for '{}' (expected one of: {}){}", where, w[1], cmd.name, kinds_text,
                   suggest(w[1], kinds));
-    if (cmd.kind_target) *cmd.kind_target = w[1];
+    if (cmd.kind_target) cmd.kind_target.set(w[1]);
     label += " " + w[1];
     i = 2;
   }
@@ -593,7 +623,7 @@ std::vector<std::pair<std::string, std::string>> rows(const Command& cmd) {
   std::vector<std::pair<std::string, std::string>> out;
   const Variant* variant = &cmd.variants.front();
   if (cmd.has_kind()) {
-    const std::string kind = cmd.kind_target ? *cmd.kind_target : variant->kind;
+    const std::string kind = cmd.kind_target ? cmd.kind_target.get() : variant->kind;
     if (const Variant* v = find_named(cmd.variants, kind, &Variant::kind)) variant = v;
     out.emplace_back(cmd.name + "." + cmd.kind_label, kind);
   }
@@ -608,12 +638,18 @@ nlohmann::ordered_json values_json(const Command& cmd) {
   const Variant* variant = &cmd.variants.front();
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   if (cmd.has_kind()) {
-    const std::string kind = cmd.kind_target ? *cmd.kind_target : variant->kind;
+    const std::string kind = cmd.kind_target ? cmd.kind_target.get() : variant->kind;
     if (const Variant* v = find_named(cmd.variants, kind, &Variant::kind)) variant = v;
     out[cmd.kind_label] = kind;
   }
   for (const auto* list : {&variant->positional, &variant->keywords})
-    for (const auto& o : *list) out[o.name] = std::visit([](auto* p) { return nlohmann::ordered_json(*p); }, o.target);
+    for (const auto& o : *list)
+      out[o.name] = std::visit(
+          [](auto p) {
+            if constexpr (std::is_same_v<decltype(p), ModeRef>) return nlohmann::ordered_json(p.get());
+            else return nlohmann::ordered_json(*p);
+          },
+          o.target);
   if (!cmd.has_kind() && variant->positional.size() == 1 && variant->keywords.empty()) return out.begin().value();
   return out;
 }
@@ -640,7 +676,7 @@ bool readable_file(const std::string& path) {
 // A shard glob must match a file; every other path the data line names must be readable.
 void check_data_files(const DataConfig& d, const std::string& where) {
   auto check = [&](const std::string& path, const char* what) {
-    if (d.format == "shard" && path.find_first_of("*?[") != std::string::npos) {
+    if (d.format == DataFormat::shard && path.find_first_of("*?[") != std::string::npos) {
       glob_t g{};
       const bool any = ::glob(path.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
       ::globfree(&g);
@@ -672,13 +708,13 @@ std::vector<std::pair<std::string, std::string>> job_rows(const Command& cmd) {
 
 // Settings of one phase that cannot work together, found at its `run` line.
 void check_phase(const Config& c, const std::string& where, std::optional<CompressConfig>& topk) {
-  if (c.compress.kind == "topk") {
-    if (c.sync.kind == "local")
+  if (c.compress.kind == CompressKind::topk) {
+    if (c.sync.kind == SyncKind::local)
       input_error("{}: compress topk with sync local (expected sync dense or accumulate: compression applies to "
                   "gradients)", where);
-    if (c.topology.kind == "ring")
+    if (c.topology.kind == TopologyKind::ring)
       input_error("{}: compress topk with topology ring (expected topology full or clusters)", where);
-    if (c.compress.exchange == "partitioned" && c.topology.kind != "full")
+    if (c.compress.exchange == Exchange::partitioned && c.topology.kind != TopologyKind::full)
       input_error("{}: compress exchange partitioned with topology {} (expected topology full, or exchange "
                   "allgather: each rank keeps the owner residual of its pieces of a fixed group)",
                   where, c.topology.kind);
@@ -686,21 +722,21 @@ void check_phase(const Config& c, const std::string& where, std::optional<Compre
       input_error("{}: a second, different compress topk setting (expected one per deck; phases may switch it off)",
                   where);
     topk = c.compress;
-    if (c.precision.kind != "fp32")
+    if (c.precision.kind != Precision::fp32)
       input_error("{}: precision {} with compress topk (expected precision fp32: a skipped inf/NaN step would "
                   "poison the error-feedback residual)", where, c.precision.kind);
   }
   // Weighing ranks needs their gradients averaged over all of them, once, by
   // an all-reduce; per-loss weights (uncertainty) work anywhere.
   const auto& agg = c.lossagg.kind;
-  if (agg != "robust" && agg != "softmax") return;
-  if (c.sync.kind == "local")
+  if (agg != LossAggKind::robust && agg != LossAggKind::softmax) return;
+  if (c.sync.kind == SyncKind::local)
     input_error("{}: lossagg {} with sync local (expected sync dense or accumulate: each rank's own AdamW would "
                 "undo its weight)", where, agg);
-  if (c.topology.kind != "full")
+  if (c.topology.kind != TopologyKind::full)
     input_error("{}: lossagg {} with topology {} (expected topology full: the weights are over all ranks)", where,
                 agg, c.topology.kind);
-  if (c.compress.kind == "topk" && c.compress.target == "update")
+  if (c.compress.kind == CompressKind::topk && c.compress.target == CompressTarget::update)
     input_error("{}: lossagg {} with compress target update (expected target gradient: each rank's own AdamW "
                 "would undo its weight)", where, agg);
 }
@@ -709,23 +745,23 @@ void check_phase(const Config& c, const std::string& where, std::optional<Compre
 // holds where each command was last given, so the error names both lines.
 void check_shard(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at,
                  double first_bucket_mb) {
-  if (c.shard.level == "off") return;
+  if (c.shard.level == ShardLevel::off) return;
   auto at = [&](const std::string& name) {
     auto it = set_at.find(name);
     return it == set_at.end() ? std::string("the default") : it->second;
   };
   const std::string shard = fmt::format("shard {} ({})", c.shard.level, at("shard"));
-  if (c.shard.level == "params" && c.sample.every > 0)
+  if (c.shard.level == ShardLevel::params && c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}) (expected no sample line: rank 0 decodes alone, and under shard "
                 "params it holds only its pieces of the weights; sample from a checkpoint with xuanxue generate)",
                 where, shard, c.sample.every, at("sample"));
   const char* why = "(expected sync dense or accumulate over topology full, without compress: a sharded optimizer "
                     "needs the same averaged gradients and weights on every rank)";
-  if (c.sync.kind == "local")
+  if (c.sync.kind == SyncKind::local)
     input_error("{}: {} with sync local ({}) {}", where, shard, at("sync"), why);
-  if (c.topology.kind != "full")
+  if (c.topology.kind != TopologyKind::full)
     input_error("{}: {} with topology {} ({}) {}", where, shard, c.topology.kind, at("topology"), why);
-  if (c.compress.kind != "off")
+  if (c.compress.kind != CompressKind::off)
     input_error("{}: {} with compress {} ({}) {}", where, shard, c.compress.kind, at("compress"), why);
   if (c.sync.bucket_mb != first_bucket_mb)
     input_error("{}: {} with sync bucket_mb {} ({}), unlike the first phase's {} (expected one bucket size per "
@@ -745,14 +781,14 @@ void check_expert_parallel(const Config& c, const std::string& where, const std:
   const std::string ep = fmt::format("moe ep {} ({})", c.model.moe.ep, at("moe"));
   const char* why = "(expected sync dense or accumulate over topology full, without compress: each expert's "
                     "gradient is averaged over the ranks that hold it)";
-  if (c.sync.kind == "local") input_error("{}: {} with sync local ({}) {}", where, ep, at("sync"), why);
-  if (c.topology.kind != "full")
+  if (c.sync.kind == SyncKind::local) input_error("{}: {} with sync local ({}) {}", where, ep, at("sync"), why);
+  if (c.topology.kind != TopologyKind::full)
     input_error("{}: {} with topology {} ({}) {}", where, ep, c.topology.kind, at("topology"), why);
-  if (c.compress.kind != "off") input_error("{}: {} with compress {} ({}) {}", where, ep, c.compress.kind, at("compress"), why);
+  if (c.compress.kind != CompressKind::off) input_error("{}: {} with compress {} ({}) {}", where, ep, c.compress.kind, at("compress"), why);
   if (c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}) (expected no sample line: rank 0 decodes alone and holds only its "
                 "own experts; sample from a checkpoint with xuanxue generate)", where, ep, c.sample.every, at("sample"));
-  if (c.schedule.restart_from == "best")
+  if (c.schedule.restart_from == RestartFrom::best)
     input_error("{}: {} with schedule restart_from best ({}) (expected restart_from last: the best weights are kept "
                 "per rank)", where, ep, at("schedule"));
 }

@@ -4,12 +4,13 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "core/modes.h"
 
 namespace xx {
 
 // attention mha | mla kv_lora_rank R q_lora_rank Q qk_nope_dim N rope_dim P v_dim V
 struct AttentionConfig {
-  std::string kind = "mha";  // mha: per-head q, k, v of width C/H; mla: multi-head latent attention
+  AttentionKind kind = AttentionKind::mha;  // mha: per-head q, k, v of width C/H; mla: multi-head latent attention
   int kv_lora_rank = 0;      // R, width of the compressed key/value latent
   int q_lora_rank = 0;       // Q, 0: queries projected directly from the hidden state
   int qk_nope_dim = 0;       // per-head query/key width without rotary embedding
@@ -17,26 +18,26 @@ struct AttentionConfig {
   int v_dim = 0;             // per-head value width
   // attention_kernel auto | packed | flash: the causal-attention kernel
   // (model/attention.h: uses_flash_attention says which auto picks)
-  std::string kernel = "auto";
-  bool mla() const { return kind == "mla"; }
+  AttentionKernel kernel = AttentionKernel::automatic;
+  bool mla() const { return kind == AttentionKind::mla; }
 };
 
 // moe off | on dense_layers K shared S routed E topk k ffn F [gate softmax|sigmoid]
 //              [balance aux|bias] [balance_coef X] [route_scale X]
 struct MoeConfig {
-  std::string mode = "off";        // off | on
+  MoeMode mode = MoeMode::off;
   int dense_layers = 1;            // the first K blocks keep a dense FFN
   int shared = 0;                  // always-on experts
   int routed = 0;                  // E routed experts
   int topk = 0;                    // experts per token
   int ffn = 0;                     // width of every expert's SwiGLU
-  std::string gate = "softmax";    // softmax (V2) or sigmoid with normalisation (V3)
-  std::string balance = "aux";     // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
+  Gate gate = Gate::softmax;      // softmax (V2) or sigmoid with normalisation (V3)
+  Balance balance = Balance::aux;  // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
   double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
   double route_scale = 1.0;        // scales the combine weights
   int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
   double capacity_factor = 0;      // 0: dropless; C: an expert runs at most C x its group's mean load, drops the rest
-  bool enabled() const { return mode == "on"; }
+  bool enabled() const { return mode == MoeMode::on; }
   bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
 };
 
@@ -49,7 +50,7 @@ struct MtpConfig {
 // model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]
 // (deepseek is dense plus whatever `attention`, `moe` and `mtp` say)
 struct ModelConfig {
-  std::string kind = "dense";
+  ModelKind kind = ModelKind::dense;
   int vocab = 256;          // V
   int dim = 128;            // C
   int layers = 4;           // L
@@ -72,7 +73,7 @@ struct ModelConfig {
 //      [partition shuffled|contiguous]
 // docs/DATA.md: shuffle modes, chaos seed replay, the common pool, partitions.
 struct DataConfig {
-  std::string format = "bytes";  // bytes: raw text, one token per byte; shard: see docs/DATA.md
+  DataFormat format = DataFormat::bytes;  // bytes: raw text, one token per byte; shard: see docs/DATA.md
   std::string path;              // a file, or (shard) a glob of shards: 'DIR/train_*.bin'
   std::string valid = "0.05";    // as written: a fraction, or a validation file
   double valid_fraction = 0.05;  // tail of the training windows held out for validation (0 with valid_path)
@@ -81,11 +82,11 @@ struct DataConfig {
   int batch = 8;                 // B, sequences per rank per step
   int workers = 2;               // prefetch threads
   int queue = 4;                 // ready batches held ahead of the trainer
-  std::string shuffle = "fixed";  // fixed: run seed; chaos: a drawn seed, shared; independent: per-rank streams
+  Shuffle shuffle = Shuffle::fixed;  // fixed: run seed; chaos: a drawn seed, shared; independent: per-rank streams
   uint64_t chaos_seed = 0;        // chaos, independent: replay this seed (0: draw one at start-up)
   double common = 0.0;            // fraction of the training windows in the common pool (0: no pool)
   double common_rate = 0.1;       // with a pool: fraction of each rank's samples drawn from it
-  std::string partition = "shuffled";  // shuffled: all ranks share each epoch's permutation; contiguous: own slices
+  Partition partition = Partition::shuffled;  // shuffled: all ranks share each epoch's permutation; contiguous: own slices
   int noise_rank = -1;            // this rank trains on uniformly random tokens (a bad shard, for lossagg robust)
 };
 
@@ -106,7 +107,7 @@ struct OptimizerConfig {
 // lr. The LR is a pure function of this, the lr, the seed and the step
 // (src/train/schedule.h), so every rank and every resume sees the same value.
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine: one decay; sgdr: cosine with warm restarts; step: step decay
+  ScheduleKind kind = ScheduleKind::cosine;  // cosine: one decay; sgdr: cosine with warm restarts; step: step decay
   int64_t warmup = 0;           // W: linear warmup steps before any of them
   double min_lr = 0.0;          // cosine, sgdr: the value at the end of the decay (of each cycle)
   int64_t total = 0;            // cosine: steps to min_lr, warmup included; 0: the sum of every `run` in the deck
@@ -115,28 +116,28 @@ struct ScheduleConfig {
   int64_t every = 1;            // step: S, steps per decay level
   double factor = 0.1;          // step: F, the lr is multiplied by F once per level
   double jitter = 0.0;          // sgdr, step: J, each restart's peak (level) times a seeded factor in [1-J, 1+J]
-  std::string restart_from = "last";  // sgdr: a restart goes on from the last weights or the cycle's best val_loss
+  RestartFrom restart_from = RestartFrom::last;  // sgdr: a restart goes on from the last weights or the cycle's best val_loss
 };
 
 // sync dense [bucket_mb X] [transport auto|nccl|mpi]
 //    | accumulate K [bucket_mb X] [transport auto|nccl|mpi]
 //    | local K [outer average|sgd|nesterov] [lr X] [momentum X] [transport auto|nccl|mpi]
 struct SyncConfig {
-  std::string kind = "dense";  // dense: all-reduce every step; accumulate: every K micro-steps; local: average every K steps
+  SyncKind kind = SyncKind::dense;  // dense: all-reduce every step; accumulate: every K micro-steps; local: average every K steps
   double bucket_mb = 1.0;      // gradient bucket size for the overlapped all-reduce
   int every = 1;               // K
-  std::string outer = "average";  // local: what a sync does with the averaged change since the last one
+  Outer outer = Outer::average;  // local: what a sync does with the averaged change since the last one
   double outer_lr = 1.0;          // outer sgd/nesterov step on the pseudo-gradient (anchor - average)
   double momentum = 0.0;          // outer momentum
   // The dense collectives: auto (NCCL where the buffers are on a GPU and
   // every rank of a node has its own, else MPI), nccl, or mpi (comm/ops.h).
-  std::string transport = "auto";
+  DenseTransport transport = DenseTransport::automatic;
   bool operator==(const SyncConfig&) const = default;
 };
 
 // topology full | clusters N [redraw S] | ring
 struct TopologyConfig {
-  std::string kind = "full";  // full: everyone; clusters: random groups of N; ring: each rank and its two neighbours
+  TopologyKind kind = TopologyKind::full;  // full: everyone; clusters: random groups of N; ring: each rank and its two neighbours
   int size = 4;               // N
   int64_t redraw = 0;         // clusters: draw a new partition every S steps (0: once per phase)
   bool operator==(const TopologyConfig&) const = default;
@@ -148,25 +149,24 @@ struct TopologyConfig {
 //                     [transport auto|ucx|mpi] [exchange allgather|partitioned]
 // Gradient compression under sync dense|accumulate (docs/COMMUNICATION.md).
 struct CompressConfig {
-  std::string kind = "off";        // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
+  CompressKind kind = CompressKind::off;  // off: dense all-reduce; topk: sparse exchange of the top RATIO per bucket
   double ratio = 0.01;             // fraction of each bucket sent (1: every entry, through the sparse path)
-  std::string quant = "none";      // how the selected values travel: fp32, int8/int4 with block scales, bf16
+  Quant quant = Quant::none;       // how the selected values travel: fp32, int8/int4 with block scales, bf16
   bool feedback = true;            // error feedback: what was not sent is added to the next gradient
   double momentum = 0.0;           // DGC momentum correction (0: off)
   int64_t min_size = 0;            // tensors smaller than this go dense
   int64_t warmup = 0;              // steps over which the ratio falls from 1 to RATIO (exponentially)
   int64_t block = 64;              // values per quantization scale
-  std::string transport = "auto";  // sparse exchange: auto (UCX if it starts, else MPI), ucx, mpi
+  SparseTransport transport = SparseTransport::automatic;  // sparse exchange: auto (UCX if it starts, else MPI), ucx, mpi
   // What is compressed and averaged: the gradient (Deep Gradient Compression),
   // or the change this rank's own optimizer step made (for AdamW, whose
   // per-element normalisation undoes sparse gradients; see docs/COMMUNICATION.md).
-  std::string target = "gradient";
+  CompressTarget target = CompressTarget::gradient;
   // How the payloads travel (docs/COMPRESSION.md): allgather, every rank's
   // payload to every member ((R-1) payloads per rank); partitioned, a sparse
   // reduce-scatter to the owner of each piece, then a sparse all-gather of the
-  // owners' pieces (about 2 (R-1)/R payloads per rank). Resolved once to
-  // CompressedSync::Exchange.
-  std::string exchange = "allgather";
+  // owners' pieces (about 2 (R-1)/R payloads per rank).
+  Exchange exchange = Exchange::allgather;
   bool operator==(const CompressConfig&) const = default;
 };
 
@@ -174,7 +174,7 @@ struct CompressConfig {
 struct OutputConfig {
   std::string dir = "runs/default";
   int64_t log_every = 10;
-  std::string progress = "auto";  // rank 0's live progress line: auto (stdout a terminal, not under mpirun), on, off
+  Progress progress = Progress::automatic;  // rank 0's live progress line: auto (stdout a terminal, not under mpirun), on, off
   bool tensorboard = true;        // RUN_DIR/tb/events.out.tfevents.* (docs/OBSERVABILITY.md)
   bool barrier = false;           // an MPI_Barrier after each logged step (folklore: "a barrier after logging")
 };
@@ -205,14 +205,14 @@ struct SampleConfig {
 struct CheckpointConfig {
   int64_t every = 0;  // 0: only at the end of each run
   bool at_end = true;
-  std::string mode = "full";       // full | diff
-  std::string codec = "lossless";  // diff: lossless (XOR, bit-exact) | int8 (per-block scale) | topk (largest R)
+  CheckpointMode mode = CheckpointMode::full;
+  Codec codec = Codec::lossless;   // diff: lossless (XOR, bit-exact) | int8 (per-block scale) | topk (largest R)
   double ratio = 0.01;             // codec topk: R, the fraction kept
   int64_t block = 64;              // codec int8: values per scale
   int64_t keep = 0;                // keep the newest K checkpoint files (0: all); never breaks a chain
   int64_t base_every = 1;          // diff across time: a full base every M checkpoints, in between the change since it
   bool async = false;              // snapshot at the step boundary, write from a background thread
-  std::string writer = "collective";  // collective (parallel HDF5) | rank0 (gathered, rank 0 writes alone): the same file
+  CheckpointWriter writer = CheckpointWriter::collective;  // collective (parallel HDF5) | rank0 (gathered, rank 0 writes alone): the same file
 };
 
 // health every N [nan skip|stop] [max_skips K]
@@ -222,7 +222,7 @@ struct CheckpointConfig {
 // step: `skip` drops the step on all ranks (at most K in a row), `stop` ends the job.
 struct HealthConfig {
   int64_t every = 0;  // 0: no periodic health all-reduce (the NaN check still runs every step)
-  std::string nan = "stop";
+  NanPolicy nan = NanPolicy::stop;
   int64_t max_skips = 10;
 };
 
@@ -240,14 +240,14 @@ struct ResilienceConfig {
 // its forward no longer uses), what `grad_check missing` is there to catch.
 // A resumed run injects nothing.
 struct FaultConfig {
-  std::string kind = "off";
+  FaultKind kind = FaultKind::off;
   int rank = 0;
   int64_t step = 0;
 };
 
 // grad_check missing warn|error|off
 struct GradCheckConfig {
-  std::string missing = "error";
+  MissingGradient missing = MissingGradient::error;
 };
 
 // precision fp32 | bf16 [loss_scale S|dynamic] [scale_window N] | fp16 [loss_scale dynamic|S] [scale_window N]
@@ -256,25 +256,27 @@ struct GradCheckConfig {
 // to nearest even; emulated in float storage on the CPU; docs/DYNAMICS.md).
 // One precision per deck.
 struct PrecisionConfig {
-  std::string kind = "fp32";        // fp32 | bf16 | fp16
-  std::string loss_scale = "auto";  // auto: dynamic for fp16, 1 (none) for bf16; dynamic; or a static scale S > 0
+  Precision kind = Precision::fp32;
+  std::string loss_scale = "auto";  // as written: auto (dynamic for fp16, 1 for bf16), dynamic, or a scale S > 0
+  LossScaleKind loss_scale_kind = LossScaleKind::automatic;  // the deck resolves loss_scale into these two
+  double loss_scale_value = 1;                               // fixed: S
   int64_t scale_window = 1000;      // dynamic: clean steps before the scale doubles
   // native: 16-bit GEMM operands go to the backend's 16-bit kernel; widened:
   // to its fp32 kernel, widened first (the same products; faster where the
   // 16-bit kernel is slower, e.g. AVX512_BF16 without AMX on Intel). Under
   // fp32, native is strict fp32 products; tf32: fp32 operands as TF32 on the
   // tensor cores where the GEMM backend has them (cuBLAS), strict elsewhere.
-  std::string products = "native";
+  Products products = Products::native;
   // unscaled: the gradient norm is clipped after unscaling (right); scaled:
   // as if clipped before unscaling, against the scaled norm (the wrong order,
   // to measure its harm: 10/13's B4). Matters only under a loss scale.
-  std::string clip_order = "unscaled";
+  ClipOrder clip_order = ClipOrder::unscaled;
 };
 
 // lossagg off | mean | robust [trim F] | softmax T | uncertainty
 // How the ranks' losses are weighted in the gradient average (docs/DYNAMICS.md).
 struct LossAggConfig {
-  std::string kind = "off";   // off: plain average, no gather; mean: token-weighted; robust; softmax; uncertainty
+  LossAggKind kind = LossAggKind::off;  // off: plain average, no gather; mean: token-weighted; robust; softmax; uncertainty
   double trim = 0.25;         // robust: at most this fraction of the ranks is trimmed as outliers
   double temperature = 1.0;   // softmax: T, w_r proportional to tokens_r * exp(loss_r / T)
 };
@@ -285,12 +287,12 @@ struct LossAggConfig {
 // AdamW's moments; gradients: also keeps only its 1/W of the averaged
 // gradients; params: also of the weights, gathered unit by unit as used.
 struct ShardConfig {
-  std::string level = "off";
+  ShardLevel level = ShardLevel::off;
 };
 
 struct Config {
   uint64_t seed = 1234;
-  std::string gemm = "auto";  // GEMM backend: auto | onednn | cublas | blas (kernels/gemm.h)
+  GemmChoice gemm = GemmChoice::automatic;  // GEMM backend: auto | onednn | cublas | blas (kernels/gemm.h)
   double peak_gflops = 0.0;  // MFU denominator; 0: the peak file's entry for this machine, else none (io/peak_file.h)
   ModelConfig model;
   DataConfig data;
@@ -312,13 +314,24 @@ struct Config {
   FaultConfig fault;
 };
 
+// The command line's -resume: a fresh run, the newest complete checkpoint
+// of RUN_DIR/ckpt (auto), or one file. The word is resolved here, once.
+struct ResumeFrom {
+  enum class Kind { fresh, latest, file } kind = Kind::fresh;
+  std::string path;  // file
+  ResumeFrom() = default;
+  ResumeFrom(const std::string& word)  // "" (fresh), "auto" or a path
+      : kind(word.empty() ? Kind::fresh : word == "auto" ? Kind::latest : Kind::file), path(kind == Kind::file ? word : "") {}
+  ResumeFrom(const char* word) : ResumeFrom(std::string(word)) {}
+};
+
 // Whether a rank's fp32 weights are only its pieces of them at `ranks`
 // ranks: under shard params, and under shard optimizer or gradients with
 // 16-bit precision (whose whole 16-bit copy the GEMMs read instead;
 // comm/sync_sharded.cpp).
 inline bool fp32_weights_in_pieces(const Config& c, int ranks) {
-  if (ranks <= 1 || c.shard.level == "off") return false;
-  return c.shard.level == "params" || c.precision.kind != "fp32";
+  if (ranks <= 1 || c.shard.level == ShardLevel::off) return false;
+  return c.shard.level == ShardLevel::params || c.precision.kind != Precision::fp32;
 }
 
 }  // namespace xx

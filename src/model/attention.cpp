@@ -12,7 +12,7 @@ namespace xx {
 namespace k = kernels;
 
 bool uses_flash_attention(const AttentionConfig& a) {
-  if (a.kernel != "auto") return a.kernel == "flash";
+  if (a.kernel != AttentionKernel::automatic) return a.kernel == AttentionKernel::flash;
   return !kernel_memory_on_host();
 }
 
@@ -20,7 +20,7 @@ std::string attention_kernel_report(const AttentionConfig& a) {
   const std::string chose = uses_flash_attention(a)
                                 ? "flash: tiled online softmax, a log-sum-exp per row kept, probabilities recomputed"
                                 : "packed: the lower block triangle of probabilities kept for the backward";
-  const std::string why = a.kernel != "auto" ? "as the deck asks"
+  const std::string why = a.kernel != AttentionKernel::automatic ? "as the deck asks"
                           : uses_flash_attention(a) ? "auto: the kernels run on a device"
                                                     : "auto: the kernels' memory is the host's";
   return chose + fmt::format(", blocks of {} ({})", kAttentionBlock, why);
@@ -29,7 +29,9 @@ std::string attention_kernel_report(const AttentionConfig& a) {
 template <class T>
 Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& p, int64_t batch,
                         Workspace<T>& ws)
-    : m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
+    : forward_(m.attention.mla() ? &Attention::forward_mla : &Attention::forward_mha),
+      backward_(m.attention.mla() ? &Attention::backward_mla : &Attention::backward_mha),
+      m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
       blocks_(m.seq, kAttentionBlock), ws_(ws), flash_(uses_flash_attention(m.attention)) {
   const auto& a = m.attention;
   wo_ = store(p + "attn.wo");
@@ -74,11 +76,11 @@ kernels::KeptProbabilities<T> Attention<T>::probabilities() {
 
 template <class T>
 void Attention<T>::forward(Mat<T> out, In xn) {
-  m_.attention.mla() ? forward_mla(out, xn) : forward_mha(out, xn);
+  (this->*forward_)(out, xn);
 }
 template <class T>
 void Attention<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
-  m_.attention.mla() ? backward_mla(dxn, dout, xn) : backward_mha(dxn, dout, xn);
+  (this->*backward_)(dxn, dout, xn);
 }
 
 // softmax(q k^T / sqrt(qk)) v over the heads, merged, then out += o . Wo^T

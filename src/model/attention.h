@@ -35,6 +35,11 @@ class Attention {
   void backward_mha(Mat<T> dxn, Mat<const T> dout, In xn);
   void forward_mla(Mat<T> out, In xn);
   void backward_mla(Mat<T> dxn, Mat<const T> dout, In xn);
+  // MHA or MLA, chosen once at construction
+  using Forward = void (Attention::*)(Mat<T>, In);
+  using Backward = void (Attention::*)(Mat<T>, Mat<const T>, In);
+  Forward forward_;
+  Backward backward_;
   kernels::KeptProbabilities<T> probabilities();
   void attend_forward(Mat<T> out);
   void attend_backward(Mat<const T> dout);

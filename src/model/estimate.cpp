@@ -104,23 +104,13 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   return est;
 }
 
-const char* shard_name(Shard level) {
-  switch (level) {
-    case Shard::off: return "off";
-    case Shard::optimizer: return "optimizer";
-    case Shard::gradients: return "gradients";
-    case Shard::params: return "params";
-  }
-  return "?";
-}
-
 namespace {
 
-bool sixteen_bit(const std::string& precision) { return precision != "fp32"; }
+bool sixteen_bit(Precision precision) { return precision != Precision::fp32; }
 
 // Bytes of activations: the halvable ones in 16 bits under bf16/fp16, written
 // through 32-bit scratch; everything else 32 bits.
-double activation_bytes(const MemoryEstimate& est, const std::string& precision) {
+double activation_bytes(const MemoryEstimate& est, Precision precision) {
   const bool half = sixteen_bit(precision);
   return (half ? 2.0 : 4.0) * est.halvable_elements + 4.0 * (est.other_elements + est.scratch_elements) +
          (half ? 4.0 * est.mixed_scratch_elements : 0.0);
@@ -144,7 +134,7 @@ int64_t sync_elements(const Config& c, const ParamLayout& layout, int ranks, std
   const int64_t P = layout.total();
   int64_t n = 0;
   std::vector<std::string> parts;
-  if (c.compress.kind != "off") {
+  if (c.compress.kind != CompressKind::off) {
     const int64_t per_bucket = std::max<int64_t>(1, int64_t(c.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
     int64_t sparse = 0, largest = 0;
     for (const auto& t : layout.tensors())
@@ -152,19 +142,19 @@ int64_t sync_elements(const Config& c, const ParamLayout& layout, int ranks, std
     n += 3 * sparse + (P - sparse) + (c.compress.momentum > 0 ? sparse : 0) + 4 * largest;
     parts.push_back(c.compress.momentum > 0 ? "compressor (packed, dense, residual, momentum, workspace)"
                                             : "compressor (packed, dense, residual, workspace)");
-    if (c.compress.exchange == "partitioned")
+    if (c.compress.exchange == Exchange::partitioned)
       n += 2 * ((sparse + std::max(1, ranks) - 1) / std::max(1, ranks)), parts.push_back("owner residual and range sum");
-    if (c.compress.target == "update") n += 2 * P, parts.push_back("update delta and pre-step copy");
+    if (c.compress.target == CompressTarget::update) n += 2 * P, parts.push_back("update delta and pre-step copy");
   }
-  if (c.sync.kind == "local" && c.sync.outer != "average") n += 2 * P, parts.push_back("outer anchor and momentum");
-  if (c.sync.kind == "local" || c.topology.kind != "full") n += P, parts.push_back("group mean");
+  if (c.sync.kind == SyncKind::local && c.sync.outer != Outer::average) n += 2 * P, parts.push_back("outer anchor and momentum");
+  if (c.sync.kind == SyncKind::local || c.topology.kind != TopologyKind::full) n += P, parts.push_back("group mean");
   what.clear();
   for (const auto& p : parts) what += (what.empty() ? "" : ", ") + p;
   return n;
 }
 
 // What the precision changes: the 16-bit copy, what params gathers, the activations.
-void set_precision(PlanBasis& b, const MemoryEstimate& est, const std::string& precision) {
+void set_precision(PlanBasis& b, const MemoryEstimate& est, Precision precision) {
   b.precision = precision;
   b.copy_bytes = sixteen_bit(precision) ? 2 : 0;
   b.activations = activation_bytes(est, precision);
@@ -250,28 +240,28 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 // params, in fp32 with their 16-bit copy: the unit computing and the next,
 // prefetched (H = 2), and with MTP the embedding and the head held through
 // the forward (H = 4).
-bool pieces_of_master(const PlanBasis& b, Shard level) {
-  return b.copy_bytes > 0 && b.ranks > 1 && (level == Shard::optimizer || level == Shard::gradients);
+bool pieces_of_master(const PlanBasis& b, ShardLevel level) {
+  return b.copy_bytes > 0 && b.ranks > 1 && (level == ShardLevel::optimizer || level == ShardLevel::gradients);
 }
 
-MemoryPlan plan_level(const PlanBasis& b, Shard level) {
+MemoryPlan plan_level(const PlanBasis& b, ShardLevel level) {
   const double P = double(b.params), S = double(b.shard), L = double(b.largest_layer), c = b.copy_bytes;
   MemoryPlan plan;
   plan.level = level;
   plan.activations = b.activations;
   plan.communication = b.sync_buffers + b.exchange;
-  const bool owns_grads = level == Shard::gradients || level == Shard::params;
+  const bool owns_grads = level == ShardLevel::gradients || level == ShardLevel::params;
   const double W = b.ranks, M = double(b.fp32_read);
-  plan.weights = (4 + c) * (level == Shard::params ? S : P);
+  plan.weights = (4 + c) * (level == ShardLevel::params ? S : P);
   if (pieces_of_master(b, level)) {
     plan.weights = c * P + 4 * S + 4 * M * (W - 1) / W;
     plan.communication += 4 * M;
   }
   plan.gradients = owns_grads ? 4 * S : 4 * P;
-  plan.optimizer = level == Shard::off ? 8 * P : 8 * S;
+  plan.optimizer = level == ShardLevel::off ? 8 * P : 8 * S;
   const double F = kShardBucketsInFlight;
-  if (level == Shard::gradients) plan.communication += 4 * L + 2 * F * b.bucket_bytes;
-  if (level == Shard::params) plan.communication += 4 * L + 2 * F * b.bucket_bytes + b.held_units * L * (4 + c);
+  if (level == ShardLevel::gradients) plan.communication += 4 * L + 2 * F * b.bucket_bytes;
+  if (level == ShardLevel::params) plan.communication += 4 * L + 2 * F * b.bucket_bytes + b.held_units * L * (4 + c);
   return plan;
 }
 
@@ -290,11 +280,6 @@ std::array<MemoryPlan, 4> all_levels(const PlanBasis& b) {
   return plans;
 }
 
-Shard level_named(const std::string& name) {
-  for (Shard l : kShardLevels)
-    if (name == shard_name(l)) return l;
-  return Shard::off;
-}
 
 }  // namespace
 
@@ -344,12 +329,12 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                                "the {} routed experts per MoE layer (ep {})\n", moe.routed / ep, moe.routed, ep);
   out += header("precision", "  vs fp32");
   double fp32_total = 0;
-  for (const char* name : {"fp32", "bf16", "fp16"}) {
+  for (Precision type : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     PlanBasis b = deck_basis;
-    set_precision(b, est, name);
-    const MemoryPlan p = plan_level(b, Shard::off);
+    set_precision(b, est, type);
+    const MemoryPlan p = plan_level(b, ShardLevel::off);
     if (fp32_total == 0) fp32_total = p.total();
-    out += row(name, p, fmt::format(" {:>8.2f}x", p.total() / fp32_total));
+    out += row(std::string(mode_name(type)), p, fmt::format(" {:>8.2f}x", p.total() / fp32_total));
   }
   out += fmt::format("  activations: {} kept in 16 bits under bf16/fp16, {} other kept, {} scratch (fp32), "
                      "+{} scratch under bf16/fp16\n",
@@ -372,9 +357,9 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      ranks, expert_holders);
   out += header("level", known ? "  fits" : "");
   for (const auto& p : plans)
-    out += row(shard_name(p.level), p,
+    out += row(std::string(mode_name(p.level)), p,
                (known ? (p.total() <= limit.bytes ? "  yes" : "  no") : std::string()) +
-                   (shard_name(p.level) == deck_basis.deck_level ? "  <- the deck's" : ""));
+                   (p.level == deck_basis.deck_level ? "  <- the deck's" : ""));
   const PlanBasis& b = deck_basis;
   if (ep == 1)
     out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
@@ -388,7 +373,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                        format_count(double(b.experts)), ranks, holders, format_count(double(b.shard)), b.largest_name,
                        format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
-  if (pieces_of_master(b, Shard::optimizer))
+  if (pieces_of_master(b, ShardLevel::optimizer))
     out += fmt::format("  optimizer: AdamW's moments sharded (8 S), and the fp32 master weights (4 S) but for the M = "
                        "{} the model reads in fp32 (embedding, norms, router gates: 4 M (W-1)/W more, and 4 M "
                        "gathered); the 16-bit copy ({} P) stays whole, all-gathered in place before the next forward\n",
@@ -436,14 +421,14 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   }
   std::string fitting;
   for (const auto& p : plans)
-    if (p.total() <= limit.bytes) fitting += (fitting.empty() ? "" : ", ") + std::string(shard_name(p.level));
+    if (p.total() <= limit.bytes) fitting += (fitting.empty() ? "" : ", ") + std::string(mode_name(p.level));
   const MemoryPlan* smallest = smallest_fitting(plans, limit.bytes);
   out += fmt::format("\n# verdict: limit {} per rank ({})\n", format_bytes(limit.bytes), limit.source);
   if (!smallest) {
     out += fmt::format("  no level fits: even params needs {}\n", format_bytes(plans.back().total()));
   } else {
     out += fmt::format("  fits: {}\n", fitting);
-    out += fmt::format("  smallest level that fits: {}\n", shard_name(smallest->level));
+    out += fmt::format("  smallest level that fits: {}\n", mode_name(smallest->level));
   }
   return out;
 }
@@ -454,11 +439,11 @@ std::string memory_refusal(const Program& program, int ranks, const MemoryLimit&
   if (moe.enabled() && ranks % moe.ep != 0) return "";  // the trainer refuses it, naming any checkpoint's layout
   const PlanBasis b = plan_basis(program, ranks);
   const auto plans = all_levels(b);
-  const MemoryPlan& off = plans[size_t(level_named(b.deck_level))];  // the deck's level
+  const MemoryPlan& off = plans[size_t(b.deck_level)];  // the deck's level
   if (off.total() <= limit.bytes) return "";
   const MemoryPlan* smallest = smallest_fitting(plans, limit.bytes);
   const std::string instead =
-      smallest ? fmt::format("the least sharded level that would fit is shard {} ({})", shard_name(smallest->level),
+      smallest ? fmt::format("the least sharded level that would fit is shard {} ({})", mode_name(smallest->level),
                              format_bytes(smallest->total()))
                : fmt::format("no sharding level fits (params needs {}): more ranks, {}a smaller model or batch",
                              format_bytes(plans.back().total()), moe.enabled() ? "a larger moe ep, " : "");

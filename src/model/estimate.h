@@ -45,15 +45,13 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
 //   params:    also 1/W of the weights, gathered unit by unit.
 // Under ep the routed experts are held by D = W/N ranks each, so what is
 // sharded of them is shared by those D: 1/D where replicated tensors have 1/W.
-enum class Shard { off, optimizer, gradients, params };
-inline constexpr std::array<Shard, 4> kShardLevels{Shard::off, Shard::optimizer, Shard::gradients, Shard::params};
-const char* shard_name(Shard level);
+inline constexpr std::array<ShardLevel, 4> kShardLevels{ShardLevel::off, ShardLevel::optimizer, ShardLevel::gradients, ShardLevel::params};
 
 // What every level is built from, for one rank of `ranks`.
 struct PlanBasis {
   int ranks = 1;                // W
   int ep = 1;                   // N: ranks of an expert-parallel group; D = W / N hold each expert
-  std::string precision;        // fp32 | bf16 | fp16
+  Precision precision = Precision::fp32;
   int64_t model_params = 0;     // the whole model
   int64_t params = 0;           // P: what this rank holds (under ep: the replicated tensors and its experts)
   int64_t experts = 0;          // X: of P, this rank's routed experts (E/N of each MoE layer's; 0 without ep)
@@ -69,13 +67,13 @@ struct PlanBasis {
   std::string sync_what;        // what those are ("" when none)
   std::string phase;            // the phase planned ("DECK:LINE" of its run)
   int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held)
-  std::string deck_level = "off";  // the deck's shard level
+  ShardLevel deck_level = ShardLevel::off;  // the deck's shard level
   int64_t fp32_read = 0;        // M: weights the model reads in fp32 (embedding, norms, router gates)
 };
 
 // Bytes one rank holds at one level.
 struct MemoryPlan {
-  Shard level = Shard::off;
+  ShardLevel level = ShardLevel::off;
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
   double total() const { return weights + gradients + optimizer + activations + communication; }
 };
@@ -84,10 +82,10 @@ struct MemoryPlan {
 // phases, the one whose sync strategy keeps the most beside the model.
 // Throws InputError, naming the moe line, when ep does not divide `ranks`.
 PlanBasis plan_basis(const Program& program, int ranks);
-MemoryPlan plan_level(const PlanBasis& basis, Shard level);
+MemoryPlan plan_level(const PlanBasis& basis, ShardLevel level);
 // Whether a level keeps the fp32 master as this rank's pieces below params
 // (16-bit precision at W > 1: the GEMMs read the whole 16-bit copy instead).
-bool pieces_of_master(const PlanBasis& basis, Shard level);
+bool pieces_of_master(const PlanBasis& basis, ShardLevel level);
 
 // A limit per rank to hold plans against; bytes <= 0: none known.
 struct MemoryLimit {

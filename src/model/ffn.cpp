@@ -32,7 +32,8 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
       ew1_.push_back(store(q + "w1"));
       ew2_.push_back(store(q + "w2"));
     }
-    gate_kind_ = {e.gate == "sigmoid", e.gate == "sigmoid", e.route_scale};
+    gate_kind_ = {e.gate == Gate::sigmoid, e.gate == Gate::sigmoid, e.route_scale};
+    aux_coef_ = e.balance == Balance::aux ? e.balance_coef : 0;
     logits_ = activation<T>("router_logits", N_, E_);
     scores_ = activation<T>("router_scores", N_, E_);
     weights_ = activation<T>("router_weights", N_, K_);
@@ -132,14 +133,14 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   aux_loss_ = 0;
   auto grad = host_staging(score_grad_);
   for (int64_t x = 0; x < E_; ++x) grad(x) = T(0);
-  if (e.balance == "aux" && e.balance_coef > 0) {
+  if (aux_coef_ > 0) {
     auto mean = ws_.vec("moe_mean", E_);
     k::score_means<T>(mean, mat(scores_, N_, E_));
     auto hmean = host_copy(mean);
     for (int64_t x = 0; x < E_; ++x) {
       const double f = double(E_) / double(K_ * N_) * counts_host_[x];
-      aux_loss_ += e.balance_coef * f * double(hmean(x));
-      grad(x) = T(loss_scale_ * e.balance_coef * f / double(N_));
+      aux_loss_ += aux_coef_ * f * double(hmean(x));
+      grad(x) = T(loss_scale_ * aux_coef_ * f / double(N_));
     }
   }
   Kokkos::deep_copy(score_grad_, grad);

@@ -99,6 +99,7 @@ class FeedForward {
   // through the workspace: moe_held_out, moe_held_dy)
   KeptActivation<T> ox_, oh_, oa_;
   double aux_loss_ = 0;
+  double aux_coef_ = 0;    // balance aux: its coefficient alpha; 0 under balance bias (resolved at construction)
   double loss_scale_ = 1;  // mixed precision: loss scaling (Transformer::set_loss_scale)
 };
 

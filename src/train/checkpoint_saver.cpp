@@ -31,18 +31,18 @@ void CheckpointSaver::save(const CheckpointConfig& settings, const std::string& 
   const CheckpointData data = take(mine);
   CheckpointFormat format;
   format.mode = settings.mode;
-  format.codec.kind = *kernels::ckpt_codec::codec_from_name(settings.codec);
+  format.codec.kind = settings.codec;
   format.codec.ratio = settings.ratio;
   format.codec.block = settings.block;
   format.base_every = settings.base_every;
   const auto encoded = encode_checkpoint(comm_, file_layout_, data, &mine, format, &chain_);
   last_ = {};
   last_.waited = waited;
-  last_.kind = chain_kind_of(*encoded) == "delta" ? "delta of " + chain_.name : "base";
+  last_.kind = chain_kind_of(*encoded) == ChainKind::delta ? "delta of " + chain_.name : "base";
   last_.how = data.slabs              ? "each rank its own slabs"
-              : format.mode == "diff" ? "diff " + settings.codec
+              : format.mode == CheckpointMode::diff ? fmt::format("diff {}", settings.codec)
                                       : "full copies";
-  const auto writer = settings.writer == "rank0" ? CheckpointWriter::rank0 : CheckpointWriter::collective;
+  const auto writer = settings.writer;
   last_.writer = writer == CheckpointWriter::rank0 ? "rank 0 writes" : "collective";
   const int64_t keep = settings.keep;
   if (settings.async && async_possible()) {

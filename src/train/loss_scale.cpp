@@ -10,9 +10,10 @@ LossScaler::LossScaler(double scale, bool dynamic, int64_t window)
     throw std::invalid_argument(fmt::format("LossScaler: scale {} and window {} (expected > 0 and >= 1)", scale, window));
 }
 
-LossScaler LossScaler::from_setting(const std::string& loss_scale, int64_t window) {
-  if (loss_scale == "dynamic") return LossScaler(kInitialDynamic, true, window);
-  return LossScaler(std::stod(loss_scale), false, window);  // the deck checked it is a positive number
+LossScaler LossScaler::from_setting(LossScaleKind kind, double value, bool fp16, int64_t window) {
+  if (kind == LossScaleKind::automatic) kind = fp16 ? LossScaleKind::dynamic : LossScaleKind::fixed, value = 1;
+  if (kind == LossScaleKind::dynamic) return LossScaler(kInitialDynamic, true, window);
+  return LossScaler(value, false, window);  // the deck checked it is a positive number
 }
 
 bool LossScaler::update(bool overflow) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "core/modes.h"  // LossScaleKind
 
 namespace xx {
 
@@ -16,9 +17,11 @@ class LossScaler {
  public:
   static constexpr double kInitialDynamic = 65536.0;  // 2^16, PyTorch GradScaler's start
 
-  // "dynamic" or a positive number (static scale); window: clean steps before doubling.
+  // A scale > 0 (the first one when dynamic); window: clean steps before doubling.
   LossScaler(double scale, bool dynamic, int64_t window);
-  static LossScaler from_setting(const std::string& loss_scale, int64_t window);
+  // The deck's precision line: dynamic, or a fixed scale (value); auto is
+  // dynamic under fp16 and none (1) under bf16.
+  static LossScaler from_setting(LossScaleKind kind, double value, bool fp16, int64_t window);
 
   double scale() const { return scale_; }
   bool dynamic() const { return dynamic_; }

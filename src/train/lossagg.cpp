@@ -20,9 +20,9 @@ void to_host(std::vector<double>& v, const Buffer<double>& b) {
   Kokkos::deep_copy(HostVec(v.data(), v.size()), b);
 }
 
-kernels::RankWeighting rank_weighting(const std::string& kind) {
-  if (kind == "robust") return kernels::RankWeighting::robust;
-  if (kind == "softmax") return kernels::RankWeighting::softmax;
+kernels::RankWeighting rank_weighting(LossAggKind kind) {
+  if (kind == LossAggKind::robust) return kernels::RankWeighting::robust;
+  if (kind == LossAggKind::softmax) return kernels::RankWeighting::softmax;
   return kernels::RankWeighting::mean;  // mean and uncertainty weigh ranks by their tokens
 }
 
@@ -62,7 +62,7 @@ LossWeights LossAggregator::weigh(const LossAggConfig& cfg, std::array<double, k
 
   LossWeights out;
   out.main = out.mtp = out.aux = multipliers_[rank_];
-  if (cfg.kind == "uncertainty") {
+  if (cfg.kind == LossAggKind::uncertainty) {
     std::vector<double> active(kKinds);
     for (int i = 0; i < kKinds; ++i) active[i] = active_[i] ? 1.0 : 0.0;
     auto active_d = to_device(active, "LossAggregator::active");

@@ -4,12 +4,11 @@
 namespace xx {
 
 MixedPrecision::MixedPrecision(const PrecisionConfig& cfg, Transformer<float>& model)
-    : type_(kernels::precision_from_name(cfg.kind)), model_(model) {
+    : type_(cfg.kind), model_(model) {
   if (type_ == kernels::Precision::fp32) return;
   const bool fp16 = type_ == kernels::Precision::fp16;
-  const std::string& s = cfg.loss_scale;
   scaler_ = std::make_unique<LossScaler>(
-      LossScaler::from_setting(s == "auto" ? (fp16 ? "dynamic" : "1") : s, cfg.scale_window));
+      LossScaler::from_setting(cfg.loss_scale_kind, cfg.loss_scale_value, fp16, cfg.scale_window));
 }
 
 void MixedPrecision::begin_step() {

@@ -33,7 +33,7 @@ Schedule::Schedule(const OptimizerConfig& opt, const ScheduleConfig& cfg, uint64
 
 int64_t Schedule::offset(int c) const {
   if (c <= 0) return 0;
-  if (cfg_.kind == "step") return saturating_mul(cfg_.every, c);
+  if (cfg_.kind == ScheduleKind::step) return saturating_mul(cfg_.every, c);
   if (cfg_.mult == 1.0) return saturating_mul(cfg_.period, c);
   Boundaries b{double(cfg_.period), cfg_.mult};
   int64_t out = 0;
@@ -43,7 +43,7 @@ int64_t Schedule::offset(int c) const {
 
 int Schedule::cycle_at(int64_t s) const {
   int64_t c = 0;
-  if (cfg_.kind == "step") c = s / cfg_.every;
+  if (cfg_.kind == ScheduleKind::step) c = s / cfg_.every;
   else if (cfg_.mult == 1.0) c = s / cfg_.period;
   else
     for (Boundaries b{double(cfg_.period), cfg_.mult}; b.next() <= s && c < INT_MAX;) ++c;
@@ -54,7 +54,7 @@ double Schedule::lr(int64_t step) const {
   const ScheduleConfig& schedule = cfg_;
   const OptimizerConfig& opt = opt_;
   if (schedule.warmup > 0 && step <= schedule.warmup) return opt.lr * double(step) / double(schedule.warmup);
-  if (schedule.kind == "sgdr") {
+  if (schedule.kind == ScheduleKind::sgdr) {
     const int64_t s = std::max<int64_t>(step - schedule.warmup - 1, 0);
     const int c = cycle_at(s);
     const int64_t start = offset(c), length = offset(c + 1) - start;
@@ -62,7 +62,7 @@ double Schedule::lr(int64_t step) const {
     const double peak = opt.lr * jitter_factor(c);
     return schedule.min_lr + 0.5 * (peak - schedule.min_lr) * (1.0 + std::cos(M_PI * progress));
   }
-  if (schedule.kind == "step") {
+  if (schedule.kind == ScheduleKind::step) {
     const int level = cycle_at(std::max<int64_t>(step - schedule.warmup - 1, 0));
     return opt.lr * std::pow(schedule.factor, double(level)) * jitter_factor(level);
   }
@@ -74,19 +74,19 @@ double Schedule::lr(int64_t step) const {
 }
 
 int Schedule::cycle(int64_t step) const {
-  if (cfg_.kind != "sgdr" && cfg_.kind != "step") return 0;
+  if (cfg_.kind != ScheduleKind::sgdr && cfg_.kind != ScheduleKind::step) return 0;
   if (step <= cfg_.warmup) return 0;
   return cycle_at(step - cfg_.warmup - 1);
 }
 
 bool Schedule::is_restart(int64_t step) const {
-  if (cfg_.kind != "sgdr") return false;
+  if (cfg_.kind != ScheduleKind::sgdr) return false;
   const int c = cycle(step);
   return c > 0 && step == cycle_start(c);
 }
 
 int64_t Schedule::cycle_start(int c) const {
-  if (c <= 0 || (cfg_.kind != "sgdr" && cfg_.kind != "step")) return 1;
+  if (c <= 0 || (cfg_.kind != ScheduleKind::sgdr && cfg_.kind != ScheduleKind::step)) return 1;
   return cfg_.warmup + 1 + offset(c);
 }
 
@@ -95,6 +95,6 @@ double Schedule::jitter_factor(int c) const {
   return 1.0 + cfg_.jitter * (2.0 * uniform01(stream_, uint64_t(c)) - 1.0);
 }
 
-bool Schedule::restart_from_best() const { return cfg_.kind == "sgdr" && cfg_.restart_from == "best"; }
+bool Schedule::restart_from_best() const { return cfg_.kind == ScheduleKind::sgdr && cfg_.restart_from == RestartFrom::best; }
 
 }  // namespace xx

@@ -23,7 +23,7 @@ void add_lossagg(nlohmann::json& record, const StepFigures& f, int rank, RunLog&
     for (size_t r = 0; r < w.size(); ++r) main[r] = f.lossagg->gathered_losses()[r * LossAggregator::kKinds];
     record["lossagg_rank_loss_main"] = main;
   }
-  if (f.lossagg_kind == "uncertainty") {
+  if (f.lossagg_kind == LossAggKind::uncertainty) {
     const auto lw = f.lossagg->loss_weights();
     record["lossagg_loss_weight_main"] = lw[0];
     if (f.lossagg->active()[1]) record["lossagg_loss_weight_mtp"] = lw[1];
@@ -84,7 +84,7 @@ void StepReport::log_step(const StepFigures& f) {
     record_["skipped_steps"] = f.scaler->skipped();
     record_["overflows"] = f.scaler->overflows();
   }
-  if (f.lossagg && f.lossagg_kind != "off") add_lossagg(record_, f, rank_, log_);
+  if (f.lossagg && f.lossagg_kind != LossAggKind::off) add_lossagg(record_, f, rank_, log_);
   const std::string extra = f.expert_load.empty() ? "" : add_expert_load(record_, f);
   log_.console(fmt::format("step {:>6}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s "
                            "| {}{}",

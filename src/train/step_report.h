@@ -37,7 +37,7 @@ struct StepFigures {
   std::optional<double> compress_ratio;   // compress topk
   const LossScaler* scaler = nullptr;
   const LossAggregator* lossagg = nullptr;
-  std::string lossagg_kind = "off";
+  LossAggKind lossagg_kind = LossAggKind::off;
   int64_t batch_position = 0;             // batches this rank's loader handed out
 };
 

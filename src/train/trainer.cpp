@@ -57,7 +57,7 @@ double Trainer::train_step() {
   sync.before_update();
   // clip_order scaled (the wrong order, for measuring it): the factor that
   // clipping the still-scaled gradient would have applied.
-  const double clip_norm = cfg_.precision.clip_order == "scaled" ? norm * precision_->step_scale() : norm;
+  const double clip_norm = cfg_.precision.clip_order == ClipOrder::scaled ? norm * precision_->step_scale() : norm;
   if (!skip)  // a skipped step leaves the weights, AdamW's moments and count, and the MoE biases alone
     optimizer_->step(model_->params(), grads.data(), cfg_.optimizer, lr,
                      clip_factor(clip_norm, cfg_.optimizer.clip));
@@ -122,7 +122,7 @@ void Trainer::balance_experts() {
   for (size_t l = 0; l < layers.size(); ++l) {
     std::vector<double> load(global.begin() + l * E, global.begin() + (l + 1) * E);
     for (int64_t e = 0; e < E; ++e) last_.expert_load[e] += load[e];
-    if (cfg_.model.moe.balance == "bias") layers[l].second->update_bias(load, cfg_.model.moe.balance_coef);
+    if (cfg_.model.moe.balance == Balance::bias) layers[l].second->update_bias(load, cfg_.model.moe.balance_coef);
   }
 }
 
@@ -147,7 +147,7 @@ void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
   const std::string msg = fmt::format("rank {}: step {}: no gradient reached {} tensor(s): {}", rank_, step_ + 1,
                                       missing.size(), fmt::join(missing, ", "));
   log_->rank(msg);
-  if (cfg_.grad_check.missing == "error") throw std::runtime_error(msg + " (grad_check missing error)");
+  if (cfg_.grad_check.missing == MissingGradient::error) throw std::runtime_error(msg + " (grad_check missing error)");
   fmt::print(stderr, "warning: {}\n", msg);
 }
 
@@ -226,7 +226,7 @@ void Trainer::run_phases() {
   // output goes to a pipe or file, so `auto` cannot trust isatty there.
   const auto& progress = cfg_.output.progress;
   const bool terminal = ::isatty(STDOUT_FILENO) && !std::getenv("OMPI_COMM_WORLD_SIZE");
-  log_->show_progress(progress == "on" || (progress == "auto" && terminal));
+  log_->show_progress(progress == Progress::on || (progress == Progress::automatic && terminal));
   report_ = std::make_unique<StepReport>(*log_, rank_, world_, flops_per_token_, mfu_, total_steps);
   double loss = 0;
   for (size_t phase = phase_; phase < program_.phases.size(); ++phase) {

@@ -37,7 +37,7 @@
 namespace xx {
 
 struct RunOptions {
-  std::string resume;  // "" (fresh), "auto" (newest complete checkpoint, if any) or a path
+  ResumeFrom resume;   // -resume: fresh, auto (the newest complete checkpoint, if any) or a file
   bool quiet = false;  // no console output (tests)
 };
 
@@ -102,7 +102,7 @@ class Trainer {
   std::vector<double> peak_resident_mib() const;
 
   // checkpoints (trainer_checkpoint.cpp)
-  std::string resolve_resume(const std::string& resume) const;
+  std::string resolve_resume(const ResumeFrom& resume) const;
   void restore(const std::string& path);
   std::map<std::string, int64_t> required_buffers(StatePlace place) const;
   CheckpointData snapshot(double loss, RankState& mine);  // collective: the base and this rank's own state

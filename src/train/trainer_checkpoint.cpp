@@ -17,24 +17,24 @@ using namespace transfer;
 
 // Which checkpoint to start from, if any. Never silently starts over on top
 // of an earlier run's checkpoints: that would overwrite them.
-std::string Trainer::resolve_resume(const std::string& resume) const {
+std::string Trainer::resolve_resume(const ResumeFrom& resume) const {
   const std::string ckpt = (fs::path(cfg_.output.dir) / "ckpt").string();
   const size_t earlier = fs::is_directory(ckpt) ? step_files(ckpt).size() : 0;
-  if (resume.empty()) {
+  if (resume.kind == ResumeFrom::Kind::fresh) {
     if (earlier > 0)
       input_error("{}: holds {} checkpoint(s) of an earlier run (expected -resume auto to continue it, or another "
                   "output dir)", ckpt, earlier);
     return "";
   }
-  if (resume == "auto") {
+  if (resume.kind == ResumeFrom::Kind::latest) {
     const std::string latest = latest_checkpoint(ckpt);
     if (latest.empty() && earlier > 0)
       input_error("{}: none of its {} checkpoint file(s) is complete (expected at least one with attribute "
                   "complete = 1; move the broken ones away to start over)", ckpt, earlier);
     return latest;
   }
-  if (!fs::exists(resume)) input_error("{}: no such checkpoint (given to -resume)", resume);
-  return resume;
+  if (!fs::exists(resume.path)) input_error("{}: no such checkpoint (given to -resume)", resume.path);
+  return resume.path;
 }
 
 // Every part registers its state once (core/state.h); save, restore and
@@ -79,10 +79,10 @@ void Trainer::restore(const std::string& path) {
     by_slabs = placement_.sharded() && written_by_slabs(path);
     data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer), !by_slabs);
     old_world = data.state.world_size;
-    if (old_world != world_ && cfg_.data.shuffle == "independent")
+    if (old_world != world_ && cfg_.data.shuffle == Shuffle::independent)
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
                   "expected {} ranks)", path, old_world, world_, old_world);
-    if (old_world != world_ && cfg_.data.partition == "contiguous")
+    if (old_world != world_ && cfg_.data.partition == Partition::contiguous)
       input_error("{}: written by {} ranks, resumed on {} (partition contiguous gives each rank its own slice: "
                   "another world size would give each rank other data; expected {} ranks)", path, old_world, world_,
                   old_world);
@@ -159,7 +159,7 @@ std::vector<float> Trainer::whole_params() {
 // guarantees it), writing one base file at a time with parallel HDF5: each
 // rank writes its own pieces. Otherwise the pieces are gathered whole first.
 bool Trainer::writes_slabs() const {
-  return placement_.sharded() && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == "collective" &&
+  return placement_.sharded() && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == CheckpointWriter::collective &&
          strategy_->agreement(step_).all();
 }
 

@@ -32,7 +32,7 @@ bool Trainer::agree_on_losses(const LossParts& mine) {
   }
   const std::string who = ranks_with(comm_, nonfinite_.own);
   const std::string what = fmt::format("step {}: inf or NaN in the loss or gradients of {}", step_ + 1, who);
-  if (cfg_.health.nan == "stop") throw HealthError(what + " (health nan stop; `health nan skip` skips such steps)");
+  if (cfg_.health.nan == NanPolicy::stop) throw HealthError(what + " (health nan stop; `health nan skip` skips such steps)");
   if (++nonfinite_.in_row > cfg_.health.max_skips)
     throw HealthError(fmt::format("{}: {} non-finite steps in a row (health max_skips {})", what, nonfinite_.in_row,
                                   cfg_.health.max_skips));
@@ -101,20 +101,20 @@ void Trainer::stop_on_signal(double loss) {
 void Trainer::inject_fault(int64_t step) {
   const auto& f = cfg_.fault;
   // A resumed run injects nothing: the test that killed a run can resume the same deck.
-  if (f.kind == "off" || resumed_ || f.step != step || f.rank != rank_) return;
-  if (f.kind == "detach") return;  // a standing fault: inject_gradient_fault set it up
+  if (f.kind == FaultKind::off || resumed_ || f.step != step || f.rank != rank_) return;
+  if (f.kind == FaultKind::detach) return;  // a standing fault: inject_gradient_fault set it up
   // The wall clock, so that an experiment can time how long the job takes to end after it.
   const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   log_->rank(fmt::format("fault {} injected at step {} (unix time {:.3f})", f.kind, step, unix_s));
-  if (f.kind == "kill") {
+  if (f.kind == FaultKind::kill) {
     std::raise(SIGKILL);
-  } else if (f.kind == "hang") {
+  } else if (f.kind == FaultKind::hang) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  } else if (f.kind == "signal") {
+  } else if (f.kind == FaultKind::signal) {
     std::raise(SIGTERM);
-  } else if (f.kind == "throw") {
+  } else if (f.kind == FaultKind::throw_error) {
     throw std::runtime_error(fmt::format("fault throw injected at step {}", step));
-  } else if (f.kind == "nan") {  // in this step's backward, before the gradients are averaged
+  } else if (f.kind == FaultKind::nan) {  // in this step's backward, before the gradients are averaged
     inject_gradient_fault(step, rank_, std::numeric_limits<float>::quiet_NaN());
   }
 }

@@ -47,8 +47,8 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   // machine; a run never measures it. Only rank 0 reports an MFU.
   if (rank_ == 0) {
     std::string why_none;
-    const auto type = kernels::precision_from_name(cfg_.precision.kind);
-    const PeakKey machine = this_machine(kernels::gemm_kernel(type), cfg_.precision.kind);
+    const auto type = cfg_.precision.kind;
+    const PeakKey machine = this_machine(kernels::gemm_kernel(type), std::string(mode_name(cfg_.precision.kind)));
     auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), machine, &why_none);
     mfu_ = MfuMeter(std::move(peak), why_none);
     if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
@@ -84,9 +84,7 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
   file_layout_ = std::make_unique<ParamLayout>(whole);
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   if (world_ % ep == 0) return;
-  std::string where = "deck";
-  for (const auto& l : program_.lines)
-    if (!l.words.empty() && l.words[0] == "moe") where = fmt::format("{}:{}", l.file, l.line);
+  const std::string where = where_given(program_, "moe");
   std::string written;
   on_rank0_or_throw(comm_, rank_, [&] {
     if (resume_path.empty()) return;
@@ -101,8 +99,8 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
 
 void Trainer::build_model() {
   comm_ops_ = std::make_unique<Communicator>(comm_, cfg_.sync.transport, sparse_transport(program_.phases));
-  kernels::set_widened_products(cfg_.precision.products == "widened");
-  kernels::set_tf32_products(cfg_.precision.kind == "fp32" && cfg_.precision.products == "tf32");
+  kernels::set_widened_products(cfg_.precision.products == Products::widened);
+  kernels::set_tf32_products(cfg_.precision.kind == Precision::fp32 && cfg_.precision.products == Products::tf32);
   try {
     kernels::select_gemm_backend(cfg_.gemm);
   } catch (const std::runtime_error& e) {
@@ -110,12 +108,12 @@ void Trainer::build_model() {
   }
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
-                                                kernels::precision_from_name(cfg_.precision.kind), rank_ % ep);
+                                                cfg_.precision.kind, rank_ % ep);
   // shard: this rank's pieces of every gradient bucket (the first phase's
   // buckets; the deck keeps them one size per job), under params cut inside
   // the weight units the model asks for.
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
-  placement_ = place_model(cfg_.model, model_->layout(), *shard_level_from_name(cfg_.shard.level), bucket, world_,
+  placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, world_,
                            rank_, fp32_weights_in_pieces(cfg_, world_));
   placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
   saver_ = std::make_unique<CheckpointSaver>(comm_, *file_layout_, [this](const std::string& line) {
@@ -143,9 +141,9 @@ void Trainer::build_model() {
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
   restarts_ = std::make_unique<WarmRestarts>(*placed_, program_, *model_, *optimizer_);
   for (const auto& p : program_.phases)
-    if (p.config.lossagg.kind != "off" && !lossagg_) {
+    if (p.config.lossagg.kind != LossAggKind::off && !lossagg_) {
       const auto& m = cfg_.model;
-      const bool aux = m.moe.balance == "aux" && m.moe.balance_coef > 0 && !model_->moe_layers().empty();
+      const bool aux = m.moe.balance == Balance::aux && m.moe.balance_coef > 0 && !model_->moe_layers().empty();
       lossagg_ = std::make_unique<LossAggregator>(comm_, std::array<bool, LossAggregator::kKinds>{
                                                              true, m.mtp.depth > 0, aux});  // main, mtp, aux
     }
@@ -156,7 +154,7 @@ void Trainer::build_model() {
 void Trainer::enter_phase(size_t phase) {
   const Phase& p = program_.phases[phase];
   phase_ = phase, cfg_ = p.config;
-  lossagg_on_ = lossagg_ && cfg_.lossagg.kind != "off";
+  lossagg_on_ = lossagg_ && cfg_.lossagg.kind != LossAggKind::off;
   phase_end_ = 0;
   for (size_t i = 0; i <= phase; ++i) phase_end_ += program_.phases[i].steps;
   phase_start_ = phase_end_ - p.steps;
@@ -200,14 +198,14 @@ void Trainer::inject_gradient_fault(int64_t step, int rank, float value) {
       if (injected_.step == step_ + 1 && end == total)
         Kokkos::deep_copy(Kokkos::subview(model_->grads(), total - 1), injected_.value);
     });
-  if (cfg_.fault.kind == "detach" && cfg_.fault.rank == rank_) {
+  if (cfg_.fault.kind == FaultKind::detach && cfg_.fault.rank == rank_) {
     const TensorInfo last = model_->layout().tensors().back();
     on_gradients_.push_back([this, last, total](int64_t, int64_t end) {
       if (!resumed_ && step_ + 1 >= cfg_.fault.step && end == total)
         Kokkos::deep_copy(Kokkos::subview(model_->grads(), std::make_pair(last.offset, last.offset + last.size)), 0.0f);
     });
   }
-  if (cfg_.grad_check.missing != "off")  // a rank that lossagg robust trimmed has no gradient by design
+  if (cfg_.grad_check.missing != MissingGradient::off)  // a rank that lossagg robust trimmed has no gradient by design
     on_gradients_.push_back([this](int64_t b, int64_t e) { if (seed_main_ != 0) check_missing_gradients(b, e); });
   if (!precision_->scaler())
     on_gradients_.push_back([this](int64_t b, int64_t e) {
@@ -231,10 +229,10 @@ std::string Trainer::backends() const {
   row("sync strategy", strategy_report_);
   out += comm_ops_->report() + "\n";
   const auto& ck = cfg_.checkpoint;
-  const char* writer = ck.writer == "rank0" ? "rank 0 writes (HDF5 POSIX driver, the ranks' state gathered)"
+  const char* writer = ck.writer == CheckpointWriter::rank0 ? "rank 0 writes (HDF5 POSIX driver, the ranks' state gathered)"
                                             : "parallel HDF5 (MPI-IO, collective)";
   row("checkpoints", fmt::format("{}, per-rank state {}{}, fletcher32 + crc32c", writer, ck.mode,
-                                 ck.mode == "diff" ? " " + ck.codec : ""));
+                                 ck.mode == CheckpointMode::diff ? fmt::format(" {}", ck.codec) : ""));
   row("data loader", fmt::format("{} threads, queue {}", cfg_.data.workers, cfg_.data.queue));
   row("peak (MFU)", mfu_.describe());
   if (const ExpertShare& x = placement_.experts(); x.ep > 1) {

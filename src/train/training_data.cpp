@@ -116,7 +116,7 @@ void TrainingData::start_stream(const std::string& resume_path, const std::funct
   DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, where_);
   if (!sampler.pool_windows().empty())
     pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
-  if (cfg_.data.shuffle != "fixed" || pool_ || cfg_.data.partition != "shuffled")
+  if (cfg_.data.shuffle != Shuffle::fixed || pool_ || cfg_.data.partition != Partition::shuffled)
     say("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
   if (rank_ == 0)
     write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()),
