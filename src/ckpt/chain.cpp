@@ -50,7 +50,7 @@ std::string chain_parent_path(const std::string& path, const ChainLink& link) {
 
 ChainLink read_chain_link(const std::string& path) {
   h5::H5 file = h5::open_read_only(path);
-  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file){}", path, h5::cause());
   return chain_link(file, path);
 }
 

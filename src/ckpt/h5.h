@@ -47,6 +47,12 @@ inline std::string error_text() {
   return out;
 }
 
+// " (HDF5: <cause>)" after a failed call, for the end of its message; "" when HDF5 said nothing.
+inline std::string cause() {
+  const std::string text = error_text();
+  return text.empty() ? "" : fmt::format(" (HDF5: {})", text);
+}
+
 // HDF5's native type for T.
 template <class T>
 hid_t native();
@@ -67,7 +73,7 @@ inline uint64_t file_bytes(const std::string& path) {
 inline H5 open_single_attr(hid_t obj, const char* name, const std::string& path) {
   if (H5Aexists(obj, name) <= 0) input_error("{}: attribute '{}' is missing (expected a xuanxue checkpoint)", path, name);
   H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  if (attr < 0) input_error("{}: cannot open attribute '{}' ({})", path, name, error_text());
+  if (attr < 0) input_error("{}: cannot open attribute '{}'{}", path, name, cause());
   H5 space(H5Aget_space(attr), H5Sclose);
   const hssize_t n = space < 0 ? -1 : H5Sget_simple_extent_npoints(space);
   if (n != 1) input_error("{}: attribute '{}' holds {} values (expected one)", path, name, n);
@@ -79,7 +85,7 @@ V read_attr(hid_t obj, const char* name, hid_t type, const std::string& path) {
   H5 attr = open_single_attr(obj, name, path);
   V value{};
   if (H5Aread(attr, type, &value) < 0)
-    input_error("{}: cannot read attribute '{}' as a number ({})", path, name, error_text());
+    input_error("{}: cannot read attribute '{}' as a number{}", path, name, cause());
   return value;
 }
 
@@ -98,7 +104,7 @@ inline std::string read_string_attr(hid_t obj, const char* name, const std::stri
   H5Tset_size(memtype, value.size());
   H5Tset_strpad(memtype, H5T_STR_NULLPAD);
   if (H5Aread(attr, memtype, value.data()) < 0)
-    input_error("{}: cannot read attribute '{}' as a string ({})", path, name, error_text());
+    input_error("{}: cannot read attribute '{}' as a string{}", path, name, cause());
   while (!value.empty() && value.back() == '\0') value.pop_back();
   return value;
 }
@@ -129,7 +135,7 @@ inline void read_tensor(hid_t group, const std::string& group_name, const Tensor
     input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                 fmt::join(shape, ", "), fmt::join(t.shape, ", "));
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
-    input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+    input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
   verify_crc(ds, data + t.offset, size_t(t.size) * sizeof(float), where, path);
 }
 
@@ -169,7 +175,7 @@ std::vector<T> read_vector(hid_t group, const std::string& name, hid_t type, int
                 where, n, sizeof(T), most);
   std::vector<T> v(n);
   if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
-    input_error("{}: dataset '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+    input_error("{}: dataset '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
   verify_crc(ds, v.data(), v.size() * sizeof(T), where, path);
   return v;
 }
