@@ -109,6 +109,24 @@ inline std::string read_string_attr(hid_t obj, const char* name, const std::stri
   return value;
 }
 
+// Dataset `ds` must be stored in `type`, the type it is read into (as
+// xuanxue writes it): then HDF5 copies its bytes without converting them.
+// Its conversion of a corrupt stored type can overrun its own buffers
+// (libhdf5 1.10.8, H5D__scatgath_read; found by tools/lab/fuzz).
+inline void check_type(hid_t ds, hid_t type, const std::string& where, const std::string& path) {
+  H5 stored(H5Dget_type(ds), H5Tclose);
+  if (stored < 0 || H5Tequal(stored, type) <= 0) {
+    const auto described = [](hid_t t) {
+      if (t < 0) return std::string("unreadable");
+      const H5T_class_t c = H5Tget_class(t);
+      const char* name = c == H5T_INTEGER ? "integer" : c == H5T_FLOAT ? "float" : c == H5T_STRING ? "string" : "other";
+      return fmt::format("{} of {} bytes", name, H5Tget_size(t));
+    };
+    input_error("{}: dataset '{}' is stored as {} (expected {}, as xuanxue writes it)", path, where,
+                described(stored), described(type));
+  }
+}
+
 // Version 2 files carry a crc32c attribute on every dataset: the checksum
 // of the values as written, verified on top of HDF5's fletcher32.
 inline void verify_crc(hid_t ds, const void* data, size_t bytes, const std::string& where, const std::string& path) {
@@ -134,6 +152,7 @@ inline void read_tensor(hid_t group, const std::string& group_name, const Tensor
   if (shape != t.shape)
     input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                 fmt::join(shape, ", "), fmt::join(t.shape, ", "));
+  check_type(ds, H5T_NATIVE_FLOAT, where, path);
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
     input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
   verify_crc(ds, data + t.offset, size_t(t.size) * sizeof(float), where, path);
@@ -173,6 +192,7 @@ std::vector<T> read_vector(hid_t group, const std::string& name, hid_t type, int
   if (const uint64_t most = max_dataset_bytes(ds, path); n > most / sizeof(T))
     input_error("{}: dataset '{}' claims {} values of {} bytes (expected at most {} bytes from the file's size)", path,
                 where, n, sizeof(T), most);
+  check_type(ds, type, where, path);
   std::vector<T> v(n);
   if (n > 0 && H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
     input_error("{}: dataset '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());

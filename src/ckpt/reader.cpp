@@ -168,6 +168,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
         if (std::vector<int64_t>(dims.begin(), dims.end()) != t.shape)
           input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                       fmt::join(dims, ", "), fmt::join(t.shape, ", "));
+        check_type(ds, H5T_NATIVE_FLOAT, where, path);
         const hsize_t n = std::max<hsize_t>(1, mine.values.size());
         H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
         const size_t tensor = s->tensor;

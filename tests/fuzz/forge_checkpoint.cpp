@@ -1,7 +1,7 @@
 // Hand-made bad checkpoints for tests/fuzz/replay.sh: a copy of a real one
 // with one thing changed through HDF5's own API, so that the file is valid
 // HDF5 and only xuanxue's reader can refuse it. Each case is a finding of
-// the fuzzer (docs/CHECKPOINT.md, "Fuzzing the reader") or a neighbour of one.
+// the fuzzing work (docs/CHECKPOINT.md, "Fuzzing the reader") or a control.
 //   xx_ckpt_forge CASE IN OUT     (CASE: see kCases below)
 #include <hdf5.h>
 #include <cstdio>
@@ -74,6 +74,25 @@ const Case kCases[] = {
        H5Ldelete(g, t.c_str(), H5P_DEFAULT);
        small_dataset(g, t.c_str(), {1, 2, 3});
        H5Gclose(g);
+     }},
+    {"wide_float", "the first tensor of /model stored as floats of 8 bytes (32 bits used), its shape kept",
+     [](hid_t f, const std::string&) {
+       // The fuzzer's crash: a float type of 262144 bytes made HDF5's
+       // conversion read 1 MB past a 260-byte buffer. Any stored type but
+       // the one read into is refused before HDF5 converts it.
+       const hid_t g = H5Gopen2(f, "model", H5P_DEFAULT);
+       const std::string t = first_link(g);
+       const hid_t old = H5Dopen2(g, t.c_str(), H5P_DEFAULT);
+       const hid_t space = H5Dget_space(old);
+       const hssize_t n = H5Sget_simple_extent_npoints(space);
+       H5Dclose(old);
+       H5Ldelete(g, t.c_str(), H5P_DEFAULT);
+       const hid_t wide = H5Tcopy(H5T_IEEE_F32LE);
+       H5Tset_size(wide, 8);
+       const hid_t ds = H5Dcreate2(g, t.c_str(), wide, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+       std::vector<float> values(size_t(n), 0.5f);
+       H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+       H5Dclose(ds), H5Tclose(wide), H5Sclose(space), H5Gclose(g);
      }},
     {"huge_series", "/train/huge: 2^40 doubles never written (a series of any length)",
      [](hid_t f, const std::string&) {

@@ -7,8 +7,9 @@
 #   - cut at many offsets (the header, each tenth, one byte short): exit 2;
 #   - one bit flipped at seeded offsets in the header, in the metadata and
 #     anywhere: exit 0 (a bit HDF5 never reads) or 2;
-#   - the hand-made bad files of xx_ckpt_forge (the fuzzer's findings: a
-#     wrong-shape tensor, datasets larger than the file, array and
+#   - the hand-made bad files of xx_ckpt_forge (the findings: a
+#     wrong-shape tensor, a tensor stored in another type (the fuzzer's one
+#     crash), datasets larger than the file, array and
 #     variable-length attributes, a delta based on itself, world_size 0, a
 #     per-rank buffer one rank lacks): exit 2 with the case's message;
 # all read by one xx_ckpt_read (MPI's start-up costs more than a read), which
@@ -78,6 +79,7 @@ forge() {
   printf 'refused\t%s\t%s\n' "$out" "$3" >>"$T/cases"
 }
 forge shape dense/ckpt/step_00000002.h5 "has shape [3] (expected ["
+forge wide_float dense/ckpt/step_00000002.h5 "is stored as float of 8 bytes (expected float of 4 bytes"
 forge huge_series dense/ckpt/step_00000002.h5 "dataset '/train/huge' claims 1099511627776 values"
 forge huge_buffer dense/ckpt/step_00000002.h5 "dataset '/buffers/huge' claims 68719476736 values"
 forge array_attr dense/ckpt/step_00000002.h5 "attribute 'complete' holds 8000 values (expected one)"
