@@ -11,6 +11,10 @@
 # Writes OUT/RUN/ckpt/step_*.h5 (the runs as they are, a delta next to its
 # base) and OUT/seeds/RUN-step_N.h5 (copies, for libFuzzer's corpus);
 # OUT/chain_base names the chain base the deltas in seeds/ need.
+# With spm_train (Debian: sentencepiece), also OUT/tokenizer/*.model: the
+# SentencePiece models fuzz_tokenizer starts from (BPE as tools/prepare-data
+# trains it: byte fallback, identity normalization, no dummy prefix; and a
+# unigram one), 5 KB each.
 # About 30 s on 2 cores; the files are 60-150 KB each.
 # usage: make_corpus.sh OUT XUANXUE [MPIEXEC]
 set -euo pipefail
@@ -57,4 +61,13 @@ train local_int8 2 "sync local 2" "checkpoint every 1 mode diff codec int8 base_
 train local_topk 2 "sync local 2" "checkpoint every 2 mode diff codec topk ratio 0.1"
 train sharded 2 "shard optimizer" "checkpoint every 2"
 echo "$out/local_int8/ckpt/step_00000001.h5" >"$out/chain_base"
+if command -v spm_train >/dev/null; then
+  mkdir -p "$out/tokenizer"
+  for type in bpe unigram; do
+    spm_train --input="$out/corpus.txt" --model_prefix="$out/tokenizer/$type" --vocab_size=300 --model_type=$type \
+      --byte_fallback=true --normalization_rule_name=identity --add_dummy_prefix=false --minloglevel=2 \
+      >"$out/tokenizer/$type.log" 2>&1 || { echo "make_corpus: spm_train $type failed" >&2; exit 1; }
+    rm -f "$out/tokenizer/$type.vocab" "$out/tokenizer/$type.log"
+  done
+fi
 echo "make_corpus: $(ls "$out/seeds" | wc -l) seeds in $out/seeds ($(du -sk "$out/seeds" | cut -f1) KB)"
