@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -79,6 +80,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   char dir[] = "/tmp/xx-fuzz-ckpt.XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
   g_path = std::string(dir) + "/step_00000004.h5";
+  std::atexit([] { std::error_code ignored; fs::remove_all(fs::path(g_path).parent_path(), ignored); });
   if (const char* base = std::getenv("XX_FUZZ_CHAIN_BASE"); base && *base)
     fs::copy_file(base, fs::path(dir) / fs::path(base).filename());
   return 0;

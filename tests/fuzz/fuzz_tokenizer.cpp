@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   char dir[] = "/tmp/xx-fuzz-tok.XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
   g_path = std::string(dir) + "/tokenizer.model";
+  std::atexit([] { std::error_code ignored; std::filesystem::remove_all(std::filesystem::path(g_path).parent_path(), ignored); });
   return 0;
 }
 
