@@ -36,16 +36,24 @@ ChainLink chain_link(hid_t file, const std::string& path) {
 }
 
 std::string chain_parent_path(const std::string& path, const ChainLink& link) {
+  // A file name next to this one, not this one: a delta read from itself, or
+  // from another delta, would recurse without end.
+  if (link.parent.find('/') != std::string::npos || link.parent == "." || link.parent == ".." ||
+      link.parent == fs::path(path).filename().string())
+    input_error("{}: attribute 'chain_parent' is '{}' (expected the file name of another checkpoint next to it)", path,
+                link.parent);
   const std::string parent = (fs::path(path).parent_path() / link.parent).string();
   if (!fs::exists(parent))
     input_error("{}: its chain base '{}' is missing (expected {} next to it: a delta checkpoint stores only the "
                 "change since that file)", path, link.parent, parent);
+  if (const ChainLink up = read_chain_link(parent); up.kind != "base")
+    input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, up.kind);
   return parent;
 }
 
 ChainLink read_chain_link(const std::string& path) {
   h5::H5 file = h5::open_read_only(path);
-  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file){}", path, h5::cause());
   return chain_link(file, path);
 }
 

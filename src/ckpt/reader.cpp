@@ -22,7 +22,7 @@ H5 open_complete(const std::string& path) {
   if (!fs::exists(path)) input_error("{}: no such checkpoint (expected an .h5 file written by xuanxue)", path);
   if (H5Fis_hdf5(path.c_str()) <= 0) input_error("{}: not an HDF5 file (expected a xuanxue checkpoint)", path);
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file){}", path, cause());
   if (read_string_attr(file, "format", path) != "xuanxue-checkpoint")
     input_error("{}: attribute 'format' is not 'xuanxue-checkpoint'", path);
   const int version = read_attr<int>(file, "format_version", H5T_NATIVE_INT, path);
@@ -169,6 +169,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
         if (std::vector<int64_t>(dims.begin(), dims.end()) != t.shape)
           input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                       fmt::join(dims, ", "), fmt::join(t.shape, ", "));
+        check_type(ds, H5T_NATIVE_FLOAT, where, path);
         const hsize_t n = std::max<hsize_t>(1, mine.values.size());
         H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
         const size_t tensor = s->tensor;
@@ -177,7 +178,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
         slabs::select_slabs(mem, space, dims, &*first, &*first + (s - first));
         if (H5Sget_select_npoints(space) > 0 &&
             H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, mine.values.data()) < 0)
-          input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data)", path, where);
+          input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
         if (H5Aexists(ds, "crc32c") <= 0)
           input_error("{}: tensor '{}' has no crc32c attribute (expected one in a file written by slabs)", path, where);
         want[size_t(i)][tensor] = read_attr<uint32_t>(ds, "crc32c", H5T_NATIVE_UINT32, path);
@@ -201,7 +202,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
 RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
                           const std::map<std::string, int64_t>& extra) {
   H5 file = open_read_only(path);
-  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file)", path);
+  if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file){}", path, cause());
   const std::string where = fmt::format("/ranks/{}", rank);
   if (H5Lexists(file, "ranks", H5P_DEFAULT) <= 0 || H5Lexists(file, where.c_str(), H5P_DEFAULT) <= 0)
     input_error("{}: group '{}' is missing (expected the state of rank {})", path, where, rank);

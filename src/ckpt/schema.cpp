@@ -151,6 +151,15 @@ TrainState read_train_state(hid_t train, const std::string& path) {
             s.*member = h5::read_attr<T>(train, f.attribute, h5::native<T>(), path);
         },
         f.member);
+  // Counts a resume loops over or divides by.
+  auto at_least = [&](const char* attribute, int64_t value, int64_t least) {
+    if (value < least) input_error("{}: attribute '/train/{}' is {} (expected {} or more)", path, attribute, value, least);
+  };
+  at_least("step", s.step, 0);
+  at_least("sampler_batches", s.sampler_batches, 0);
+  at_least("epoch", s.epoch, 0);
+  at_least("world_size", s.world_size, 1);
+  at_least("ep", s.ep, 1);
   return s;
 }
 

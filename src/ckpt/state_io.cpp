@@ -57,20 +57,26 @@ RankState merged_rank_state(const std::string& path, const ParamLayout& layout, 
     for (int r = 0; r < old_world; ++r) sources.push_back(r);
   RankState out = read_rank_state(path, layout, base, sources[0], own);
   if (sources.size() == 1) return out;
-  auto average = [&](std::vector<float>& into, auto get) {
+  auto average = [&](std::vector<float>& into, const std::string& what, auto get) {
     std::vector<double> sum(into.begin(), into.end());
     for (size_t i = 1; i < sources.size(); ++i) {
       RankState other = read_rank_state(path, layout, base, sources[i], own);
-      const std::vector<float>& v = get(other);
-      for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
+      const std::vector<float>* v = get(other);
+      if (!v || v->size() != into.size())
+        input_error("{}: rank {} holds {} values of '{}' (expected {}, as rank {} does, to merge them)", path,
+                    sources[i], v ? v->size() : 0, what, into.size(), sources[0]);
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += (*v)[j];
     }
     for (size_t j = 0; j < sum.size(); ++j) into[j] = float(sum[j] / double(sources.size()));
   };
-  average(out.params, [](RankState& s) -> std::vector<float>& { return s.params; });
-  average(out.adam_m, [](RankState& s) -> std::vector<float>& { return s.adam_m; });
-  average(out.adam_v, [](RankState& s) -> std::vector<float>& { return s.adam_v; });
-  for (auto& [name, values] : out.extra)
-    average(values, [name = name](RankState& s) -> std::vector<float>& { return s.extra.at(name); });
+  average(out.params, "params", [](RankState& s) { return &s.params; });
+  average(out.adam_m, "adam_m", [](RankState& s) { return &s.adam_m; });
+  average(out.adam_v, "adam_v", [](RankState& s) { return &s.adam_v; });
+  for (auto& [name, values] : out.extra)  // optional buffers: any size, so every rank's must match the first's
+    average(values, name, [name = name](RankState& s) -> std::vector<float>* {
+      const auto it = s.extra.find(name);
+      return it == s.extra.end() ? nullptr : &it->second;
+    });
   return out;
 }
 
