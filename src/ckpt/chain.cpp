@@ -46,8 +46,8 @@ std::string chain_parent_path(const std::string& path, const ChainLink& link) {
   if (!fs::exists(parent))
     input_error("{}: its chain base '{}' is missing (expected {} next to it: a delta checkpoint stores only the "
                 "change since that file)", path, link.parent, parent);
-  if (const ChainLink up = read_chain_link(parent); up.kind != "base")
-    input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, up.kind);
+  if (const ChainLink up = read_chain_link(parent); up.kind != ChainKind::base)
+    input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent, mode_name(up.kind));
   return parent;
 }
 
