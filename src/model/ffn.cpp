@@ -99,7 +99,6 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
   // (under ep the shared experts run while the tokens travel: parallel_forward)
   if (F_ > 0 && !exchange_) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
   if (!moe_) return;
-  const auto& e = m_.moe;
   // route: scores, top-k, positions in the expert-sorted batch
   // The router multiplies fp32 gate weights (DeepSeek-V3 keeps it in full
   // precision: a rounded logit flips near-tied top-k choices); under mixed
