@@ -200,7 +200,7 @@ def moe_ffn(p, buffers, pre, h, cfg, stats):
 def block(p, buffers, pre, x, cfg, is_moe, stats, moe=moe_ffn):
     """x + attention(attn_norm(x)), then + ffn(ffn_norm(.)); returns (x, aux).
     moe: the MoE feed-forward, moe_ffn here (every expert on every token, as
-    the math reads); tools/torch_train.py passes a routed one."""
+    the math reads); tools/lab/torch_train.py passes a routed one."""
     eps = cfg["norm_eps"]
     h = rmsnorm(x, p[pre + "attn_norm"], eps)
     x = x + (mla if cfg["attention"]["kind"] == "mla" else mha)(p, pre, h, cfg)
@@ -214,7 +214,7 @@ def block(p, buffers, pre, x, cfg, is_moe, stats, moe=moe_ffn):
 
 def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
     """Total loss = main + mtp_weight * mtp + aux, and its parts. Runs in the
-    dtype of the parameters (float64 here, float32 in tools/torch_train.py)."""
+    dtype of the parameters (float64 here, float32 in tools/lab/torch_train.py)."""
     B, T = inputs.shape
     V, eps = cfg["vocab"], cfg["norm_eps"]
     moe_on = cfg["moe"]["mode"] == "on"

@@ -56,7 +56,6 @@ CompressedSync::CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<fl
   settings_.quant = cfg.quant;
   settings_.block = cfg.block;
   settings_.feedback = cfg.feedback;
-  exchange_ = cfg.exchange;
   // Pack the tensors by size class, merging neighbours in the flat buffer.
   auto add = [](std::vector<std::pair<int64_t, int64_t>>& to, int64_t offset, int64_t size) {
     if (!to.empty() && to.back().first + to.back().second == offset) to.back().second += size;
@@ -85,7 +84,7 @@ CompressedSync::CompressedSync(const std::vector<TensorSpan>& tensors, Buffer<fl
   residual_ = Buffer<float>("CompressedSync::residual", sparse_n_);
   if (cfg.momentum > 0) momentum_ = Buffer<float>("CompressedSync::momentum", sparse_n_);
   ws_ = cx::Workspace(largest, largest);
-  if (exchange_ == Exchange::partitioned && sparse_n_ > int64_t(UINT32_MAX))
+  if (cfg_.exchange == Exchange::partitioned && sparse_n_ > int64_t(UINT32_MAX))
     throw std::invalid_argument(fmt::format("compress exchange partitioned: {} values in the sparse part, the "
                                             "payload indices reach 2^32 - 1", sparse_n_));
 }
@@ -106,7 +105,7 @@ double CompressedSync::ratio_at(int64_t step) const {
 bool CompressedSync::compressed(const Bucket& b, double ratio, int group_size) const {
   const int64_t n = b.end - b.begin;
   if (cfg_.ratio >= 1) return true;  // asked for: every entry through the sparse path
-  const int64_t peers = exchange_ == Exchange::partitioned ? 1 : std::max(1, group_size - 1);
+  const int64_t peers = cfg_.exchange == Exchange::partitioned ? 1 : std::max(1, group_size - 1);
   return peers * cx::payload_bytes(n, cx::topk_count(n, ratio), settings_.quant, settings_.block) <
          n * int64_t(sizeof(float));
 }
@@ -118,7 +117,7 @@ int CompressedSync::compressed_buckets(int64_t step, int group_size) const {
 }
 
 void CompressedSync::own_pieces(int members, int me) {
-  if (exchange_ != Exchange::partitioned) return;
+  if (cfg_.exchange != Exchange::partitioned) return;
   if (members < 1 || me < 0 || me >= members)
     throw std::invalid_argument(fmt::format("CompressedSync::own_pieces: member {} of {}", me, members));
   owner_members_ = members, owner_me_ = me;
@@ -130,7 +129,7 @@ void CompressedSync::own_pieces(int members, int me) {
 int64_t CompressedSync::range_begin(int64_t j) const { return cx::piece_begin(sparse_n_, j, owner_members_); }
 
 std::vector<float> CompressedSync::owner_residual_whole(MPI_Comm world) const {
-  if (exchange_ != Exchange::partitioned || owner_members_ == 0) return {};
+  if (cfg_.exchange != Exchange::partitioned || owner_members_ == 0) return {};
   int size = 0;
   MPI_Comm_size(world, &size);
   if (size != owner_members_)
@@ -146,7 +145,7 @@ std::vector<float> CompressedSync::owner_residual_whole(MPI_Comm world) const {
 }
 
 bool CompressedSync::load_owner_residual_whole(const std::vector<float>& whole) {
-  if (exchange_ != Exchange::partitioned || owner_members_ == 0) return false;
+  if (cfg_.exchange != Exchange::partitioned || owner_members_ == 0) return false;
   if (int64_t(whole.size()) != sparse_n_) {
     Kokkos::deep_copy(owner_residual_, 0.0f);
     return false;
@@ -171,7 +170,7 @@ std::vector<cx::Segment> CompressedSync::segments_of(const std::vector<const Buc
 }
 
 std::string CompressedSync::describe() const {
-  const char* exchange = exchange_ == Exchange::partitioned
+  const char* exchange = cfg_.exchange == Exchange::partitioned
                              ? "exchange partitioned (sparse reduce-scatter to the range owners, then all-gather)"
                              : "exchange allgather (every payload to every member)";
   return fmt::format("top-k {} ({} quant, feedback {}{}), {} buckets over {} values, {} values dense (min_size {}), "
@@ -219,7 +218,7 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
     send = momentum_;
   }
   int me = 0;
-  if (exchange_ == Exchange::partitioned) {
+  if (cfg_.exchange == Exchange::partitioned) {
     MPI_Comm_rank(group, &me);
     if (owner_members_ == 0) own_pieces(R, me);
     if (owner_members_ != R || owner_me_ != me)
@@ -247,7 +246,7 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
     if (cfg_.feedback) {  // nothing held back survives a dense step
       kernels::add_inplace<float>(out, part(residual_, b.begin, b.end));
       Kokkos::deep_copy(part(residual_, b.begin, b.end), 0.0f);
-      if (exchange_ == Exchange::partitioned) {  // nor what this rank held back of its range of the sum
+      if (cfg_.exchange == Exchange::partitioned) {  // nor what this rank held back of its range of the sum
         const int64_t lo = range_begin(me), begin = std::max(lo, b.begin), end = std::min(range_begin(me + 1), b.end);
         if (end > begin) {
           Vec<float> held = part(owner_residual_, begin - lo, end - lo);
@@ -260,7 +259,7 @@ void CompressedSync::reduce(const std::vector<int>& members, MPI_Comm group, int
   }
 
   // 3. compress, exchange and decode
-  if (exchange_ == Exchange::partitioned) partitioned(sparse, s, send, members, me, step, comm, stats);
+  if (cfg_.exchange == Exchange::partitioned) partitioned(sparse, s, send, members, me, step, comm, stats);
   else allgather(sparse, s, send, members, step, comm, stats);
 
   // 4. the dense part

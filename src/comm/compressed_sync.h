@@ -97,7 +97,7 @@ class CompressedSync {
   const Buffer<float>& residual() const { return residual_; }
   Buffer<float>& residual() { return residual_; }
   Buffer<float>& momentum() { return momentum_; }  // momentum correction's local momentum (empty when off)
-  Exchange exchange() const { return exchange_; }
+  Exchange exchange() const { return cfg_.exchange; }
   // Partitioned: lays the owner residual out for member `me` of a group of
   // `members` ranks (zeros); reduce() then refuses any other group shape.
   // reduce() does it on first use when nothing did before.
@@ -142,7 +142,6 @@ class CompressedSync {
   Buffer<float> dense_;          // (dense_n_ + largest bucket) the dense part, then its group sum
   Buffer<float> residual_;       // (sparse_n_) error feedback
   Buffer<float> momentum_;       // (sparse_n_) momentum correction, when on
-  Exchange exchange_ = Exchange::allgather;
   int owner_members_ = 0, owner_me_ = 0;          // the group shape owner_residual_ is laid out for (0: none yet)
   Buffer<float> owner_residual_;                  // (m_me) partitioned: the owner's error feedback over its range
   Buffer<float> owner_sum_;                       // (m_me) scratch: the range summed over the group

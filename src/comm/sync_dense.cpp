@@ -15,8 +15,6 @@ std::string group_text(const TopologyConfig& t) {
   return t.kind == TopologyKind::ring ? "the two ring neighbours" : "all ranks";
 }
 
-int micro_of(const SyncConfig& s) { return s.kind == SyncKind::accumulate ? s.every : 1; }
-
 std::string micro_text(const SyncConfig& s) {
   return s.kind == SyncKind::accumulate ? fmt::format(", one round per {} micro-batches", s.every) : "";
 }
@@ -32,7 +30,7 @@ class DenseSync final : public GroupSync {
     return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", sync_.buckets(),
                        settings_.sync.bucket_mb, group_text(settings_.topology), micro_text(settings_.sync));
   }
-  int micro_batches() const override { return micro_of(settings_.sync); }
+  int micro_batches() const override { return settings_.sync.micro_batches(); }
   void begin_step(int64_t step) override {
     GroupSync::begin_step(step);
     sync_.begin(topology_.group());
@@ -56,7 +54,7 @@ class GossipSync final : public GroupSync {
     return fmt::format("gradients averaged with {} after the backward{}", group_text(settings_.topology),
                        micro_text(settings_.sync));
   }
-  int micro_batches() const override { return micro_of(settings_.sync); }
+  int micro_batches() const override { return settings_.sync.micro_batches(); }
   void reduce_gradients(int64_t, CommStats& stats) override {
     auto& g = buffers_.grads;
     if (micro_batches() > 1)

@@ -72,7 +72,7 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
                                                "cannot read kernel memory)" : "; each collective over MPI";
     return describe_level() + staged;
   }
-  int micro_batches() const override { return settings_.sync.kind == SyncKind::accumulate ? settings_.sync.every : 1; }
+  int micro_batches() const override { return settings_.sync.micro_batches(); }
 
   void begin_step(int64_t) override {
     stats_ = CommStats{};

@@ -132,6 +132,8 @@ struct SyncConfig {
   // The dense collectives: auto (NCCL where the buffers are on a GPU and
   // every rank of a node has its own, else MPI), nccl, or mpi (comm/ops.h).
   DenseTransport transport = DenseTransport::automatic;
+  // Forward and backward passes per optimizer step: K under accumulate, else 1.
+  int micro_batches() const { return kind == SyncKind::accumulate ? every : 1; }
   bool operator==(const SyncConfig&) const = default;
 };
 

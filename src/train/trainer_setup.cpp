@@ -47,21 +47,21 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   // machine; a run never measures it. Only rank 0 reports an MFU.
   if (rank_ == 0) {
     std::string why_none;
-    const auto type = cfg_.precision.kind;
-    const PeakKey machine = this_machine(kernels::gemm_kernel(type), std::string(mode_name(cfg_.precision.kind)));
+    const Precision precision = cfg_.precision.kind;
+    const PeakKey machine = this_machine(kernels::gemm_kernel(precision), std::string(mode_name(precision)));
     auto peak = resolve_peak(cfg_.peak_gflops, default_peak_file(), machine, &why_none);
     mfu_ = MfuMeter(std::move(peak), why_none);
     if (!mfu_.peak_gflops()) log_->console(no_peak_hint(why_none));
     // 16-bit GEMMs are not faster everywhere (without AMX, some CPUs run
     // bf16 dot products at half the fp32 rate): say so when the peak file knows.
-    if (type != kernels::Precision::fp32 && cfg_.peak_gflops == 0 && mfu_.peak_gflops()) {
+    if (precision != Precision::fp32 && cfg_.peak_gflops == 0 && mfu_.peak_gflops()) {
       const PeakKey fp32 = this_machine(kernels::gemm_kernel(kernels::Precision::fp32), "fp32");
       if (auto f = resolve_peak(0, default_peak_file(), fp32); f && f->gflops_per_core > *mfu_.peak_gflops())
         log_->console(fmt::format("note: on this CPU {} GEMMs reach {:.1f} GFLOP/s per core, fp32 ones {:.1f} ({}): "
                                   "{} saves activation memory here, not time ('precision {} products widened' "
                                   "multiplies on the fp32 kernel)",
-                                  cfg_.precision.kind, *mfu_.peak_gflops(), f->gflops_per_core, default_peak_file(),
-                                  cfg_.precision.kind, cfg_.precision.kind));
+                                  precision, *mfu_.peak_gflops(), f->gflops_per_core, default_peak_file(),
+                                  precision, precision));
     }
   }
 }

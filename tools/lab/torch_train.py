@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch side of `tools/bench compare`: trains the model of a xuanxue deck
+"""The PyTorch side of `tools/lab/compare`: trains the model of a xuanxue deck
 in eager PyTorch (float32, one thread per rank) and prints tokens/s.
 
 The model is tools/torch_reference.py's (MHA or MLA, dense SwiGLU or
@@ -34,7 +34,7 @@ Prints, on rank 0, a log line every log_every steps (the deck's) on stderr and
 at the end one line on stdout, key=value as xuanxue's:
   PERFORMANCE impl=torch steps=N ranks=R timed_steps=S tokens_per_s=X ms_per_step=X final_loss=X params=P ...
 
-usage: tools/torch_train.py DECK [--ranks N] [--steps N] [--warmup N] [-var NAME VALUE]...
+usage: tools/lab/torch_train.py DECK [--ranks N] [--steps N] [--warmup N] [-var NAME VALUE]...
 """
 import os
 import sys
@@ -55,7 +55,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
+TOOLS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this file is in tools/lab/)
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 import torch_reference as ref  # noqa: E402  (the model: rmsnorm, rope, mha, mla, swiglu, block, loss_fn)
@@ -358,7 +358,7 @@ def free_port():
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog="tools/torch_train.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tools/lab/torch_train.py", description=__doc__.split("\n\n")[0])
     p.add_argument("deck", help="a xuanxue deck, e.g. input/tiny.deck (paths in it relative to the working directory)")
     p.add_argument("--ranks", type=int, default=1, help="processes, one core and one thread each (default 1)")
     p.add_argument("--steps", type=int, default=None, help="steps (default: the deck's `run` total)")
