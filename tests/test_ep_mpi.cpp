@@ -1,5 +1,5 @@
 // Expert parallelism (deck: moe ... ep N; src/model/ffn.cpp's parallel_*,
-// comm/expert_exchange_mpi.*, the expert buckets of comm/grad_sync.cpp):
+// comm/expert_exchange_mpi.*, the expert buckets of comm/bucket_reducer.cpp):
 // ep N follows ep 1's losses and routing, every expert's averaged gradient is
 // ep 1's (not N times it: DeepSpeed#5618), reruns are bit-identical, and a
 // checkpoint holds the whole model whatever ep wrote it, so it resumes at

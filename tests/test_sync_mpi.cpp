@@ -365,3 +365,58 @@ TEST_CASE("the dense transport: NCCL only with a GPU per rank of each node, ever
     CHECK(automatic.report().find("mpi (nccl: " + nccl_obstacles(here) + ")") != std::string::npos);
   }
 }
+
+TEST_CASE("the bucket reducer: each hook once, after its bucket's sum; never more than the bound in flight",
+          "[mpi][sync]") {
+  const int64_t n = 1000;
+  const auto buckets = cut_from_end(n, 97, {{300, 450}});  // 97-element buckets, cut again at the run's edges
+  // The cut: from the end, contiguous, and no bucket crosses 300 or 450.
+  REQUIRE(buckets.front().end == n);
+  REQUIRE(buckets.back().begin == 0);
+  for (size_t b = 0; b + 1 < buckets.size(); ++b) REQUIRE(buckets[b + 1].end == buckets[b].begin);
+  for (const auto& b : buckets) {
+    CHECK(b.end - b.begin <= 97);
+    CHECK(b.expert == (b.begin >= 300 && b.end <= 450));
+    CHECK(!(b.begin < 300 && b.end > 300));
+    CHECK(!(b.begin < 450 && b.end > 450));
+  }
+  Buffer<float> grads("grads", n);
+  {
+    auto h = xx::host_staging(grads);
+    for (int64_t i = 0; i < n; ++i) h(i) = value(mpi_rank(), i);
+    Kokkos::deep_copy(grads, h);
+  }
+  const int bound = 2;
+  std::vector<int> hooked(buckets.size(), 0);
+  bool sums_in_place = true;
+  // The expert runs summed over this rank alone here (its own group): their values stay its own.
+  BucketReducer reducer(grads, buckets, MPI_COMM_SELF, bound, [&](size_t b) {
+    ++hooked[b];
+    const auto h = host(grads);
+    for (int64_t i = buckets[b].begin; i < buckets[b].end; ++i) {
+      const double want = buckets[b].expert ? value(mpi_rank(), i) : mean_of(i, 0) * mpi_size();
+      sums_in_place = sums_in_place && h[i] == float(want);
+    }
+  });
+  reducer.begin(MPI_COMM_WORLD);
+  REQUIRE(reducer.group_size() == mpi_size());
+  for (int64_t offset = n - 50; offset > -50; offset -= 50) {
+    reducer.ready(std::max<int64_t>(0, offset));
+    size_t started = 0, done = 0;
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (buckets[b].begin >= std::max<int64_t>(0, offset)) ++started, done += hooked[b];
+    CHECK(started - done <= size_t(bound));
+  }
+  reducer.finish();
+  for (size_t b = 0; b < buckets.size(); ++b) CHECK(hooked[b] == 1);
+  CHECK(sums_in_place);
+  // On the wire: each shared bucket's all-reduce, 2 (g-1)/g of its bytes; the expert buckets' group is one rank.
+  int64_t wire = 0;
+  for (const auto& b : buckets)
+    if (!b.expert) wire += allreduce_wire_bytes((b.end - b.begin) * int64_t(sizeof(float)), mpi_size());
+  CHECK(reducer.stats().wire_bytes == wire);
+  // A device all-reduce's sums land on its stream: no hook can follow them.
+  CHECK_THROWS_AS(reducer.use_device_allreduce(Communicator(MPI_COMM_WORLD, DenseTransport::mpi,
+                                                             SparseTransport::mpi).dense()),
+                  std::logic_error);
+}

@@ -1,5 +1,5 @@
 // Gradient averaging with top-k compression (deck: compress topk ...), the
-// replacement for GradientSync's dense all-reduce when compression is on.
+// replacement for the dense bucketed all-reduce (comm/bucket_reducer.h) when compression is on.
 //
 // Per step, after the backward (gradients summed over the micro-steps):
 //   1. The tensors of at least min_size values are packed one after the other
@@ -68,7 +68,7 @@
 #include <mpi.h>
 #include <cstdint>
 #include <vector>
-#include "comm/grad_sync.h"
+#include "comm/comm_stats.h"
 #include "comm/ops.h"
 #include "core/tensor_span.h"
 #include "deck/config.h"

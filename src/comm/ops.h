@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 #include "comm/exchange.h"
-#include "comm/grad_sync.h"
+#include "comm/comm_stats.h"
 #include "deck/config.h"
 
 namespace xx {

@@ -5,7 +5,7 @@
 #pragma once
 #include <mpi.h>
 #include <vector>
-#include "comm/grad_sync.h"
+#include "comm/bucket_reducer.h"
 #include "core/placement.h"
 #include "core/views.h"
 

@@ -38,7 +38,6 @@ class CompressedSyncBase : public GroupSync {
     const std::string group = full() ? "all ranks" : fmt::format("clusters of {}", settings_.topology.size);
     return fmt::format("{} over {}", compressor_->describe(), group);
   }
-  int micro_batches() const override { return settings_.sync.micro_batches(); }
   // Each rank's residual (what it has not sent yet) and local momentum.
   void register_state(StateRegistry& registry) override {
     registry.add(buffer_entry("compress.residual", StatePlace::rank_buffer, compressor_->residual()));

@@ -15,36 +15,38 @@ std::string group_text(const TopologyConfig& t) {
   return t.kind == TopologyKind::ring ? "the two ring neighbours" : "all ranks";
 }
 
-std::string micro_text(const SyncConfig& s) {
-  return s.kind == SyncKind::accumulate ? fmt::format(", one round per {} micro-batches", s.every) : "";
-}
-
 class DenseSync final : public GroupSync {
  public:
-  DenseSync(const SyncBuffers& b, const SyncSettings& s) : GroupSync(b, s), sync_(b.world, b.grads, s.sync.bucket_mb, b.experts) {
+  DenseSync(const SyncBuffers& b, const SyncSettings& s)
+      : GroupSync(b, s),
+        reducer_(b.grads, cut_from_end(b.grads.extent(0), int64_t(s.sync.bucket_mb * 1024 * 1024 / sizeof(float)), b.experts.runs),
+                 b.experts.holders) {
     // NCCL where built for a device; otherwise MPI's nonblocking sums (staged
     // through the host where MPI cannot read kernel memory)
-    if (b.ops->dense().transport() != DenseTransport::mpi) sync_.use_device_allreduce(b.ops->dense());
+    if (b.ops->dense().transport() != DenseTransport::mpi) reducer_.use_device_allreduce(b.ops->dense());
   }
   std::string describe() const override {
-    return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", sync_.buckets(),
+    return fmt::format("{} buckets of {} MB all-reduced during the backward over {}{}", reducer_.size(),
                        settings_.sync.bucket_mb, group_text(settings_.topology), micro_text(settings_.sync));
   }
-  int micro_batches() const override { return settings_.sync.micro_batches(); }
   void begin_step(int64_t step) override {
     GroupSync::begin_step(step);
-    sync_.begin(topology_.group());
+    reducer_.begin(topology_.group());
   }
-  void gradients_ready(int64_t offset) override { sync_.ready(offset); }
+  void gradients_ready(int64_t offset) override { reducer_.ready(offset); }
   void reduce_gradients(int64_t, CommStats& stats) override {
-    sync_.finish(micro_batches());
-    stats += sync_.stats();
+    reducer_.finish();
+    // A sum over the group (and micro-batches) of mean gradients becomes their mean.
+    const int ranks = reducer_.group_size();
+    if (ranks * micro_batches() > 1)
+      kernels::scale_inplace<float>(reduced_gradients(), 1.0f / float(ranks * micro_batches()));
+    stats += reducer_.stats();
   }
   // One collective per bucket gives every member the same bits.
   Agreement agreement(int64_t) const override { return full() ? Agreement{true, true} : Agreement{}; }
 
  private:
-  GradientSync sync_;
+  BucketReducer reducer_;
 };
 
 class GossipSync final : public GroupSync {
@@ -54,7 +56,6 @@ class GossipSync final : public GroupSync {
     return fmt::format("gradients averaged with {} after the backward{}", group_text(settings_.topology),
                        micro_text(settings_.sync));
   }
-  int micro_batches() const override { return settings_.sync.micro_batches(); }
   void reduce_gradients(int64_t, CommStats& stats) override {
     auto& g = buffers_.grads;
     if (micro_batches() > 1)

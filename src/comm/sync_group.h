@@ -1,7 +1,9 @@
 // Inside the sync strategies (comm/sync_strategy.h): what they share, and
 // the factories the registry calls. Not for use outside src/comm/sync_*.cpp.
 #pragma once
+#include <fmt/format.h>
 #include <memory>
+#include <string>
 #include "comm/sync_strategy.h"
 
 namespace xx::sync_detail {
@@ -12,7 +14,6 @@ namespace xx::sync_detail {
 class GroupSync : public SyncStrategy {
  public:
   GroupSync(const SyncBuffers& buffers, const SyncSettings& settings);
-  void continue_into(int64_t phase_start) override { settings_.phase_start = phase_start; }
   void begin_step(int64_t step) override;
   void zero_gradients() override { Kokkos::deep_copy(buffers_.grads, 0.0f); }
   Vec<float> reduced_gradients() override {  // every strategy but sharded keeps them whole
@@ -34,11 +35,15 @@ class GroupSync : public SyncStrategy {
   void world_average(Buffer<float>& buffer, CommStats& stats);
 
   SyncBuffers buffers_;
-  SyncSettings settings_;
   Topology topology_;
   int rank_ = 0, world_ = 1;
   Buffer<float> mean_;  // scratch: the averaged parameters
 };
+
+// The start-up line's note on accumulation: ", one round per K micro-batches", or nothing.
+inline std::string micro_text(const SyncConfig& s) {
+  return s.kind == SyncKind::accumulate ? fmt::format(", one round per {} micro-batches", s.every) : "";
+}
 
 std::unique_ptr<SyncStrategy> make_dense(const SyncBuffers&, const SyncSettings&);
 std::unique_ptr<SyncStrategy> make_gossip(const SyncBuffers&, const SyncSettings&);

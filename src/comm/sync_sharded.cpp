@@ -22,10 +22,17 @@
 //              on its way), and its other ranks' pieces are released when
 //              the model lets go. No all-gather after the update: each rank's
 //              pieces are its part of the weights.
+// Three small strategies over the one BucketReducer that sync dense uses:
+//   ZeroOne    the reducer (at most kShardBucketsInFlight buckets at once) and
+//              the all-gather after the update;
+//   ZeroTwo    ZeroOne whose "reduced" hook keeps this rank's piece of each
+//              bucket and hands the bucket's pages back;
+//   ZeroThree  ZeroTwo and the WeightGate the model asks for each unit.
 // Under ep (moe ... ep N) an expert bucket is cut over the ranks holding the
 // same experts, and reduced and gathered over them alone (each owner's
 // gradient already sums its group's tokens; all are divided by the world).
 #include <fmt/format.h>
+#include <functional>
 #include <type_traits>
 #include "comm/kernel_memory_mpi.h"
 #include "comm/sync_group.h"
@@ -37,111 +44,54 @@
 namespace xx::sync_detail {
 namespace {
 
-class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWeightSource {
+// ZeRO-1, and what ZeRO-2 and -3 build on: the ownership, the reducer, the gathers.
+class ZeroOne : public SyncStrategy, public HalfWeightSource {
  public:
-  ShardedSync(const SyncBuffers& b, const SyncSettings& s)
-      : buffers_(b), settings_(s), owned_(b.owned) {
+  ZeroOne(const SyncBuffers& b, const SyncSettings& s)
+      : SyncStrategy(s),
+        buffers_(b),
+        owned_(b.owned),
+        reducer_(b.grads, reduce_buckets(b.owned), b.experts.holders, kShardBucketsInFlight,
+                 [this](size_t bucket) { reduced(bucket); }) {
     MPI_Comm_size(b.world, &world_);
     MPI_Comm_rank(b.world, &rank_);
     if (owned_.total() != int64_t(b.grads.extent(0)))
       throw std::logic_error("shard: the ownership does not cover the gradient buffer");
-    if (gradients_sharded()) shard_grads_ = Buffer<float>("Sync::shard_grads", owned_.shard_size());
-    if (kernel_memory_on_host())
-      grad_pages_ = PageReleaser(b.grads.data(), int64_t(b.grads.extent(0) * sizeof(float)), b.grads_in_huge_pages);
-    requests_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
-    started_.assign(owned_.buckets().size(), false);
-    gathers_.assign(owned_.buckets().size(), MPI_REQUEST_NULL);
-    if (weights_sharded()) {  // each unit's buckets (the trainer cut the buckets inside the units)
-      unit_buckets_.resize(b.units.size());
-      for (size_t k = 0; k < owned_.buckets().size(); ++k)
-        for (size_t u = 0; u < b.units.size(); ++u)
-          if (owned_.buckets()[k].begin >= b.units[u].first && owned_.buckets()[k].end <= b.units[u].second)
-            unit_buckets_[u].push_back(k);
-      whole_.assign(b.units.size(), false);
-      gathering_.assign(b.units.size(), false);
-    }
-    if (master_sharded()) plan_master_pieces();
-  }
-  ~ShardedSync() override {
-    for (auto& r : gathers_) mpi_.wait(&r);
+    // Below params under 16-bit precision the fp32 master is this rank's pieces (and the fp32-read runs).
+    if (s.shard != ShardLevel::params && world_ > 1 && b.half_params.extent(0) > 0) plan_master_pieces();
   }
 
   std::string describe() const override {
-    // Its reduce-scatters and all-gathers are MPI's, whatever carries sync dense's sums (comm/ops.h).
-    const std::string staged = mpi_.staged() ? "; each collective over MPI, staged through host memory (this MPI "
-                                               "cannot read kernel memory)" : "; each collective over MPI";
+    // Its reductions and all-gathers are MPI's, whatever carries sync dense's sums (comm/ops.h).
+    const std::string staged = reducer_.staged() ? "; each collective over MPI, staged through host memory (this MPI "
+                                                   "cannot read kernel memory)" : "; each collective over MPI";
     return describe_level() + staged;
   }
-  int micro_batches() const override { return settings_.sync.micro_batches(); }
 
   void begin_step(int64_t) override {
     stats_ = CommStats{};
-    if (weights_sharded())  // after init, a restore or a warm restart: only this rank's pieces stay
-      for (size_t u = 0; u < whole_.size(); ++u) release_weights(int(u));
     if (master_sharded()) release_others_master();
-    std::fill(started_.begin(), started_.end(), false);
+    reducer_.begin(buffers_.world);
   }
-
-  void zero_gradients() override {
-    auto& g = buffers_.grads;
-    if (kernel_memory_on_host()) {
-      // Pages released after the last step's reductions stay released until the backward writes them.
-      if (gradients_sharded()) {
-        ExecSpace().fence();
-        zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
-        return grad_pages_.reset();
-      }
-    }
-    Kokkos::deep_copy(g, 0.0f);
-  }
-
-  void gradients_ready(int64_t offset) override {
-    const auto& buckets = owned_.buckets();
-    for (size_t b = 0; b < buckets.size(); ++b)
-      if (!started_[b] && buckets[b].begin >= offset) start_reduce(b);
-    poke();
-    // At most kShardBucketsInFlight buckets reducing: Open MPI progresses them only
-    // inside MPI calls, so without a bound every bucket of the backward stays
-    // whole (and MPI's temporaries with it) until the last one is waited for.
-    size_t in_flight = 0;
-    for (auto r : requests_) in_flight += r != MPI_REQUEST_NULL;
-    const double t0 = MPI_Wtime();
-    for (size_t b = 0; b < requests_.size() && in_flight > size_t(kShardBucketsInFlight); ++b)  // the oldest first
-      if (requests_[b] != MPI_REQUEST_NULL) mpi_.wait(&requests_[b]), release(b), --in_flight;
-    stats_.seconds += MPI_Wtime() - t0;
-  }
+  void zero_gradients() override { Kokkos::deep_copy(buffers_.grads, 0.0f); }
+  void gradients_ready(int64_t offset) override { reducer_.ready(offset); }
 
   void reduce_gradients(int64_t, CommStats& stats) override {
-    for (size_t b = 0; b < started_.size(); ++b)
-      if (!started_[b]) start_reduce(b);
-    const double t0 = MPI_Wtime();
-    for (size_t b = 0; b < requests_.size(); ++b)
-      if (requests_[b] != MPI_REQUEST_NULL) mpi_.wait(&requests_[b]), release(b);
-    stats_.seconds += MPI_Wtime() - t0;
+    reducer_.finish();
     // A sum over ranks (and micro-steps) of mean gradients becomes their mean, as sync dense's.
     if (world_ * micro_batches() > 1) kernels::scale_inplace<float>(reduced_gradients(), 1.0f / float(world_ * micro_batches()));
     stats += stats_;
+    stats += reducer_.stats();
     stats_ = CommStats{};
   }
+  Vec<float> reduced_gradients() override { return Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0)); }
 
-  Vec<float> reduced_gradients() override {
-    if (gradients_sharded()) return Vec<float>(shard_grads_.data(), shard_grads_.extent(0));
-    return Vec<float>(buffers_.grads.data(), buffers_.grads.extent(0));
-  }
-
-  // The updated pieces, bucket by bucket, to every rank.
+  // The updated pieces, bucket by bucket, to every rank (the 16-bit copy: refresh_half_weights).
   void after_update(int64_t, CommStats& stats) override {
-    if (world_ == 1 || weights_sharded() || master_sharded()) return;  // (the 16-bit copy: refresh_half_weights)
+    if (world_ == 1 || master_sharded()) return;
     ExecSpace().fence();
     const double t0 = MPI_Wtime();
-    const auto& buckets = owned_.buckets();
-    std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      // As the reductions: a bounded number in flight, so MPI's temporaries stay bounded too.
-      if (b >= size_t(kShardBucketsInFlight)) mpi_.wait(&gathers[b - kShardBucketsInFlight]);
-      start_gather_bucket(b, gathers[b], stats, buffers_.params.data());
-    }
-    mpi_.wait_all(gathers);
+    gather_all(buffers_.params.data(), stats);
     stats.seconds += MPI_Wtime() - t0;
   }
 
@@ -150,13 +100,11 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
   // sharded, and a checkpoint gathers them whole.
   Agreement agreement(int64_t) const override { return {true, true}; }
 
-  WeightGate* weight_gate() override { return weights_sharded() ? this : nullptr; }
   HalfWeightSource* half_weight_source() override { return master_sharded() ? this : nullptr; }
 
-  // This rank's pieces to 16 bits; every bucket's 16-bit pieces all-gathered
-  // (at most kShardBucketsInFlight at once), and beside them every rank's
-  // pieces of the fp32 runs the model reads. The same bits as packing the
-  // whole gathered fp32 weights: the rounding is per element.
+  // This rank's pieces to 16 bits; every bucket's 16-bit pieces all-gathered,
+  // and beside them every rank's pieces of the fp32 runs the model reads.
+  // The same bits as packing the whole gathered fp32 weights: the rounding is per element.
   void refresh_half_weights() override {
     ExecSpace().fence();  // AdamW (or a restore) has written this rank's pieces
     const double t0 = MPI_Wtime();
@@ -165,63 +113,78 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     for (const auto& p : owned_.pieces())
       kernels::pack_half(half + p.begin, params + p.begin, p.size(), buffers_.half_type);
     ExecSpace().fence();
+    gather_all(half, stats_, [&] { gather_read_runs(); });
+    stats_.seconds += MPI_Wtime() - t0;
+  }
+
+ protected:
+  // The reducer's hook: bucket b's sum is in place (ZeRO-1 keeps the whole gradients).
+  virtual void reduced(size_t b) {}
+
+  // What the level does (describe adds the staging).
+  virtual std::string describe_level() const {
+    return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
+                       "at once{}{}",
+                       owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight,
+                       micro_text(settings_.sync), gather_text());
+  }
+  std::string gather_text() const {
+    return master_sharded()
+               ? fmt::format("; each rank updates its 1/{} of AdamW's state and keeps the fp32 master weights of "
+                             "those pieces only (and the {} the model reads in fp32: embedding, norms, router "
+                             "gates), and the 16-bit weights are all-gathered per bucket", world_, read_total_)
+               : fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every bucket it owns) "
+                             "and the weights are all-gathered per bucket", world_);
+  }
+
+  bool master_sharded() const { return !read_parts_.empty(); }
+
+  // The ranks bucket b is cut over: all, or under ep an expert bucket's holders.
+  MPI_Comm group_of(const Ownership::Bucket& bucket) const {
+    return bucket.expert ? buffers_.experts.holders : buffers_.world;
+  }
+
+  // Every rank's piece of bucket b of the weights (or of their 16-bit copy), to every rank, in place.
+  template <class Weight>
+  void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats, Weight* weights) {
+    static_assert(std::is_same_v<Weight, float> || std::is_same_v<Weight, uint16_t>);
+    const auto& bucket = owned_.buckets()[b];
+    const int ranks = int(bucket.counts.size());
+    if (ranks == 1) return;  // (an expert's only holder)
+    const MPI_Datatype type = std::is_same_v<Weight, float> ? MPI_FLOAT : MPI_UINT16_T;
+    mpi_.iallgatherv(weights + bucket.begin, bucket.counts.data(), bucket.displs.data(), type, group_of(bucket),
+                     &request);
+    stats.rounds += 1;
+    stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(Weight)) * (ranks - 1);
+    stats.wire_bytes += gather_wire_bytes((bucket.end - bucket.begin) * int64_t(sizeof(Weight)), ranks);
+  }
+
+  SyncBuffers buffers_;
+  Ownership owned_;
+  BucketReducer reducer_;
+  KernelMemoryMpi mpi_;  // the gathers: each through a host copy where MPI cannot read kernel memory
+  int world_ = 1, rank_ = 0;
+  CommStats stats_;  // the gathers' since the step began
+
+ private:
+  static std::vector<ReduceBucket> reduce_buckets(const Ownership& owned) {
+    std::vector<ReduceBucket> out;
+    for (const auto& b : owned.buckets()) out.push_back({b.begin, b.end, b.expert});
+    return out;
+  }
+
+  // Every bucket's pieces all-gathered in place, at most kShardBucketsInFlight at
+  // once so MPI's temporaries stay bounded too; `beside` runs while the last are in flight.
+  template <class Weight>
+  void gather_all(Weight* weights, CommStats& stats, const std::function<void()>& beside = {}) {
     const auto& buckets = owned_.buckets();
     std::vector<MPI_Request> gathers(buckets.size(), MPI_REQUEST_NULL);
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (b >= size_t(kShardBucketsInFlight)) mpi_.wait(&gathers[b - kShardBucketsInFlight]);
-      start_gather_bucket(b, gathers[b], stats_, half);
+      start_gather_bucket(b, gathers[b], stats, weights);
     }
-    gather_read_runs();
+    if (beside) beside();
     mpi_.wait_all(gathers);
-    stats_.seconds += MPI_Wtime() - t0;
-  }
-
-  void need(int unit, int next) override {
-    if (!whole_[unit]) {
-      if (!gathering_[unit]) start_gather(unit);
-      const double t0 = MPI_Wtime();
-      for (size_t b : unit_buckets_[unit]) mpi_.wait(&gathers_[b]);
-      stats_.seconds += MPI_Wtime() - t0;
-      whole_[unit] = true, gathering_[unit] = false;
-    }
-    if (next >= 0 && !whole_[next] && !gathering_[next]) start_gather(next);
-  }
-  void done(int unit) override { release_weights(unit); }
-
- private:
-  // What the level does (describe adds the staging)
-  std::string describe_level() const {
-    const std::string micro = settings_.sync.kind == SyncKind::accumulate
-                                  ? fmt::format(", one round per {} micro-batches", settings_.sync.every) : "";
-    const std::string gather =
-        master_sharded()
-            ? fmt::format("; each rank updates its 1/{} of AdamW's state and keeps the fp32 master weights of those "
-                          "pieces only (and the {} the model reads in fp32: embedding, norms, router gates), and the "
-                          "16-bit weights are all-gathered per bucket", world_, read_total_)
-            : fmt::format("; each rank updates its 1/{} of AdamW's state (the pieces of every bucket it owns) and "
-                          "the weights are all-gathered per bucket", world_);
-    if (weights_sharded())
-      return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
-                         "forward and the backward use it (the next one prefetched) and released after, its "
-                         "gradients reduced bucket by bucket during the backward and kept as this rank's piece; "
-                         "each rank keeps {} of {} weights, gradients and moments{}",
-                         unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
-                         owned_.shard_size(), owned_.total(), micro);
-    if (!gradients_sharded())
-      return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
-                         "at once{}{}",
-                         owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight, micro, gather);
-    return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
-                       "its piece of each ({} of {} gradients) and releasing the rest{}{}",
-                       owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(), micro,
-                       gather);
-  }
-
-  bool gradients_sharded() const { return settings_.shard == ShardLevel::gradients || settings_.shard == ShardLevel::params; }
-  bool weights_sharded() const { return settings_.shard == ShardLevel::params; }
-  // Below params under 16-bit precision: the fp32 master is this rank's pieces (and the fp32-read runs).
-  bool master_sharded() const {
-    return !weights_sharded() && world_ > 1 && buffers_.half_params.extent(0) > 0;
   }
 
   // Where every rank's pieces meet the fp32-read runs (each rank computes
@@ -286,6 +249,106 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
         release_whole_pages(buffers_.params.data() + a, (z - a) * int64_t(sizeof(float)));
     }
   }
+
+  // master sharded (16-bit precision below params; empty otherwise):
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> read_parts_;  // each rank's pieces of the fp32-read runs
+  std::vector<int> read_counts_, read_displs_;                         // their sizes and places in read_values_
+  int64_t read_total_ = 0;
+  Buffer<float> read_values_;                         // all of them, rank after rank
+  std::vector<std::pair<int64_t, int64_t>> others_;   // the other ranks' pieces outside those runs
+};
+
+// ZeRO-2: a rank keeps only its shard of the averaged gradients.
+class ZeroTwo : public ZeroOne {
+ public:
+  ZeroTwo(const SyncBuffers& b, const SyncSettings& s)
+      : ZeroOne(b, s), shard_grads_("Sync::shard_grads", owned_.shard_size()) {
+    if (kernel_memory_on_host())
+      grad_pages_ = PageReleaser(b.grads.data(), int64_t(b.grads.extent(0) * sizeof(float)), b.grads_in_huge_pages);
+  }
+  void zero_gradients() override {
+    if (!kernel_memory_on_host()) return ZeroOne::zero_gradients();
+    // Pages released after the last step's reductions stay released until the backward writes them.
+    auto& g = buffers_.grads;
+    ExecSpace().fence();
+    zero_and_release(g.data(), g.extent(0) * int64_t(sizeof(float)));
+    grad_pages_.reset();
+  }
+  Vec<float> reduced_gradients() override { return Vec<float>(shard_grads_.data(), shard_grads_.extent(0)); }
+
+ protected:
+  // Bucket b is reduced: this rank's piece goes to its shard, and the
+  // bucket's whole-size gradients back to the kernel.
+  void reduced(size_t b) override {
+    const OwnedPiece mine = owned_.piece_of(b);
+    Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
+                      Vec<float>(buffers_.grads.data() + mine.begin, mine.size()));
+    ExecSpace().fence();
+    if (kernel_memory_on_host()) {
+      const auto& bucket = owned_.buckets()[b];
+      grad_pages_.done(bucket.begin * int64_t(sizeof(float)), bucket.end * int64_t(sizeof(float)));
+    }
+  }
+  std::string describe_level() const override {
+    return fmt::format("ZeRO-2: {} buckets of {} MB reduced during the backward, each rank keeping "
+                       "its piece of each ({} of {} gradients) and releasing the rest{}{}",
+                       owned_.buckets().size(), settings_.sync.bucket_mb, owned_.shard_size(), owned_.total(),
+                       micro_text(settings_.sync), gather_text());
+  }
+
+  Buffer<float> shard_grads_;  // this rank's averaged pieces, in shard order
+  PageReleaser grad_pages_;    // the buffer's pages, back to the kernel as their buckets are reduced
+};
+
+// ZeRO-3: the weights too. The buckets lie inside the model's weight units
+// (the trainer cut them there); the model asks for a unit before it computes
+// with it, the unit is all-gathered (the next one already on its way), and
+// its other ranks' pieces are released when the model lets go.
+class ZeroThree final : public ZeroTwo, public WeightGate {
+ public:
+  ZeroThree(const SyncBuffers& b, const SyncSettings& s)
+      : ZeroTwo(b, s), gathers_(owned_.buckets().size(), MPI_REQUEST_NULL), unit_buckets_(b.units.size()),
+        whole_(b.units.size(), false), gathering_(b.units.size(), false) {
+    for (size_t k = 0; k < owned_.buckets().size(); ++k)
+      for (size_t u = 0; u < b.units.size(); ++u)
+        if (owned_.buckets()[k].begin >= b.units[u].first && owned_.buckets()[k].end <= b.units[u].second)
+          unit_buckets_[u].push_back(k);
+  }
+  ~ZeroThree() override {
+    for (auto& r : gathers_) mpi_.wait(&r);
+  }
+
+  void begin_step(int64_t step) override {
+    // after init, a restore or a warm restart: only this rank's pieces stay
+    for (size_t u = 0; u < whole_.size(); ++u) release_weights(int(u));
+    ZeroTwo::begin_step(step);
+  }
+  // No all-gather after the update: each rank's pieces are its part of the weights.
+  void after_update(int64_t, CommStats&) override {}
+  WeightGate* weight_gate() override { return this; }
+
+  void need(int unit, int next) override {
+    if (!whole_[unit]) {
+      if (!gathering_[unit]) start_gather(unit);
+      const double t0 = MPI_Wtime();
+      for (size_t b : unit_buckets_[unit]) mpi_.wait(&gathers_[b]);
+      stats_.seconds += MPI_Wtime() - t0;
+      whole_[unit] = true, gathering_[unit] = false;
+    }
+    if (next >= 0 && !whole_[next] && !gathering_[next]) start_gather(next);
+  }
+  void done(int unit) override { release_weights(unit); }
+
+ private:
+  std::string describe_level() const override {
+    return fmt::format("ZeRO-3: {} weight units in {} buckets of at most {} MB, each unit all-gathered before the "
+                       "forward and the backward use it (the next one prefetched) and released after, its "
+                       "gradients reduced bucket by bucket during the backward and kept as this rank's piece; "
+                       "each rank keeps {} of {} weights, gradients and moments{}",
+                       unit_buckets_.size(), owned_.buckets().size(), settings_.sync.bucket_mb,
+                       owned_.shard_size(), owned_.total(), micro_text(settings_.sync));
+  }
+
   // Every bucket of the unit, all-gathered in place.
   void start_gather(int unit) {
     gathering_[unit] = true;
@@ -296,122 +359,36 @@ class ShardedSync final : public SyncStrategy, public WeightGate, public HalfWei
     stats_.seconds += MPI_Wtime() - t0;
   }
 
-  // The ranks bucket b is cut over: all, or under ep an expert bucket's holders.
-  MPI_Comm group_of(const Ownership::Bucket& bucket) const {
-    return bucket.expert ? buffers_.experts.holders : buffers_.world;
-  }
-
-  // Every rank's piece of bucket b of the weights (or of their 16-bit copy), to every rank, in place.
-  template <class Weight>
-  void start_gather_bucket(size_t b, MPI_Request& request, CommStats& stats, Weight* weights) {
-    static_assert(std::is_same_v<Weight, float> || std::is_same_v<Weight, uint16_t>);
-    const auto& bucket = owned_.buckets()[b];
-    const int ranks = int(bucket.counts.size());
-    if (ranks == 1) return;  // (an expert's only holder)
-    const MPI_Datatype type = std::is_same_v<Weight, float> ? MPI_FLOAT : MPI_UINT16_T;
-    mpi_.iallgatherv(weights + bucket.begin, bucket.counts.data(), bucket.displs.data(), type, group_of(bucket),
-                     &request);
-    stats.rounds += 1;
-    stats.bytes_sent += int64_t(bucket.counts[owned_.index_in(bucket)]) * int64_t(sizeof(Weight)) * (ranks - 1);
-    stats.wire_bytes += gather_wire_bytes((bucket.end - bucket.begin) * int64_t(sizeof(Weight)), ranks);
-  }
-
   // The other ranks' pieces of the unit go back to the kernel (this rank's stay).
   void release_weights(int unit) {
     for (size_t b : unit_buckets_[unit]) mpi_.wait(&gathers_[b]);
     whole_[unit] = false, gathering_[unit] = false;
-    if (world_ == 1) return;
-    if (kernel_memory_on_host()) {
-      ExecSpace().fence();  // the kernels that read the unit are done
-      for (size_t b : unit_buckets_[unit]) {
-        const auto& bucket = owned_.buckets()[b];
-        for (int r = 0; r < int(bucket.counts.size()); ++r)
-          if (r != owned_.index_in(bucket))
-            release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
-                                int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
-      }
-    }
-  }
-
-  void start_reduce(size_t b) {
-    started_[b] = true;
-    const auto& bucket = owned_.buckets()[b];
-    const OwnedPiece mine = owned_.piece_of(b);
-    ExecSpace().fence();  // the gradients must be written before MPI reads them
-    if (bucket.counts.size() == 1) {  // one rank, or an expert's only holder: its sum is the sum
-      if (!gradients_sharded()) return;
-      Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
-                        Vec<float>(buffers_.grads.data() + bucket.begin, mine.size()));
-      return release(b);
-    }
-    // The reduce-scatter is an all-reduce of which this rank keeps its piece:
-    // Open MPI 4.1's nonblocking reduce-scatter (libnbc) reduces the whole
-    // bucket onto rank 0 and scatters it from there, and its blocking one
-    // measured 10x slower than the all-reduce at 16 MB (docs/SCALING.md). The
-    // all-reduce is sync dense's, so the sums are its bits.
-    const double t0 = MPI_Wtime();
-    mpi_.iallreduce_sum(buffers_.grads.data() + bucket.begin, int(bucket.end - bucket.begin), group_of(bucket),
-                        &requests_[b]);
-    stats_.seconds += MPI_Wtime() - t0;
-    stats_.rounds += 1;
-    stats_.bytes_sent += (bucket.end - bucket.begin) * int64_t(sizeof(float));
-    // on the wire: the all-reduce it is, not the reduce-scatter it stands for
-    stats_.wire_bytes += allreduce_wire_bytes((bucket.end - bucket.begin) * int64_t(sizeof(float)),
-                                              int(bucket.counts.size()));
-  }
-
-  // Open MPI progresses nonblocking collectives only inside MPI calls; a
-  // finished bucket's whole-size gradients go back to the kernel at once.
-  void poke() {
-    const double t0 = MPI_Wtime();
-    for (size_t b = 0; b < requests_.size(); ++b) {
-      if (requests_[b] == MPI_REQUEST_NULL) continue;
-      if (mpi_.test(&requests_[b])) release(b);
-    }
-    stats_.seconds += MPI_Wtime() - t0;
-  }
-
-  // Bucket b is reduced: this rank's piece goes to its shard, and the
-  // bucket's whole-size gradients back to the kernel.
-  void release(size_t b) {
-    if (!gradients_sharded()) return;  // shard optimizer keeps the whole gradients
-    if (owned_.buckets()[b].counts.size() > 1) {
-      const OwnedPiece mine = owned_.piece_of(b);
-      Kokkos::deep_copy(Vec<float>(shard_grads_.data() + mine.at, mine.size()),
-                        Vec<float>(buffers_.grads.data() + mine.begin, mine.size()));
-      ExecSpace().fence();
-    }
-    if (kernel_memory_on_host()) {
+    if (world_ == 1 || !kernel_memory_on_host()) return;
+    ExecSpace().fence();  // the kernels that read the unit are done
+    for (size_t b : unit_buckets_[unit]) {
       const auto& bucket = owned_.buckets()[b];
-      grad_pages_.done(bucket.begin * int64_t(sizeof(float)), bucket.end * int64_t(sizeof(float)));
+      for (int r = 0; r < int(bucket.counts.size()); ++r)
+        if (r != owned_.index_in(bucket))
+          release_whole_pages(buffers_.params.data() + bucket.begin + bucket.displs[r],
+                              int64_t(bucket.counts[r]) * int64_t(sizeof(float)));
     }
   }
 
-  SyncBuffers buffers_;
-  SyncSettings settings_;
-  Ownership owned_;
-  KernelMemoryMpi mpi_;  // each collective through a host copy where MPI cannot read kernel memory
-  int world_ = 1, rank_ = 0;
-  Buffer<float> shard_grads_;  // shard gradients: this rank's averaged pieces, in shard order
-  PageReleaser grad_pages_;    // shard gradients: the buffer's pages, back to the kernel as their buckets are reduced
-  std::vector<MPI_Request> requests_;
-  std::vector<bool> started_;
-  std::vector<MPI_Request> gathers_;             // shard params: each bucket's all-gather in flight
-  std::vector<std::vector<size_t>> unit_buckets_;  // shard params: the buckets inside each weight unit
-  std::vector<bool> whole_, gathering_;           // per unit: gathered (the model holds it); on its way
-  // master sharded (16-bit precision below params):
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> read_parts_;  // each rank's pieces of the fp32-read runs
-  std::vector<int> read_counts_, read_displs_;                         // their sizes and places in read_values_
-  int64_t read_total_ = 0;
-  Buffer<float> read_values_;                         // all of them, rank after rank
-  std::vector<std::pair<int64_t, int64_t>> others_;   // the other ranks' pieces outside those runs
-  CommStats stats_;
+  std::vector<MPI_Request> gathers_;               // each bucket's all-gather in flight
+  std::vector<std::vector<size_t>> unit_buckets_;  // the buckets inside each weight unit
+  std::vector<bool> whole_, gathering_;            // per unit: gathered (the model holds it); on its way
 };
 
 }  // namespace
 
 std::unique_ptr<SyncStrategy> make_sharded(const SyncBuffers& b, const SyncSettings& s) {
-  return std::make_unique<ShardedSync>(b, s);
+  switch (s.shard) {
+    case ShardLevel::optimizer: return std::make_unique<ZeroOne>(b, s);
+    case ShardLevel::gradients: return std::make_unique<ZeroTwo>(b, s);
+    case ShardLevel::params: return std::make_unique<ZeroThree>(b, s);
+    case ShardLevel::off: break;
+  }
+  throw std::logic_error("make_sharded: shard off");
 }
 
 }  // namespace xx::sync_detail

@@ -10,7 +10,7 @@ namespace xx {
 namespace sync_detail {
 
 GroupSync::GroupSync(const SyncBuffers& buffers, const SyncSettings& settings)
-    : buffers_(buffers), settings_(settings), topology_(buffers.world, buffers.seed) {
+    : SyncStrategy(settings), buffers_(buffers), topology_(buffers.world, buffers.seed) {
   MPI_Comm_rank(buffers.world, &rank_);
   MPI_Comm_size(buffers.world, &world_);
 }

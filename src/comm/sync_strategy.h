@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 #include "comm/compressed_sync.h"
-#include "comm/grad_sync.h"
+#include "comm/bucket_reducer.h"
 #include "comm/ops.h"
 #include "comm/topology.h"
 #include "core/ownership.h"
@@ -112,11 +112,13 @@ struct Agreement {
 
 class SyncStrategy {
  public:
+  explicit SyncStrategy(const SyncSettings& settings) : settings_(settings) {}
   virtual ~SyncStrategy() = default;
   virtual std::string describe() const = 0;  // the start-up line
-  virtual int micro_batches() const { return 1; }
+  // Forward and backward passes per step (accumulate K; 1 otherwise).
+  int micro_batches() const { return settings_.sync.micro_batches(); }
   // The next phase has the same settings: the strategy goes on, state and all.
-  virtual void continue_into(int64_t phase_start) {}
+  virtual void continue_into(int64_t phase_start) { settings_.phase_start = phase_start; }
   virtual void begin_step(int64_t step) {}
   virtual void zero_gradients() = 0;
   virtual void gradients_ready(int64_t offset) {}
@@ -144,6 +146,7 @@ class SyncStrategy {
   virtual const CompressedSync* compressor() const { return nullptr; }
 
  protected:
+  SyncSettings settings_;
   double consensus_ = -1;
 };
 

@@ -10,7 +10,7 @@
 #include <mpi.h>
 #include <cstdint>
 #include <vector>
-#include "comm/grad_sync.h"
+#include "comm/comm_stats.h"
 #include "deck/config.h"
 
 namespace xx {

@@ -1,4 +1,5 @@
 #include "train/lossagg.h"
+#include "comm/agree.h"
 #include <cmath>
 #include "core/error.h"
 #include "kernels/loss_weights.h"
@@ -38,8 +39,7 @@ LossWeights LossAggregator::weigh(const LossAggConfig& cfg, std::array<double, k
   // One all-gather: each rank's losses and its token count, in rank order.
   constexpr int row = kKinds + 1;
   double mine[row] = {parts[0], parts[1], parts[2], tokens};
-  std::vector<double> all(size_t(world_) * row);
-  MPI_Allgather(mine, row, MPI_DOUBLE, all.data(), row, MPI_DOUBLE, comm_);
+  const std::vector<double> all = rows_of_all_ranks(mine, comm_);
   losses_.resize(size_t(world_) * kKinds);
   tokens_.resize(world_);
   for (int r = 0; r < world_; ++r) {

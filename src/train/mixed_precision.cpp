@@ -1,4 +1,5 @@
 #include "train/mixed_precision.h"
+#include "comm/agree.h"
 #include "kernels/elementwise.h"
 
 namespace xx {
@@ -23,9 +24,7 @@ bool MixedPrecision::skip_or_unscale(MPI_Comm comm, Vec<float> g) {
   bool skip = false;
   if (scaler_) {
     ExecSpace().fence();
-    int mine = kernels::has_nonfinite(Vec<const float>(g.data(), g.extent(0))) ? 1 : 0, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm);
-    skip = scaler_->update(any != 0);
+    skip = scaler_->update(any_rank(kernels::has_nonfinite(Vec<const float>(g.data(), g.extent(0))), comm));
   }
   if (!skip && step_scale_ != 1.0) kernels::scale_inplace<float>(g, float(1.0 / step_scale_));
   return skip;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
-#include "comm/grad_sync.h"
+#include "comm/comm_stats.h"
 #include "io/log.h"
 #include "io/peak_file.h"
 #include "model/transformer.h"

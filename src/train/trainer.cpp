@@ -4,6 +4,7 @@
 // health and signals in trainer_resilience.cpp.
 #include "core/device_memory.h"
 #include "train/trainer.h"
+#include "comm/agree.h"
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -111,12 +112,12 @@ void Trainer::balance_experts() {
   if (layers.empty()) return;
   const int64_t E = cfg_.model.moe.routed;
   const bool capped = cfg_.model.moe.capacity_factor > 0;
-  std::vector<double> local(layers.size() * E + capped), global(local.size());
+  std::vector<double> global(layers.size() * E + capped);
   for (size_t l = 0; l < layers.size(); ++l) {
-    for (int64_t e = 0; e < E; ++e) local[l * E + e] = layers[l].second->expert_counts()[e];
-    if (capped) local.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
+    for (int64_t e = 0; e < E; ++e) global[l * E + e] = layers[l].second->expert_counts()[e];
+    if (capped) global.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
   }
-  MPI_Allreduce(local.data(), global.data(), int(local.size()), MPI_DOUBLE, MPI_SUM, comm_);
+  sum_over_ranks(global, comm_);
   last_.expert_dropped = capped ? global.back() : -1;
   last_.expert_load.assign(E, 0.0);
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -195,12 +196,11 @@ Validation Trainer::evaluate() {
     }
     sums[4] += double(N);
   }
-  double total[5] = {0, 0, 0, 0, 0};
-  MPI_Allreduce(sums, total, 5, MPI_DOUBLE, MPI_SUM, comm_);
+  sum_over_ranks(sums, comm_);  // over every rank's batches
   // bits per byte = nats per token * tokens / bytes / ln 2
-  const double bpb = data_->bytes_known() && total[2] > 0 ? total[1] / total[2] / std::log(2.0)
+  const double bpb = data_->bytes_known() && sums[2] > 0 ? sums[1] / sums[2] / std::log(2.0)
                                                   : std::numeric_limits<double>::quiet_NaN();
-  return {total[0] / double(world_ * cfg_.eval.batches), bpb, total[3] / total[4]};
+  return {sums[0] / double(world_ * cfg_.eval.batches), bpb, sums[3] / sums[4]};
 }
 
 // ---------------------------------------------------------------------------
@@ -265,7 +265,7 @@ void Trainer::after_step(double loss, double seconds) {
     report_->log_step(figures(loss));
     // output barrier on: every rank waits for the others after logging, as the
     // folklore has it (10/13's B6 measures what that costs; nothing needs it).
-    if (cfg_.output.barrier) MPI_Barrier(comm_);
+    if (cfg_.output.barrier) every_rank_arrives(comm_);
   }
   double val = std::numeric_limits<double>::quiet_NaN();
   if (due(cfg_.eval.every) || end) {
@@ -289,8 +289,8 @@ void Trainer::after_step(double loss, double seconds) {
 // rank's resident memory before the model was built, in MiB.
 std::vector<double> Trainer::peak_resident_mib() const {
   const double mine[2] = {double(peak_resident_bytes()) / (1024.0 * 1024.0), resident_before_model_};
-  std::vector<double> both(2 * world_), out(2 * world_);
-  MPI_Allgather(mine, 2, MPI_DOUBLE, both.data(), 2, MPI_DOUBLE, comm_);
+  const std::vector<double> both = rows_of_all_ranks(mine, comm_);
+  std::vector<double> out(2 * world_);
   for (int r = 0; r < world_; ++r) out[r] = both[2 * r], out[world_ + r] = both[2 * r + 1];
   return out;
 }

@@ -9,6 +9,7 @@
 #include "ckpt/slabs.h"
 #include "ckpt/state_io.h"
 #include "train/trainer.h"
+#include "comm/agree.h"
 #include "train/transfer.h"
 
 namespace xx {
@@ -88,10 +89,8 @@ void Trainer::restore(const std::string& path) {
                   old_world);
     per_rank = has_rank_state(path);
   });
-  MPI_Bcast(&per_rank, 1, MPI_INT, 0, comm_);
-  MPI_Bcast(&by_slabs, 1, MPI_INT, 0, comm_);
-  MPI_Bcast(&old_world, 1, MPI_INT, 0, comm_);
-  MPI_Bcast(&data.state, int(sizeof(TrainState)), MPI_BYTE, 0, comm_);
+  from_rank0(per_rank, comm_), from_rank0(by_slabs, comm_), from_rank0(old_world, comm_);
+  from_rank0(data.state, comm_);
   // The phase the checkpoint continues, and its strategy: the strategy's
   // state comes back unless the checkpoint ended the phase before a change.
   step_ = last_saved_ = data.state.step;
@@ -108,15 +107,10 @@ void Trainer::restore(const std::string& path) {
         read_rank_state(path, *file_layout_, data, r, required_buffers(StatePlace::rank_buffer));
   });
   // Rank 0 read and checked the file; every rank gets all of it (but the slabs, which each reads itself).
-  if (!by_slabs) {
-    const int64_t total = file_layout_->total();
-    if (rank_ != 0) data.params.resize(total), data.adam_m.resize(total), data.adam_v.resize(total);
-    MPI_Bcast(data.params.data(), int(total), MPI_FLOAT, 0, comm_);
-    MPI_Bcast(data.adam_m.data(), int(total), MPI_FLOAT, 0, comm_);
-    MPI_Bcast(data.adam_v.data(), int(total), MPI_FLOAT, 0, comm_);
-  }
-  bcast_map(data.buffers, MPI_FLOAT, comm_);
-  bcast_map(data.series, MPI_DOUBLE, comm_);
+  if (!by_slabs)
+    for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) from_rank0(*v, comm_);
+  from_rank0(data.buffers, comm_);
+  from_rank0(data.series, comm_);
   RankState mine;
   if (per_rank) {  // this rank's own tensors, strategy state and data position
     mine = merged_rank_state(path, *file_layout_, data, old_world, world_, rank_,
@@ -190,14 +184,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   // rank's unless an earlier phase left, say, different moments).
   const bool may_differ = !strategy_->agreement(step_).all();
   if (world_ > 1 && !data.slabs)
-    for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) {
-      if (may_differ) {
-        MPI_Reduce(rank_ == 0 ? MPI_IN_PLACE : v->data(), v->data(), int(v->size()), MPI_FLOAT, MPI_SUM, 0, comm_);
-        if (rank_ == 0)
-          for (auto& x : *v) x /= float(world_);
-      }
-      MPI_Bcast(v->data(), int(v->size()), MPI_FLOAT, 0, comm_);
-    }
+    for (auto* v : {&data.params, &data.adam_m, &data.adam_v}) may_differ ? mean_from_rank0(*v, comm_) : from_rank0(*v, comm_);
   data.state.step = step_;
   data.state.sampler_batches = data_->position();
   data.state.chaos_seed = data_->chaos_seed();

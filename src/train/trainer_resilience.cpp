@@ -12,6 +12,7 @@
 #include "resilience/health.h"
 #include "resilience/signals.h"
 #include "train/trainer.h"
+#include "comm/agree.h"
 
 namespace xx {
 
@@ -22,8 +23,8 @@ bool Trainer::agree_on_losses(const LossParts& mine) {
   const bool scaled = precision_->scaler() != nullptr;  // a loss scaler decided overflows already
   last_.own_loss = mine.total;
   nonfinite_.own |= !scaled && !std::isfinite(mine.total);
-  double parts[5] = {mine.total, mine.main, mine.mtp, mine.aux, nonfinite_.own ? 1.0 : 0.0}, sums[5];
-  MPI_Allreduce(parts, sums, 5, MPI_DOUBLE, MPI_SUM, comm_);
+  double sums[5] = {mine.total, mine.main, mine.mtp, mine.aux, nonfinite_.own ? 1.0 : 0.0};
+  sum_over_ranks(sums, comm_);
   last_.parts = {sums[0] / world_, sums[1] / world_, sums[2] / world_, sums[3] / world_};
   nonfinite_.last_skipped = false;
   if (sums[4] == 0) {
@@ -73,7 +74,7 @@ bool Trainer::stop_requested() {
   // With the signal, whether a background checkpoint write failed: its
   // writers fail on every rank alike, but the ranks see it at different steps.
   int mine[2] = {pending_stop_signal(), saver_->failed()};
-  if (world_ > 1) MPI_Allreduce(MPI_IN_PLACE, mine, 2, MPI_INT, MPI_MAX, comm_);
+  if (world_ > 1) max_over_ranks(mine, comm_);
   if (mine[1]) {
     finish_checkpoint();  // rethrows the writer's CheckpointWriteError
     throw CheckpointWriteError("a background checkpoint write failed on another rank");

@@ -11,6 +11,7 @@
 #include "model/attention.h"
 #include "train/trainer.h"
 #include "core/host_memory.h"
+#include "comm/agree.h"
 #include "train/transfer.h"
 
 namespace xx {
@@ -25,7 +26,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   data_ = std::make_unique<TrainingData>(comm_, program_);
   std::string resume_path;
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
-  bcast_string(resume_path, comm_);
+  from_rank0(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
   check_expert_groups(resume_path);
   build_model();
@@ -91,7 +92,7 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
     const auto [w, e] = read_checkpoint_layout(resume_path);
     written = fmt::format("; {} was written by {} ranks at ep {} and holds every expert", resume_path, w, e);
   });
-  bcast_string(written, comm_);
+  from_rank0(written, comm_);
   input_error("{}: moe ep {} does not divide the {} ranks of this run{} (expected a world size that is a multiple "
               "of ep, or an ep that divides {} and routed {})", where, ep, world_, written, world_,
               cfg_.model.moe.routed);

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/seeding.h"
+#include "comm/agree.h"
 #include "train/transfer.h"
 
 namespace xx {

@@ -1,13 +1,8 @@
-// What the trainer's two files share: host copies of device buffers, and
-// broadcasts from rank 0 (the checkpoint reader is rank 0; every rank learns
-// the result or the error).
+// What the trainer's files share: host copies of device buffers, and this
+// rank's pieces of them (its collectives are comm/agree.h's).
 #pragma once
-#include <mpi.h>
 #include <algorithm>
-#include <map>
-#include <string>
 #include <vector>
-#include "core/error.h"
 #include "core/ownership.h"
 #include "core/views.h"
 
@@ -54,56 +49,6 @@ std::vector<T> take_pieces(const Buffer<T>& b, const Ownership& owned) {
 template <class T>
 void put_pieces(Buffer<T>& b, const std::vector<T>& shard, const Ownership& owned) {
   shard_to_pieces(Kokkos::View<const T*, Kokkos::HostSpace, Unmanaged>(shard.data(), shard.size()), b, owned);
-}
-
-// Rank 0's string to every rank.
-inline void bcast_string(std::string& s, MPI_Comm comm) {
-  int n = int(s.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
-  s.resize(n);
-  MPI_Bcast(s.data(), n, MPI_CHAR, 0, comm);
-}
-
-// Rank 0's vector to every rank (sizes first).
-template <class T>
-void bcast_vector(std::vector<T>& v, MPI_Datatype type, MPI_Comm comm) {
-  int64_t n = int64_t(v.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, 0, comm);
-  v.resize(n);
-  MPI_Bcast(v.data(), int(n), type, 0, comm);
-}
-
-// Rank 0's map of named vectors to every rank.
-template <class T>
-void bcast_map(std::map<std::string, std::vector<T>>& m, MPI_Datatype type, MPI_Comm comm) {
-  std::vector<std::string> names;
-  for (const auto& [name, v] : m) names.push_back(name);
-  int64_t count = int64_t(names.size());
-  MPI_Bcast(&count, 1, MPI_INT64_T, 0, comm);
-  names.resize(count);
-  for (auto& name : names) {
-    std::vector<char> chars(name.begin(), name.end());
-    bcast_vector(chars, MPI_CHAR, comm);
-    name.assign(chars.begin(), chars.end());
-    bcast_vector(m[name], type, comm);
-  }
-}
-
-// Rank 0 reads a file-based thing; every rank learns the outcome. An
-// InputError on rank 0 becomes the same InputError on every rank.
-template <class F>
-void on_rank0_or_throw(MPI_Comm comm, int rank, F&& f) {
-  std::string error;
-  if (rank == 0) try {
-      f();
-    } catch (const InputError& e) {
-      error = e.what();
-    }
-  int n = int(error.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
-  error.resize(n);
-  MPI_Bcast(error.data(), n, MPI_CHAR, 0, comm);
-  if (!error.empty()) throw InputError(error);
 }
 
 }  // namespace xx::transfer
