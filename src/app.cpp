@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 #include <fmt/format.h>
 #include "ckpt/checkpoint.h"
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "core/units.h"
@@ -88,29 +89,18 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-void broadcast_string(std::string& s, MPI_Comm comm) {
-  int n = int(s.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, comm);
-  s.resize(n);
-  MPI_Bcast(s.data(), n, MPI_CHAR, 0, comm);
-}
-
 // Rank 0 reads and validates the deck; every rank gets the resolved lines or
 // the error, so a bad deck ends every rank before anything is allocated.
 Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args) {
-  std::string blob, error;
-  if (rank == 0) try {
-      args = parse_args(argc, argv);
-      auto lines = read_deck(args.deck, args.vars);
-      build_program(lines, /*check_files=*/!args.dry_run && !args.print_config);
-      blob = serialize(lines);
-    } catch (const InputError& e) {
-      error = e.what();
-    }
-  broadcast_string(error, comm);
-  if (!error.empty()) throw InputError(error);
-  broadcast_string(blob, comm);
-  broadcast_string(args.resume, comm);
+  std::string blob;
+  on_rank0_or_throw(comm, rank, [&] {
+    args = parse_args(argc, argv);
+    auto lines = read_deck(args.deck, args.vars);
+    build_program(lines, /*check_files=*/!args.dry_run && !args.print_config);
+    blob = serialize(lines);
+  });
+  from_rank0(blob, comm);
+  from_rank0(args.resume, comm);
   int flags[2] = {args.dry_run, args.print_config};
   MPI_Bcast(flags, 2, MPI_INT, 0, comm);
   args.dry_run = flags[0], args.print_config = flags[1];
@@ -183,9 +173,9 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
         } catch (const std::exception& e) {
           failed = e.what();
         }
-      broadcast_string(failed, comm);
+      from_rank0(failed, comm);
       if (!failed.empty()) throw std::runtime_error(failed);
-      broadcast_string(busy, comm);
+      from_rank0(busy, comm);
       if (!busy.empty()) throw InputError(busy);
     }
     RunOptions options;
