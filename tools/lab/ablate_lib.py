@@ -614,6 +614,12 @@ def stats(values):
             "median": statistics.median(v), "min": min(v), "max": max(v)}
 
 
+def of_seeds(cfg, cases):
+    """The cases of the command's seeds: results.json may also keep finished cases of other seeds (an earlier,
+    longer look), which stay on disk but are not this command's table."""
+    return [c for c in cases if c["seed"] in cfg["seeds"]]
+
+
 def variant_summary(cfg, cases):
     """Per variant across seeds: mean, sd, median, min, max of each figure, over the cases that ran.
 
@@ -623,7 +629,7 @@ def variant_summary(cfg, cases):
       difference: 100 * (x - x_base) / x_base  (in %; val_loss, train_loss)
       ratio:      x / x_base                   (comm_bytes, wire_bytes, tokens_per_s, train_s, target_s)
     """
-    ok = [c for c in cases if c.get("rc") == 0 and c.get("summary")]
+    ok = [c for c in of_seeds(cfg, cases) if c.get("rc") == 0 and c.get("summary")]
     figure = lambda c, k: c["wall_s"] if k == "wall_s" else c["summary"].get(k)
     base_name = cfg["variants"][0]["name"]
     base = {c["seed"]: c for c in ok if c["variant"] == base_name}
@@ -841,14 +847,15 @@ def report(cfg, cases, draw=True):
     for c in cases:
         c["summary"] = case_summary(read_metrics(os.path.join(cfg["out"], c["dir"], "metrics.jsonl")),
                                     cfg["target_loss"])
-    failures = [c for c in cases if not finished(cfg, c)]
+    mine = of_seeds(cfg, cases)
+    failures = [c for c in mine if not finished(cfg, c)]
     summary = write_results(cfg, cases)
-    text = table_md(cfg, summary, failures, cases)
+    text = table_md(cfg, summary, failures, mine)
     with open(os.path.join(cfg["out"], "table.md"), "w") as f:
         f.write(text)
     try:
         if draw or not os.path.isfile(os.path.join(cfg["out"], "loss.png")):
-            plots(cfg, cases)
+            plots(cfg, mine)
     except Exception as e:  # a missing matplotlib must not cost the table
         print(f"# plots not written: {type(e).__name__}: {e}")
     return text, failures
@@ -929,8 +936,8 @@ def short_commit(git):
 
 
 def kept_cases(cfg, any_binary=False):
-    """--resume: the finished cases of OUT's results.json (their folders stay); every other case folder is
-    removed, to run again. Refuses (UsageError, before anything is written) when the finished cases ran
+    """--resume: the finished cases of OUT's results.json, of any seed (their folders stay); every other case
+    folder of the command's seeds is removed, to run again. Refuses (UsageError, before anything is written) when the finished cases ran
     another binary or corpus, unless any_binary (--resume-any-binary): then the mix goes into cfg['mixed']."""
     doc = load_results(cfg["out"])
     old = doc["config"]
@@ -938,7 +945,9 @@ def kept_cases(cfg, any_binary=False):
     if changed:
         raise UsageError(f"--resume {cfg['out']}: it holds another ablation ({', '.join(changed)} differ; expected "
                          "the same command line, or a new --out)")
-    keep = [c for c in doc["cases"] if finished(cfg, c) and c["seed"] in cfg["seeds"]]  # seeds may be added
+    # Every finished case stays, whatever its seed: a first look on seeds 1..5 after a second look on 1..8
+    # keeps seeds 6..8 (the table and the judge take the command's seeds, `of_seeds`).
+    keep = [c for c in doc["cases"] if finished(cfg, c)]
     cfg["mixed"] = list(old.get("mixed") or [])
     problems = mixing(cfg, keep)
     if problems and not any_binary:
@@ -1048,4 +1057,4 @@ def main(argv=None):
     for c in failures:
         print(f"#   failed: {c['variant']} seed {c['seed']}: exit status {c.get('rc')}, see {c['dir']}/console.txt")
     print(f"# written: {os.path.join(cfg['out'], 'results.json')}, table.md, loss.png, val_loss.png, bytes.png")
-    return 0 if len(cases) - len(failures) == len(cfg["seeds"]) * len(cfg["variants"]) else 1
+    return 0 if len(of_seeds(cfg, cases)) - len(failures) == len(cfg["seeds"]) * len(cfg["variants"]) else 1
