@@ -153,7 +153,7 @@ int run_generate(MPI_Comm comm, int argc, char** argv) {
   Transformer<float> model(m, 1);
   std::map<std::string, int64_t> buffers;
   for (auto& [prefix, ffn] : model.moe_layers()) buffers[prefix + "ffn.gate_bias"] = int64_t(ffn->bias().extent(0));
-  const CheckpointData data = read_checkpoint(a.ckpt, model.layout(), buffers);
+  const CheckpointData data = read_checkpoint(a.ckpt, whole_frame(model.layout()), buffers);
   Kokkos::deep_copy(model.params(), Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                         data.params.data(), data.params.size()));
   for (auto& [prefix, ffn] : model.moe_layers()) {

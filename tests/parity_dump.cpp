@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     data.adam_m.assign(data.params.size(), 0.0f);
     data.adam_v.assign(data.params.size(), 0.0f);
     data.deck = deck;
-    const std::string ckpt = write_checkpoint(out + "/ckpt", model.layout(), data);
+    const std::string ckpt = write_checkpoint(out + "/ckpt", whole_frame(model.layout()), data);
 
     auto hg = xx::host_copy(model.grads());
     hid_t f = H5Fcreate((out + "/grads.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);

@@ -99,20 +99,20 @@ TEST_CASE("diff codecs: lossless is exact, int8 and topk stay within their bound
       {"full", "mode full"}, {"lossless", "mode diff codec lossless"}, {"int8", "mode diff codec int8 block 64"},
       {"topk", "mode diff codec topk ratio 0.1"}};
   std::map<std::string, std::string> files;
-  std::unique_ptr<ParamLayout> layout_of_run;
+  Frame layout_of_run;
   for (const auto& [name, line] : modes) {
     const auto extra = "sync local 4\ncheckpoint every 2 at_end no " + line + "\n";
     RunOptions options;
     options.quiet = true;
     Trainer trainer(MPI_COMM_WORLD, make_program(dir, name, small_deck(corpus, dir + "/" + name, 3, extra)), options);
     trainer.run();
-    layout_of_run = std::make_unique<ParamLayout>(trainer.model().layout());
+    layout_of_run = whole_frame(trainer.model().layout());
     files[name] = ckpt(dir + "/" + name, 2);
   }
   if (mpi_rank() != 0) return;
-  const ParamLayout& layout = *layout_of_run;
+  const Frame& layout = layout_of_run;
   const auto base = read_checkpoint(files["full"], layout);
-  const int64_t n = layout.total();
+  const int64_t n = frame_total(layout);
   for (int r = 0; r < mpi_size(); ++r) {
     INFO("rank " << r);
     const auto truth = read_rank_state(files["full"], layout, base, r);
@@ -182,9 +182,9 @@ TEST_CASE("resume on half and on twice the ranks: merged ranks average, new rank
   };
   // Rank r' of the new world must hold the mean of the old ranks that map to it.
   auto expect_params = [&](Trainer& t, const std::string& file, int old_world, const std::vector<int>& sources) {
-    const auto& layout = t.model().layout();
+    const Frame layout = whole_frame(t.model().layout());
     const auto base = read_checkpoint(file, layout);
-    std::vector<double> sum(layout.total(), 0.0);
+    std::vector<double> sum(frame_total(layout), 0.0);
     for (int r : sources) {
       const auto s = read_rank_state(file, layout, base, r);
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += s.params[i];
@@ -290,7 +290,7 @@ TEST_CASE("keep 2 with base_every 3 never deletes a base a kept delta needs; a m
   Trainer trainer(MPI_COMM_WORLD, program, RunOptions{"", true});
   trainer.run();
   REQUIRE(trainer.losses().size() == 6);
-  const ParamLayout& layout = trainer.model().layout();
+  const Frame layout = whole_frame(trainer.model().layout());
   if (mpi_rank() == 0) {
     namespace fs = std::filesystem;
     std::vector<std::string> left;
@@ -323,7 +323,7 @@ TEST_CASE("async on writes the same tensors as async off, and resumes bit for bi
   Trainer trainer(MPI_COMM_WORLD, async_program, RunOptions{"", true});
   trainer.run();
   REQUIRE(trainer.losses() == off.losses);
-  const ParamLayout& layout = trainer.model().layout();
+  const Frame layout = whole_frame(trainer.model().layout());
   if (mpi_rank() == 0) {
     for (int at : {2, 4, 6}) {
       INFO("step " << at);
@@ -417,8 +417,8 @@ TEST_CASE("writer rank0 writes the file writer collective writes: every dataset 
   const auto dir = shared_scratch("ckpt_writer");
   ModelConfig m;
   m.dim = 16, m.layers = 2, m.heads = 2, m.ffn = 32, m.vocab = 64, m.seq = 8;
-  const ParamLayout layout(m);
-  const int64_t n = layout.total();
+  const Frame layout = whole_frame(ParamLayout(m));
+  const int64_t n = frame_total(layout);
   const int rank = mpi_rank();
   // The base (the same on every rank) and each rank's own state, which differs.
   CheckpointData data;
@@ -495,7 +495,7 @@ TEST_CASE("writer rank0 in a run: async on and off write the collective run's fi
     Trainer trainer(MPI_COMM_WORLD, program, RunOptions{"", true});
     trainer.run();
     REQUIRE(trainer.losses() == collective.losses);
-    const ParamLayout& layout = trainer.model().layout();
+    const Frame layout = whole_frame(trainer.model().layout());
     if (mpi_rank() == 0)
       for (int at : {2, 4, 6}) {
         INFO("step " << at);

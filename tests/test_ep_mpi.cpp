@@ -193,7 +193,7 @@ TEST_CASE("an ep checkpoint holds the whole model and resumes at another ep and 
   const std::string path = dir + "/write/ckpt/step_00000006.h5";
   // The file's tensors are the whole model the ranks gathered, bit for bit.
   ModelConfig whole_model = make_program(dir, "probe", deck(corpus, dir + "/probe", 1, "sigmoid", 1)).phases[0].config.model;
-  const ParamLayout whole(whole_model);
+  const Frame whole = whole_frame(ParamLayout(whole_model));
   if (mpi_rank() == 0) {
     const CheckpointData data = read_checkpoint(path, whole);
     REQUIRE(data.params == wrote.whole);
@@ -217,9 +217,9 @@ TEST_CASE("an ep checkpoint holds the whole model and resumes at another ep and 
       REQUIRE(trainer.step() == 6);
       REQUIRE(trainer.whole_params() == wrote.whole);
       CheckpointData data;
-      data.adam_m.resize(whole.total());
+      data.adam_m.resize(frame_total(whole));
       if (mpi_rank() == 0) data = read_checkpoint(path, whole);
-      MPI_Bcast(data.adam_m.data(), int(whole.total()), MPI_FLOAT, 0, comm);
+      MPI_Bcast(data.adam_m.data(), int(frame_total(whole)), MPI_FLOAT, 0, comm);
       auto m = xx::host_copy(trainer.optimizer().m());
       for (const auto& t : trainer.model().layout().tensors()) {
         INFO(t.name);

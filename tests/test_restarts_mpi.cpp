@@ -60,7 +60,7 @@ TEST_CASE("sgdr restarts are recorded in lr_history.jsonl and in the checkpoint"
   }
   // eval every 3 has no point at step 11: the restart before step 12 evaluated on its own.
   REQUIRE(val_losses(dir + "/run").count(11) == 0);
-  const auto data = read_checkpoint(ckpt(dir + "/run", 12), trainer.model().layout());
+  const auto data = read_checkpoint(ckpt(dir + "/run", 12), whole_frame(trainer.model().layout()));
   const auto& series = data.series.at("lr_restarts");
   REQUIRE(series.size() == 10);
   REQUIRE(series[0] == 6);
@@ -98,7 +98,7 @@ TEST_CASE("restart_from best goes back to the cycle's best validation point", "[
     REQUIRE(history[0]["restored_from"] == best);
     REQUIRE(history[0]["restored_val_loss"].get<double>() == val.at(best));
     // The checkpoint after step 5 holds the state after the restart: step `best`'s, bit for bit.
-    const auto& layout = trainer.model().layout();
+    const Frame layout = whole_frame(trainer.model().layout());
     const auto at_best = read_checkpoint(ckpt(dir + "/run", best), layout);
     const auto restarted = read_checkpoint(ckpt(dir + "/run", 5), layout);
     REQUIRE(restarted.params == at_best.params);

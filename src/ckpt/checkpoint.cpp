@@ -42,15 +42,15 @@ std::string write_encoded(MPI_Comm comm, const std::string& dir, const EncodedCh
   throw CheckpointWriteError(line);  // given up together: the guard's deadline ends with it
 }
 
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const Frame& frame,
                              const CheckpointData& data, const RankState* mine, const CheckpointFormat& format,
                              ChainBase* chain) {
-  return write_encoded(comm, dir, *encode_checkpoint(comm, layout, data, mine, format, chain));
+  return write_encoded(comm, dir, *encode_checkpoint(comm, frame, data, mine, format, chain));
 }
 
-std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data) {
+std::string write_checkpoint(const std::string& dir, const Frame& frame, const CheckpointData& data) {
   fs::create_directories(dir);
-  const auto encoded = encode_checkpoint(MPI_COMM_SELF, layout, data, nullptr, {});
+  const auto encoded = encode_checkpoint(MPI_COMM_SELF, frame, data, nullptr, {});
   return write_encoded(MPI_COMM_SELF, dir, *encoded, CheckpointWriter::rank0);  // one process: no MPI-IO needed
 }
 

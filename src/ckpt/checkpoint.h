@@ -16,7 +16,7 @@
 #include <vector>
 #include "ckpt/store.h"  // step_files, latest_checkpoint, prune_checkpoints
 #include "kernels/ckpt_codec.h"
-#include "model/params.h"
+#include "core/placement.h"  // Frame, FrameSlab: the whole model, as the file holds it
 
 namespace xx {
 
@@ -52,17 +52,10 @@ struct TrainState {
 };
 static_assert(std::is_trivially_copyable_v<TrainState>);
 
-// Part of a tensor that one rank writes or reads itself: elements [begin,
-// begin + count) of the flattened tensor layout.tensors()[tensor], at `at`
-// of the rank's values.
-struct TensorSlab {
-  size_t tensor = 0;
-  int64_t begin = 0, count = 0, at = 0;
-};
 // One rank's slabs of one group (/model, /optimizer/m or /optimizer/v), in
 // file order (by tensor, then begin; `at` rising with them), and their values.
 struct TensorSlabs {
-  std::vector<TensorSlab> slabs;
+  std::vector<FrameSlab> slabs;
   std::vector<float> values;
 };
 
@@ -123,7 +116,7 @@ struct EncodedCheckpoint;
 // Collective over comm: encodes `data` and `mine` (as write_checkpoint
 // describes) and, with `chain` and format.base_every > 1, decides base or
 // delta and updates `chain`. Takes copies: the caller may change its state.
-std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
+std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const Frame& frame,
                                                      const CheckpointData& data, const RankState* mine,
                                                      const CheckpointFormat& format, ChainBase* chain = nullptr);
 // Who writes the file (deck: checkpoint ... writer collective|rank0); the
@@ -149,18 +142,18 @@ ChainKind chain_kind_of(const EncodedCheckpoint& encoded);
 // on every rank (the average of the ranks' tensors where they differ).
 // `mine`: this rank's own state for /ranks/<rank>, or nullptr for none.
 // `chain`: see encode_checkpoint.
-std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const ParamLayout& layout,
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, const Frame& frame,
                              const CheckpointData& data, const RankState* mine, const CheckpointFormat& format,
                              ChainBase* chain = nullptr);
 // One process, no per-rank state (tools, tests): written as `writer rank0` writes.
-std::string write_checkpoint(const std::string& dir, const ParamLayout& layout, const CheckpointData& data);
+std::string write_checkpoint(const std::string& dir, const Frame& frame, const CheckpointData& data);
 
 // Rank `rank`'s own state in a checkpoint with /ranks, rebuilt against the
 // base in `base` (from read_checkpoint; a delta's mode full ranks against
 // the same rank in its chain's base file). `extra` names the per-rank buffers
 // and their sizes. Throws InputError naming the file and dataset for a
 // missing rank, a bad checksum or size.
-RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
+RankState read_rank_state(const std::string& path, const Frame& frame, const CheckpointData& base, int rank,
                           const std::map<std::string, int64_t>& extra = {});
 
 // True when the checkpoint holds per-rank state (/ranks).
@@ -175,15 +168,15 @@ bool written_by_slabs(const std::string& path);
 // written_by_slabs, opening it read-only by itself. Each tensor's crc32c is
 // checked against every rank's slabs together (they must cover it). A
 // failure on any rank throws the same InputError on every rank.
-void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layout, std::array<TensorSlabs, 3>& slabs);
+void read_slabs(MPI_Comm comm, const std::string& path, const Frame& frame, std::array<TensorSlabs, 3>& slabs);
 
-// Reads a checkpoint written for `layout` (a delta: its chain's base file
+// Reads a checkpoint written in `frame` (the whole model) (a delta: its chain's base file
 // too, next to it), with the named state buffers of
 // the given sizes; any corruption, missing tensor or shape mismatch throws
 // InputError naming the file and the tensor.
 // `tensors` false: /model and /optimizer are left unread (and params,
 // adam_m, adam_v empty), for read_slabs.
-CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
+CheckpointData read_checkpoint(const std::string& path, const Frame& frame,
                                const std::map<std::string, int64_t>& buffers = {}, bool tensors = true);
 
 // The world size and expert parallelism of the run that wrote a complete checkpoint. Throws InputError.

@@ -15,7 +15,7 @@ namespace {
 const char* const kRankTensors[3] = {"params", "adam_m", "adam_v"};
 
 // By slabs: each group's slabs in file order, and every tensor's crc32c from every rank's slabs.
-void check_slabs(MPI_Comm comm, const ParamLayout& layout, const std::array<TensorSlabs, 3>& slabs,
+void check_slabs(MPI_Comm comm, const Frame& frame, const std::array<TensorSlabs, 3>& slabs,
                  std::vector<uint32_t> (&crcs)[3]) {
   for (int i = 0; i < 3; ++i) {
     const auto& mine = slabs[size_t(i)].slabs;
@@ -23,7 +23,7 @@ void check_slabs(MPI_Comm comm, const ParamLayout& layout, const std::array<Tens
       if (std::tie(mine[k].tensor, mine[k].begin) < std::tie(mine[k - 1].tensor, mine[k - 1].begin) ||
           mine[k].at < mine[k - 1].at)
         throw std::logic_error("checkpoint: slabs out of file order");
-    crcs[i] = slabs::tensor_crcs(comm, layout, slabs[size_t(i)]);
+    crcs[i] = slabs::tensor_crcs(comm, frame, slabs[size_t(i)]);
   }
 }
 
@@ -49,7 +49,7 @@ void share_parts(MPI_Comm comm, EncodedCheckpoint& out, int64_t my_batches) {
 
 ChainKind chain_kind_of(const EncodedCheckpoint& encoded) { return encoded.kind; }
 
-std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamLayout& layout,
+std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const Frame& frame,
                                                      const CheckpointData& data, const RankState* mine,
                                                      const CheckpointFormat& format, ChainBase* chain) {
   auto out = std::make_shared<EncodedCheckpoint>();
@@ -57,11 +57,11 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
   out->data = data;
   out->format = format;
   out->has_ranks = mine != nullptr;
-  out->tensors = layout.tensors();
-  const int64_t n = layout.total();
+  out->tensors = frame;
+  const int64_t n = frame_total(frame);
   const bool chained = chain && format.base_every > 1;
   if (data.slabs && chained) throw std::logic_error("checkpoint: a chain cannot be written by slabs");
-  if (data.slabs) check_slabs(comm, layout, *data.slabs, out->slab_crcs);
+  if (data.slabs) check_slabs(comm, frame, *data.slabs, out->slab_crcs);
   const bool delta = chained && continues_chain(*chain, format, n, out->name);
   out->kind = delta ? ChainKind::delta : ChainKind::base;
   out->parent = delta ? chain->name : "";
@@ -76,7 +76,7 @@ std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const ParamL
     for (int i = 0; i < 3; ++i) {
       decoded[i].resize(n);
       // Every rank holds the same base bits, so every rank makes the same choices.
-      for (const auto& t : layout.tensors()) {
+      for (const auto& t : frame) {
         const auto& e = out->store.emplace_back(
             encode(now[i]->data() + t.offset, was[i]->data() + t.offset, t.size, through_codec));
         decode(decoded[i].data() + t.offset, e, was[i]->data() + t.offset, t.size, format.codec.block);

@@ -17,7 +17,7 @@ struct EncodedCheckpoint {
   bool has_ranks = false;
   ChainKind kind = ChainKind::base;  // diff across time
   std::string parent;
-  std::vector<TensorInfo> tensors;
+  std::vector<FrameTensor> tensors;
   std::deque<Encoded> store;          // what the parts point into (a deque: stable addresses)
   std::vector<Part> base_parts[3];    // a delta's /model, /optimizer/m, /optimizer/v
   std::vector<uint32_t> slab_crcs[3];  // written by slabs: each tensor's crc32c in /model, /optimizer/m, /optimizer/v

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include "core/crc32c.h"
 #include "core/error.h"
-#include "model/params.h"
+#include "core/placement.h"
 
 namespace xx::h5 {
 
@@ -138,7 +138,7 @@ inline void verify_crc(hid_t ds, const void* data, size_t bytes, const std::stri
 }
 
 // The tensor `t` of `group` into data + t.offset, its shape and checksums checked.
-inline void read_tensor(hid_t group, const std::string& group_name, const TensorInfo& t, float* data,
+inline void read_tensor(hid_t group, const std::string& group_name, const FrameTensor& t, float* data,
                         const std::string& path) {
   const std::string where = group_name + "/" + t.name;
   if (H5Lexists(group, t.name.c_str(), H5P_DEFAULT) <= 0)

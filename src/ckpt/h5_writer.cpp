@@ -156,7 +156,7 @@ void H5Writer::dataset(hid_t group, const std::string& name, hid_t type, const s
 }
 
 void H5Writer::dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims,
-                             const TensorSlab* first, const TensorSlab* last, const std::vector<float>& values,
+                             const FrameSlab* first, const FrameSlab* last, const std::vector<float>& values,
                              uint32_t crc, int64_t offset) {
   H5 ds = create_dataset(group, name, H5T_NATIVE_FLOAT, dims, false);
   if (ds >= 0 && element_count(dims) > 0) {

@@ -73,8 +73,8 @@ class H5Writer {
   // every rank's slabs of it, [first, last) this rank's (all of this tensor)
   // from `values`, in one collective transfer; `crc` is the whole tensor's,
   // the same on every rank (slabs::tensor_crcs).
-  void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const TensorSlab* first,
-                     const TensorSlab* last, const std::vector<float>& values, uint32_t crc, int64_t offset);
+  void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                     const FrameSlab* last, const std::vector<float>& values, uint32_t crc, int64_t offset);
 
  private:
   H5Writer(MPI_Comm comm, WriteGuard& guard, bool alone, int64_t bytes);

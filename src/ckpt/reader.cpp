@@ -46,7 +46,7 @@ void read_buffers(hid_t file, const std::map<std::string, int64_t>& buffers, Che
     if (H5Lexists(file, "buffers", H5P_DEFAULT) <= 0)
       input_error("{}: group '/buffers' is missing (expected the model's state buffers, e.g. '{}')", path, name);
     H5 group(H5Gopen2(file, "buffers", H5P_DEFAULT), H5Gclose);
-    TensorInfo t;
+    FrameTensor t;
     t.name = name;
     t.shape = {size};
     t.size = size;
@@ -76,15 +76,15 @@ std::string read_checkpoint_deck(const std::string& path) {
   return read_string_attr(file, "deck", path);
 }
 
-CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layout,
+CheckpointData read_checkpoint(const std::string& path, const Frame& frame,
                                const std::map<std::string, int64_t>& buffers, bool tensors) {
   H5 file = open_complete(path);
   CheckpointData data;
   data.deck = read_string_attr(file, "deck", path);
   if (tensors) {
-    data.params.resize(layout.total());
-    data.adam_m.resize(layout.total());
-    data.adam_v.resize(layout.total());
+    data.params.resize(frame_total(frame));
+    data.adam_m.resize(frame_total(frame));
+    data.adam_v.resize(frame_total(frame));
   }
   for (const char* g : {"model", "optimizer/m", "optimizer/v", "train"})
     if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(file, g, H5P_DEFAULT) <= 0)
@@ -95,7 +95,7 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   data.chain_kind = link.kind, data.chain_parent = link.parent;
   CheckpointData parent;
   if (link.kind == ChainKind::delta && tensors) {
-    parent = read_checkpoint(chain_parent_path(path, link), layout, buffers);
+    parent = read_checkpoint(chain_parent_path(path, link), frame, buffers);
     if (parent.chain_kind != ChainKind::base)
       input_error("{}: its chain base '{}' is a {} (expected a base file)", path, link.parent,
                   mode_name(parent.chain_kind));
@@ -103,7 +103,7 @@ CheckpointData read_checkpoint(const std::string& path, const ParamLayout& layou
   const int64_t block = codec_block(file, path);
   auto read_group = [&](const std::string& g, std::vector<float>& out, const std::vector<float>& was) {
     H5 group(H5Gopen2(file, g.c_str(), H5P_DEFAULT), H5Gclose);
-    for (const auto& t : layout.tensors()) {
+    for (const auto& t : frame) {
       if (link.kind == ChainKind::base) {
         read_tensor(group, "/" + g, t, out.data(), path);
         continue;
@@ -139,7 +139,7 @@ bool written_by_slabs(const std::string& path) {
   return chain_link(file, path).kind == ChainKind::base && rank_tensors_are_base(file, path);
 }
 
-void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layout, std::array<TensorSlabs, 3>& slabs) {
+void read_slabs(MPI_Comm comm, const std::string& path, const Frame& frame, std::array<TensorSlabs, 3>& slabs) {
   // Every rank learns the lowest failing rank's error, and throws it.
   auto agree = [&](const std::string& error) {
     if (const std::string agreed = agree_on_error(error, comm); !agreed.empty()) throw InputError(agreed);
@@ -158,7 +158,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
       H5 group(H5Gopen2(file, groups[i], H5P_DEFAULT), H5Gclose);
       if (group < 0) input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, groups[i]);
       for (auto s = mine.slabs.begin(); s != mine.slabs.end();) {
-        const TensorInfo& t = layout.tensors().at(s->tensor);
+        const FrameTensor& t = frame.at(s->tensor);
         const std::string where = fmt::format("/{}/{}", groups[i], t.name);
         if (H5Lexists(group, t.name.c_str(), H5P_DEFAULT) <= 0)
           input_error("{}: tensor '{}' is missing (expected by the deck's model)", path, where);
@@ -190,16 +190,16 @@ void read_slabs(MPI_Comm comm, const std::string& path, const ParamLayout& layou
   agree(error);
   // The checksums of the whole tensors, from every rank's slabs.
   for (int i = 0; i < 3; ++i) {
-    const auto got = slabs::tensor_crcs(comm, layout, slabs[size_t(i)]);
+    const auto got = slabs::tensor_crcs(comm, frame, slabs[size_t(i)]);
     for (const auto& [tensor, crc] : want[size_t(i)])
       if (got[tensor] != crc && error.empty())
         error = fmt::format("{}: dataset '/{}/{}' fails its checksum (crc32c {:08x}, expected {:08x})", path, groups[i],
-                            layout.tensors()[tensor].name, got[tensor], crc);
+                            frame[tensor].name, got[tensor], crc);
   }
   agree(error);
 }
 
-RankState read_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base, int rank,
+RankState read_rank_state(const std::string& path, const Frame& frame, const CheckpointData& base, int rank,
                           const std::map<std::string, int64_t>& extra) {
   H5 file = open_read_only(path);
   if (file < 0) input_error("{}: cannot open (corrupt or truncated HDF5 file){}", path, cause());
@@ -211,7 +211,7 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   const auto stored_mode = mode_from_name<CheckpointMode>(mode_word);
   if (!stored_mode) input_error("{}: attribute 'mode' is '{}' (expected full or diff)", path, mode_word);
   const CheckpointMode mode = *stored_mode;
-  const int64_t n = layout.total();
+  const int64_t n = frame_total(frame);
   const bool base_tensors = rank_tensors_are_base(file, path);  // the ranks agreed
   if (mode == CheckpointMode::diff && !base_tensors && int64_t(base.params.size()) != n)
     input_error("{}: mode diff needs the base of the file to rebuild rank {} (expected {} values, got {})", path, rank,
@@ -221,7 +221,7 @@ RankState read_rank_state(const std::string& path, const ParamLayout& layout, co
   const ChainLink link = chain_link(file, path);
   const bool own_delta = mode == CheckpointMode::full && link.kind == ChainKind::delta && !base_tensors;
   RankState was;
-  if (own_delta) was = read_rank_state(chain_parent_path(path, link), layout, base, rank, extra);
+  if (own_delta) was = read_rank_state(chain_parent_path(path, link), frame, base, rank, extra);
   const int64_t block = codec_block(file, path);
   RankState out;
   out.sampler_batches = read_attr<int64_t>(group, "sampler_batches", H5T_NATIVE_INT64, path);

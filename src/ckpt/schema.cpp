@@ -1,4 +1,6 @@
 #include "ckpt/schema.h"
+#include <optional>
+#include <type_traits>
 #include <variant>
 #include "core/crc32c.h"
 
@@ -7,20 +9,22 @@ using h5::H5;
 
 namespace {
 
-// TrainState's fields as /train's attributes: the one table both the writer
-// and the reader walk. `optional`: absent in older files (the default stays).
+// TrainState's fields as /train's attributes: the one table the writer, the
+// reader and its checks walk. `optional`: absent in older files (the default
+// stays). `least`: a count a resume loops over or divides by.
 struct TrainField {
   const char* attribute;
   std::variant<int64_t TrainState::*, uint64_t TrainState::*, int TrainState::*, double TrainState::*> member;
   bool optional = false;
+  std::optional<int64_t> least = std::nullopt;
 };
 const TrainField kTrainFields[] = {
-    {"step", &TrainState::step},
-    {"sampler_batches", &TrainState::sampler_batches},
-    {"epoch", &TrainState::epoch},
+    {"step", &TrainState::step, false, 0},
+    {"sampler_batches", &TrainState::sampler_batches, false, 0},
+    {"epoch", &TrainState::epoch, false, 0},
     {"seed", &TrainState::seed},
-    {"world_size", &TrainState::world_size},
-    {"ep", &TrainState::ep, true},                  // (absent before ep: 1)
+    {"world_size", &TrainState::world_size, false, 1},
+    {"ep", &TrainState::ep, true, 1},               // (absent before ep: 1)
     {"loss", &TrainState::last_loss},
     {"chaos_seed", &TrainState::chaos_seed, true},  // (absent before shuffle chaos: 0, no chaos seed)
 };
@@ -59,10 +63,10 @@ void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, in
       w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
   } else if (enc.data.slabs) {  // they come tensor by tensor
     const TensorSlabs& mine = (*enc.data.slabs)[size_t(i)];
-    const TensorSlab *s = mine.slabs.data(), *end = s + mine.slabs.size();
+    const FrameSlab *s = mine.slabs.data(), *end = s + mine.slabs.size();
     for (size_t k = 0; k < enc.tensors.size(); ++k) {
       const auto& t = enc.tensors[k];
-      const TensorSlab* first = s;
+      const FrameSlab* first = s;
       while (s != end && s->tensor == k) ++s;
       w.dataset_slabs(group, t.name, std::vector<hsize_t>(t.shape.begin(), t.shape.end()), first, s, mine.values,
                       enc.slab_crcs[i][k], t.offset);
@@ -149,17 +153,12 @@ TrainState read_train_state(hid_t train, const std::string& path) {
           using T = std::remove_reference_t<decltype(s.*member)>;
           if (!f.optional || H5Aexists(train, f.attribute) > 0)
             s.*member = h5::read_attr<T>(train, f.attribute, h5::native<T>(), path);
+          if constexpr (std::is_integral_v<T>)
+            if (f.least && int64_t(s.*member) < *f.least)
+              input_error("{}: attribute '/train/{}' is {} (expected {} or more)", path, f.attribute, s.*member,
+                          *f.least);
         },
         f.member);
-  // Counts a resume loops over or divides by.
-  auto at_least = [&](const char* attribute, int64_t value, int64_t least) {
-    if (value < least) input_error("{}: attribute '/train/{}' is {} (expected {} or more)", path, attribute, value, least);
-  };
-  at_least("step", s.step, 0);
-  at_least("sampler_batches", s.sampler_batches, 0);
-  at_least("epoch", s.epoch, 0);
-  at_least("world_size", s.world_size, 1);
-  at_least("ep", s.ep, 1);
   return s;
 }
 

@@ -6,23 +6,6 @@
 
 namespace xx::slabs {
 
-namespace {
-std::vector<TensorSlab> as_tensor_slabs(const std::vector<FrameSlab>& frame) {
-  std::vector<TensorSlab> out;
-  out.reserve(frame.size());
-  for (const auto& s : frame) out.push_back({s.tensor, s.begin, s.count, s.at});
-  return out;
-}
-}  // namespace
-
-std::vector<TensorSlab> of_pieces(const Placement& placement) {
-  return as_tensor_slabs(placement.slabs_of(placement.owned().pieces()));
-}
-
-std::vector<TensorSlab> of_whole_tensors(const Placement& placement) {
-  return as_tensor_slabs(placement.whole_tensors());
-}
-
 void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, hsize_t count) {
   const size_t n = dims.size();
   if (n == 0 || count == 0) return;
@@ -46,10 +29,10 @@ void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, h
   }
 }
 
-void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const TensorSlab* first,
-                  const TensorSlab* last) {
+void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                  const FrameSlab* last) {
   H5Sselect_none(mem), H5Sselect_none(file);
-  for (const TensorSlab* s = first; s != last; ++s) {
+  for (const FrameSlab* s = first; s != last; ++s) {
     const hsize_t at = hsize_t(s->at), count = hsize_t(s->count);
     if (count == 0) continue;
     H5Sselect_hyperslab(mem, H5S_SELECT_OR, &at, nullptr, &count, nullptr);
@@ -57,7 +40,7 @@ void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const
   }
 }
 
-std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const ParamLayout& layout, const TensorSlabs& mine) {
+std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const Frame& frame, const TensorSlabs& mine) {
   // (tensor, begin, count, crc) of every slab of every rank
   std::vector<int64_t> records;
   for (const auto& s : mine.slabs)
@@ -80,7 +63,7 @@ std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const ParamLayout& layout, cons
   std::sort(sorted.begin(), sorted.end(), [](const Record& a, const Record& b) {
     return a.tensor != b.tensor ? a.tensor < b.tensor : a.begin != b.begin ? a.begin < b.begin : a.count > b.count;
   });
-  const auto& tensors = layout.tensors();
+  const auto& tensors = frame;
   std::vector<uint32_t> crcs(tensors.size(), 0);
   std::vector<int64_t> covered(tensors.size(), 0);
   for (const auto& r : sorted) {

@@ -1,5 +1,5 @@
 // What the checkpoint writer and reader need for slabs (checkpoint.h,
-// TensorSlab): a flat range of a tensor as an HDF5 selection, and every
+// FrameSlab): a flat range of a tensor as an HDF5 selection, and every
 // tensor's checksum from the slabs the ranks hold of it.
 #pragma once
 #include <hdf5.h>
@@ -11,12 +11,6 @@
 
 namespace xx::slabs {
 
-// The slabs of a rank's placement (core/placement.h), in the file's tensor
-// numbering: its pieces of each tensor (values in shard order, as AdamW's
-// moments lie), or every tensor it holds whole (values as its flat buffer).
-std::vector<TensorSlab> of_pieces(const Placement& placement);
-std::vector<TensorSlab> of_whole_tensors(const Placement& placement);
-
 // Adds (OR) elements [begin, begin + count) of the row-major flattening of
 // `space`, whose extent is `dims`, to its selection: a run of whole rows
 // (or planes) as one box, a partial row at either end as another.
@@ -26,14 +20,14 @@ void select_flat(hid_t space, const std::vector<hsize_t>& dims, hsize_t begin, h
 // ones: their elements in `file` (the tensor's dataspace, extent `dims`)
 // and their values' places in `mem` (a 1-D space over the rank's values),
 // in the same order, as one H5Dwrite or H5Dread pairs them. Empty slabs are skipped.
-void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const TensorSlab* first,
-                  const TensorSlab* last);
+void select_slabs(hid_t mem, hid_t file, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                  const FrameSlab* last);
 
-// Collective over comm: the crc32c of every tensor of `layout`, from every
+// Collective over comm: the crc32c of every tensor of `frame`, from every
 // rank's checksum of each of its slabs, combined in element order (a slab
 // that repeats elements another already covered, as when every rank reads
 // a tensor whole, is skipped). `values` are the slabs' values. Throws
 // std::runtime_error naming a tensor the ranks' slabs leave a gap in.
-std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const ParamLayout& layout, const TensorSlabs& mine);
+std::vector<uint32_t> tensor_crcs(MPI_Comm comm, const Frame& frame, const TensorSlabs& mine);
 
 }  // namespace xx::slabs

@@ -48,19 +48,19 @@ void load_state(const StateRegistry& registry, const CheckpointData& data, const
   }
 }
 
-RankState merged_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base,
+RankState merged_rank_state(const std::string& path, const Frame& frame, const CheckpointData& base,
                             int old_world, int world, int rank, const std::map<std::string, int64_t>& own) {
   std::vector<int> sources;
   for (int r = 0; r < old_world; ++r)
     if (int64_t(r) * world / old_world == rank) sources.push_back(r);
   if (sources.empty())
     for (int r = 0; r < old_world; ++r) sources.push_back(r);
-  RankState out = read_rank_state(path, layout, base, sources[0], own);
+  RankState out = read_rank_state(path, frame, base, sources[0], own);
   if (sources.size() == 1) return out;
   auto average = [&](std::vector<float>& into, const std::string& what, auto get) {
     std::vector<double> sum(into.begin(), into.end());
     for (size_t i = 1; i < sources.size(); ++i) {
-      RankState other = read_rank_state(path, layout, base, sources[i], own);
+      RankState other = read_rank_state(path, frame, base, sources[i], own);
       const std::vector<float>* v = get(other);
       if (!v || v->size() != into.size())
         input_error("{}: rank {} holds {} values of '{}' (expected {}, as rank {} does, to merge them)", path,

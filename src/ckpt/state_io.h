@@ -24,7 +24,7 @@ void load_state(const StateRegistry& registry, const CheckpointData& data, const
 // with floor(r * world / old_world) == rank (ranks merge), or of all of them
 // when none maps here (a new rank starts from the base). `own`: the per-rank
 // buffers and their sizes.
-RankState merged_rank_state(const std::string& path, const ParamLayout& layout, const CheckpointData& base,
+RankState merged_rank_state(const std::string& path, const Frame& frame, const CheckpointData& base,
                             int old_world, int world, int rank, const std::map<std::string, int64_t>& own);
 
 }  // namespace xx

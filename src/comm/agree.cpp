@@ -1,4 +1,5 @@
 #include "comm/agree.h"
+#include <algorithm>
 
 namespace xx {
 
@@ -29,7 +30,13 @@ void mean_from_rank0(std::vector<float>& values, MPI_Comm comm) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &ranks);
-  MPI_Reduce(rank == 0 ? MPI_IN_PLACE : values.data(), values.data(), int(values.size()), MPI_FLOAT, MPI_SUM, 0, comm);
+  // (in pieces of 2^28 floats: MPI counts are ints)
+  constexpr int64_t chunk = int64_t(1) << 28;
+  const int64_t n = int64_t(values.size());
+  for (int64_t at = 0; at < n; at += chunk) {
+    float* part = values.data() + at;
+    MPI_Reduce(rank == 0 ? MPI_IN_PLACE : part, part, int(std::min(chunk, n - at)), MPI_FLOAT, MPI_SUM, 0, comm);
+  }
   if (rank == 0)
     for (auto& x : values) x /= float(ranks);
   from_rank0(values, comm);

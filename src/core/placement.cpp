@@ -5,14 +5,19 @@
 
 namespace xx {
 
-Placement::Placement(std::vector<FrameTensor> frame, int64_t local_total, ExpertShare experts, ShardLevel level,
-                     Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces)
-    : frame_(std::move(frame)), local_total_(local_total), experts_(std::move(experts)), level_(level),
-      owned_(std::move(owned)), units_(std::move(units)), master_in_pieces_(master_in_pieces) {
-  for (size_t k = 0; k < frame_.size(); ++k) {
-    whole_total_ = std::max(whole_total_, frame_[k].offset + frame_[k].size);
+int64_t frame_total(const Frame& frame) {
+  int64_t total = 0;
+  for (const auto& t : frame) total = std::max(total, t.offset + t.size);
+  return total;
+}
+
+Placement::Placement(Frame frame, int64_t local_total, ExpertShare experts, ShardLevel level, Ownership owned,
+                     std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces)
+    : frame_(std::move(frame)), whole_total_(frame_total(frame_)), local_total_(local_total),
+      experts_(std::move(experts)), level_(level), owned_(std::move(owned)), units_(std::move(units)),
+      master_in_pieces_(master_in_pieces) {
+  for (size_t k = 0; k < frame_.size(); ++k)
     if (frame_[k].local >= 0) held_.push_back(k);
-  }
   std::sort(held_.begin(), held_.end(), [this](size_t a, size_t b) { return frame_[a].local < frame_[b].local; });
   if (owned_.total() != local_total_) throw std::logic_error("placement: the pieces do not cover this rank's buffer");
 }
@@ -25,9 +30,9 @@ void Placement::from_whole(const float* whole, float* mine) const {
   for (size_t k : held_) std::copy_n(whole + frame_[k].offset, frame_[k].size, mine + frame_[k].local);
 }
 
-std::vector<FrameSlab> Placement::slabs_of(const std::vector<OwnedPiece>& pieces) const {
+std::vector<FrameSlab> Placement::piece_slabs() const {
   std::vector<FrameSlab> out;
-  for (const auto& p : pieces) {
+  for (const auto& p : owned_.pieces()) {
     // the first held tensor that ends after the piece begins
     auto t = std::upper_bound(held_.begin(), held_.end(), p.begin, [this](int64_t at, size_t k) {
       return at < frame_[k].local + frame_[k].size;

@@ -33,6 +33,11 @@ struct FrameTensor {
   int share = -1;      // a routed expert's: the expert share that holds it (ExpertShare); -1: every rank
 };
 
+// The whole model's tensors in layout order: what a checkpoint file holds
+// (src/ckpt reads and writes in this frame; Placement::frame() is the job's).
+using Frame = std::vector<FrameTensor>;
+int64_t frame_total(const Frame& frame);  // elements in the whole model
+
 // moe ... ep N: groups of N consecutive ranks share the routed experts out;
 // rank r holds share r % N, as do the ranks r + kN (its holders).
 struct ExpertShare {
@@ -59,11 +64,11 @@ class Placement {
   // `units`: the model's weight units, in its frame (shard params gathers them);
   // `master_in_pieces`: the fp32 weights are only this rank's pieces
   // (shard params, or a lower level under 16-bit precision).
-  Placement(std::vector<FrameTensor> frame, int64_t local_total, ExpertShare experts, ShardLevel level,
+  Placement(Frame frame, int64_t local_total, ExpertShare experts, ShardLevel level,
             Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces);
 
   // frames
-  const std::vector<FrameTensor>& frame() const { return frame_; }
+  const Frame& frame() const { return frame_; }
   int64_t whole_total() const { return whole_total_; }
   int64_t local_total() const { return local_total_; }
   bool holds_all() const { return whole_total_ == local_total_; }
@@ -85,14 +90,15 @@ class Placement {
   bool gradients_sharded() const { return level_ >= ShardLevel::gradients; }
   bool master_sharded() const { return sharded() && master_in_pieces_; }  // the fp32 weights: only the pieces
 
-  // Slabs of frame tensors: `pieces` of this rank's buffer cut at its
-  // tensors' edges (values in shard order); every tensor this rank holds
-  // whole (values laid out as its buffer).
-  std::vector<FrameSlab> slabs_of(const std::vector<OwnedPiece>& pieces) const;
+  // What this rank writes and reads of a checkpoint file, as slabs of frame
+  // tensors: its pieces cut at its tensors' edges (values in shard order, as
+  // AdamW's moments lie), or every tensor it holds whole (values laid out as
+  // its buffer).
+  std::vector<FrameSlab> piece_slabs() const;
   std::vector<FrameSlab> whole_tensors() const;
 
  private:
-  std::vector<FrameTensor> frame_;
+  Frame frame_;
   std::vector<size_t> held_;  // the frame indices of this rank's tensors, in its buffer order
   int64_t whole_total_ = 0, local_total_ = 0;
   ExpertShare experts_;

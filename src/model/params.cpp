@@ -181,6 +181,13 @@ double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
   return 6.0 * double(layout.matmul_per_token()) + 12.0 * (m.layers + m.mtp.depth) * m.seq * d_attn;
 }
 
+Frame whole_frame(const ParamLayout& whole) {
+  if (!whole.holds_all()) throw std::logic_error("whole_frame: the layout holds one expert share, not the whole model");
+  Frame frame;
+  for (const auto& t : whole.tensors()) frame.push_back({t.name, t.shape, t.offset, t.size, t.offset, -1});
+  return frame;
+}
+
 Placement place_model(const ModelConfig& m, const ParamLayout& mine, ShardLevel level, int64_t bucket, int world,
                       int rank, bool master_in_pieces) {
   ModelConfig whole_config = m;

@@ -82,6 +82,10 @@ class ParamLayout {
   int ep_ = 1, ep_rank_ = 0, experts_per_rank_ = 1;
 };
 
+// The whole model's frame of a layout that holds every tensor (one process:
+// tools, tests; a training job's is its Placement's), as checkpoints hold it.
+Frame whole_frame(const ParamLayout& whole);
+
 // The job's placement (core/placement.h) for rank `rank` of `world`: the
 // whole model's frame with `mine` (this rank's layout, under ep its expert
 // share) in it, and this rank's pieces at `level`, cut into buckets of

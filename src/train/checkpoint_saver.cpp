@@ -5,8 +5,8 @@
 namespace xx {
 namespace fs = std::filesystem;
 
-CheckpointSaver::CheckpointSaver(MPI_Comm comm, const ParamLayout& file_layout, Say say)
-    : comm_(comm), file_layout_(file_layout), say_(std::move(say)) {
+CheckpointSaver::CheckpointSaver(MPI_Comm comm, const Frame& frame, Say say)
+    : comm_(comm), frame_(frame), say_(std::move(say)) {
   MPI_Comm_rank(comm, &rank_);
 }
 
@@ -35,7 +35,7 @@ void CheckpointSaver::save(const CheckpointConfig& settings, const std::string& 
   format.codec.ratio = settings.ratio;
   format.codec.block = settings.block;
   format.base_every = settings.base_every;
-  const auto encoded = encode_checkpoint(comm_, file_layout_, data, &mine, format, &chain_);
+  const auto encoded = encode_checkpoint(comm_, frame_, data, &mine, format, &chain_);
   last_ = {};
   last_.waited = waited;
   last_.kind = chain_kind_of(*encoded) == ChainKind::delta ? "delta of " + chain_.name : "base";

@@ -20,7 +20,7 @@ class CheckpointSaver {
  public:
   using Say = std::function<void(const std::string&)>;
   // `file_layout`: the whole model (what the file holds); `say`: a console line.
-  CheckpointSaver(MPI_Comm comm, const ParamLayout& file_layout, Say say);
+  CheckpointSaver(MPI_Comm comm, const Frame& frame, Say say);
   // Waits for a write in flight; a failure nobody waited for is printed (a
   // destructor cannot throw it).
   ~CheckpointSaver();
@@ -53,7 +53,7 @@ class CheckpointSaver {
 
   MPI_Comm comm_;
   int rank_ = 0;
-  const ParamLayout& file_layout_;
+  const Frame& frame_;  // the whole model, as files hold it (the job's Placement owns it)
   Say say_;
   ChainBase chain_;  // diff across time: the chain's base
   Written last_;

@@ -135,7 +135,6 @@ class Trainer {
   Placement placement_;
   std::unique_ptr<PlacementMpi> placed_;
   std::unique_ptr<ExpertExchange> exchange_;  // moe ... ep N: the tokens' all-to-alls
-  std::unique_ptr<ParamLayout> file_layout_;  // the whole model: what checkpoints hold
   ExchangeStats exchange_total_;              // the run's all-to-alls (how much the shared experts hid)
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   std::unique_ptr<AdamW<float>> optimizer_;

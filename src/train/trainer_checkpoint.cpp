@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 #include "core/error.h"
 #include "data/seeding.h"
-#include "ckpt/slabs.h"
 #include "ckpt/state_io.h"
 #include "train/trainer.h"
 #include "comm/agree.h"
@@ -78,7 +77,7 @@ void Trainer::restore(const std::string& path) {
   on_rank0_or_throw(comm_, rank_, [&] {
     // A sharded run reads its own slabs of a file that holds no per-rank tensors.
     by_slabs = placement_.sharded() && written_by_slabs(path);
-    data = read_checkpoint(path, *file_layout_, required_buffers(StatePlace::shared_buffer), !by_slabs);
+    data = read_checkpoint(path, placement_.frame(), required_buffers(StatePlace::shared_buffer), !by_slabs);
     old_world = data.state.world_size;
     if (old_world != world_ && cfg_.data.shuffle == Shuffle::independent)
       input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
@@ -104,7 +103,7 @@ void Trainer::restore(const std::string& path) {
   on_rank0_or_throw(comm_, rank_, [&] {
     if (per_rank)
       for (int r = 0; r < old_world; ++r)
-        read_rank_state(path, *file_layout_, data, r, required_buffers(StatePlace::rank_buffer));
+        read_rank_state(path, placement_.frame(), data, r, required_buffers(StatePlace::rank_buffer));
   });
   // Rank 0 read and checked the file; every rank gets all of it (but the slabs, which each reads itself).
   if (!by_slabs)
@@ -113,7 +112,7 @@ void Trainer::restore(const std::string& path) {
   from_rank0(data.series, comm_);
   RankState mine;
   if (per_rank) {  // this rank's own tensors, strategy state and data position
-    mine = merged_rank_state(path, *file_layout_, data, old_world, world_, rank_,
+    mine = merged_rank_state(path, placement_.frame(), data, old_world, world_, rank_,
                              required_buffers(StatePlace::rank_buffer));
     if (!by_slabs) data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
     data.state.sampler_batches = mine.sampler_batches;
@@ -122,9 +121,9 @@ void Trainer::restore(const std::string& path) {
     // This rank's pieces of the moments, and of the weights (whole unless they are sharded too).
     const bool weights_sharded = placement_.master_sharded();
     std::array<TensorSlabs, 3> slabs;
-    slabs[1].slabs = slabs[2].slabs = slabs::of_pieces(placement_);
-    slabs[0].slabs = weights_sharded ? slabs[1].slabs : slabs::of_whole_tensors(placement_);
-    read_slabs(comm_, path, *file_layout_, slabs);
+    slabs[1].slabs = slabs[2].slabs = placement_.piece_slabs();
+    slabs[0].slabs = weights_sharded ? slabs[1].slabs : placement_.whole_tensors();
+    read_slabs(comm_, path, placement_.frame(), slabs);
     if (weights_sharded) put_pieces(model_->params(), slabs[0].values, placement_.owned());
     else from_host(model_->params(), slabs[0].values);
     from_host(optimizer_->m(), slabs[1].values);
@@ -165,7 +164,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   CheckpointData data;
   if (writes_slabs()) {  // this rank's pieces only: no whole copies
     std::array<TensorSlabs, 3> slabs;
-    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = slabs::of_pieces(placement_);
+    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = placement_.piece_slabs();
     slabs[0].values = take_pieces(model_->params(), placement_.owned());
     slabs[1].values = to_host(optimizer_->m());
     slabs[2].values = to_host(optimizer_->v());

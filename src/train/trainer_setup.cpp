@@ -80,9 +80,6 @@ Trainer::~Trainer() {
 // (one node's ranks, where the all-to-all is cheapest); a world size N does
 // not divide is refused, naming the deck's line and a checkpoint's layout.
 void Trainer::check_expert_groups(const std::string& resume_path) {
-  ModelConfig whole = cfg_.model;
-  whole.moe.ep = 1;
-  file_layout_ = std::make_unique<ParamLayout>(whole);
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   if (world_ % ep == 0) return;
   const std::string where = where_given(program_, "moe");
@@ -117,7 +114,7 @@ void Trainer::build_model() {
   placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, world_,
                            rank_, fp32_weights_in_pieces(cfg_, world_));
   placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
-  saver_ = std::make_unique<CheckpointSaver>(comm_, *file_layout_, [this](const std::string& line) {
+  saver_ = std::make_unique<CheckpointSaver>(comm_, placement_.frame(), [this](const std::string& line) {
     log_->console(line);
   });
   if (ep > 1) {

@@ -30,32 +30,32 @@ namespace {
 namespace fs = std::filesystem;
 
 // make_corpus.sh's model: model dense vocab 256 dim 8 layers 1 heads 2 ffn 16 seq 16.
-xx::ParamLayout fuzz_layout() {
+xx::Frame fuzz_frame() {
   xx::ModelConfig m;
   m.vocab = 256, m.dim = 8, m.layers = 1, m.heads = 2, m.ffn = 16, m.seq = 16;
-  return xx::ParamLayout(m);
+  return xx::whole_frame(xx::ParamLayout(m));
 }
 
 // The reads of a resume at one rank, as Trainer::restore makes them: the
 // layout, the deck, the base (or the slabs of a sharded file), every old
 // rank's own state, then this rank's merged from them. Throws InputError.
-void resume_reads(const std::string& path, const xx::ParamLayout& layout) {
+void resume_reads(const std::string& path, const xx::Frame& frame) {
   xx::read_checkpoint_layout(path);
   xx::read_checkpoint_deck(path);
   const bool by_slabs = xx::written_by_slabs(path);
-  xx::CheckpointData data = xx::read_checkpoint(path, layout, {}, !by_slabs);
+  xx::CheckpointData data = xx::read_checkpoint(path, frame, {}, !by_slabs);
   if (xx::has_rank_state(path)) {
     const int old_world = data.state.world_size;
-    for (int r = 0; r < old_world; ++r) xx::read_rank_state(path, layout, data, r);
-    xx::merged_rank_state(path, layout, data, old_world, 1, 0, {});
+    for (int r = 0; r < old_world; ++r) xx::read_rank_state(path, frame, data, r);
+    xx::merged_rank_state(path, frame, data, old_world, 1, 0, {});
   }
   if (by_slabs) {  // one rank reads every tensor whole
     std::array<xx::TensorSlabs, 3> slabs;
-    for (size_t t = 0; t < layout.tensors().size(); ++t) {
-      const auto& info = layout.tensors()[t];
+    for (size_t t = 0; t < frame.size(); ++t) {
+      const auto& info = frame[t];
       for (auto& s : slabs) s.slabs.push_back({t, 0, info.size, info.offset});
     }
-    xx::read_slabs(MPI_COMM_WORLD, path, layout, slabs);
+    xx::read_slabs(MPI_COMM_WORLD, path, frame, slabs);
   }
   xx::read_chain_link(path);
 }
@@ -87,13 +87,13 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
-  static const xx::ParamLayout layout = fuzz_layout();
+  static const xx::Frame frame = fuzz_frame();
   {
     std::ofstream out(g_path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes), std::streamsize(size));
   }
   try {
-    resume_reads(g_path, layout);
+    resume_reads(g_path, frame);
   } catch (const xx::InputError&) {
     // bad input, reported as such: the expected outcome
   }
@@ -112,10 +112,10 @@ int main(int argc, char** argv) {
   int code = 0;
   {
     Kokkos::ScopeGuard kokkos;
-    const xx::ParamLayout layout = fuzz_layout();
+    const xx::Frame frame = fuzz_frame();
     for (int i = 1; i < argc; ++i) {
       try {
-        resume_reads(argv[i], layout);
+        resume_reads(argv[i], frame);
         std::printf("read\t%s\n", argv[i]);
       } catch (const xx::InputError& e) {
         std::printf("refused\t%s\t%s\n", argv[i], e.what());
