@@ -4,6 +4,7 @@
 #include <iterator>
 #include "core/error.h"
 #include "data/corpus.h"
+#include "data/hf_tokenizer.h"
 #ifdef XX_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>
 #endif
@@ -85,7 +86,10 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty()) return std::make_unique<ByteTokenizer>();
-  if (!std::ifstream(path)) input_error("{}: cannot open the tokenizer model (expected a SentencePiece .model file)", path);
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return load_hf_tokenizer(path);
+  if (!std::ifstream(path))
+    input_error("{}: cannot open the tokenizer (expected a SentencePiece .model file or a Hugging Face tokenizer.json)",
+                path);
 #ifdef XX_HAVE_SENTENCEPIECE
   return std::make_unique<SentencePieceTokenizer>(path);
 #else

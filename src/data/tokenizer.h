@@ -23,7 +23,8 @@ class Tokenizer {
   virtual int32_t bytes_of(int32_t token) const = 0;
 };
 
-// "" : bytes; else the SentencePiece model at `path`. Throws InputError
+// "" : bytes; a path ending in .json: a Hugging Face tokenizer.json
+// (byte-level BPE, data/hf_tokenizer.h); else the SentencePiece model at `path`. Throws InputError
 // naming the file when it cannot be read or this binary has no SentencePiece.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 

@@ -284,7 +284,7 @@ begin "usage errors"
 expect_usage "--tokenizer bpe needs --vocab V" --tokenizer bpe "$IN/science"
 expect_usage "--tokenizer bpe needs at least one text FILE" --tokenizer bpe --vocab "$VOCAB"
 expect_usage "FILEs and options need --tokenizer bpe" --vocab "$VOCAB" "$IN/science"
-expect_usage "argument --tokenizer: invalid choice" --tokenizer wordpiece --vocab "$VOCAB" "$IN/science"
+expect_usage "--tokenizer wordpiece: expected bpe or a Hugging Face tokenizer.json" --tokenizer wordpiece --vocab "$VOCAB" "$IN/science"
 expect_usage "argument --vocab: invalid int value" --tokenizer bpe --vocab lots "$IN/science"
 
 begin "a failure leaves an existing directory as it was"
