@@ -7,9 +7,9 @@
 // XX_FUZZ (tools/lab/fuzz --target hf_tokenizer; seeds in tests/fuzz/seeds/hf_tokenizer).
 #include <cstdint>
 #include <string>
-#include <vector>
 #include "core/error.h"         // InputError
 #include "data/hf_tokenizer.h"  // parse_hf_tokenizer
+#include "use_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   std::unique_ptr<xx::Tokenizer> tok;
@@ -18,15 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   } catch (const xx::InputError&) {
     return 0;  // bad input, reported as such: the expected outcome
   }
-  tok->describe();
-  const int32_t vocab = tok->vocab();
-  std::vector<int32_t> every;
-  for (int32_t t = -1; t <= vocab; ++t) tok->bytes_of(t);  // one past each end too
-  for (int32_t t = 0; t < vocab && t < 4096; ++t) every.push_back(t);
-  tok->decode(every);
   const std::string text =
       "Line 7: the quick brown fox, 1234567 and 3.14159; \xe7\x8e\x84\xe5\xad\xa6 \xe3\x81\x8b\xe3\x81\xaa "
       "\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb\n\n\t  x\xc2\x85y\xe3\x80\x80z \xff\xfe\xc3 <|end|>";
-  tok->decode(tok->encode(text));
+  use_tokenizer(*tok, text);
   return 0;
 }

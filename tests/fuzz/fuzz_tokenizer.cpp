@@ -18,6 +18,7 @@
 #include <vector>
 #include "core/error.h"      // InputError
 #include "data/tokenizer.h"  // load_tokenizer
+#include "use_tokenizer.h"
 
 namespace {
 std::string g_path;  // the file each input is written to
@@ -42,12 +43,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   } catch (const xx::InputError&) {
     return 0;  // bad input, reported as such: the expected outcome
   }
-  tok->describe();
-  const int32_t vocab = tok->vocab();
-  std::vector<int32_t> every;
-  for (int32_t t = -1; t <= vocab; ++t) tok->bytes_of(t);  // one past each end too
-  for (int32_t t = 0; t < std::min<int32_t>(vocab, 4096); ++t) every.push_back(t);
-  tok->decode(every);
-  tok->decode(tok->encode("Line 7: the quick brown fox jumps over the lazy dog, again. \xc3\xa9\xe2\x96\x81 \x01"));
+  use_tokenizer(*tok, "Line 7: the quick brown fox jumps over the lazy dog, again. \xc3\xa9\xe2\x96\x81 \x01");
   return 0;
 }
