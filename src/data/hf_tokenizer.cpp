@@ -105,7 +105,8 @@ std::u32string code_points(std::string_view s) {
     const auto c = static_cast<unsigned char>(s[i]);
     const int n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
     char32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
-    for (int k = 1; k < n && i + size_t(k) < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+    for (int k = 1; k < n && i + size_t(k) < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
     out += cp;
     i += size_t(n);
   }
@@ -281,6 +282,9 @@ struct Merge {
   int32_t rank, merged;
 };
 
+// The key of an adjacent pair of ids in the merge table.
+uint64_t pair_key(int32_t left, int32_t right) { return uint64_t(uint32_t(left)) << 32 | uint32_t(right); }
+
 struct ViewHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -354,7 +358,8 @@ HfTokenizer::HfTokenizer(const std::string& text, const std::string& path) : pat
                           "the ids and is not supported)", n->dump().substr(0, 200)));
   }
   bool byte_level = false;
-  if (const json* p = optional_member(doc, "pre_tokenizer")) read_pre_tokenizer(*p, root / "pre_tokenizer", splits_, byte_level);
+  if (const json* p = optional_member(doc, "pre_tokenizer"))
+    read_pre_tokenizer(*p, root / "pre_tokenizer", splits_, byte_level);
   if (!byte_level) root.fail("has no ByteLevel pre-tokenizer (expected a byte-level BPE, as DeepSeek's)");
   const json& decoder = member(doc, "decoder", root);
   const At d = root / "decoder";
@@ -377,7 +382,8 @@ void HfTokenizer::read_model(const json& model, const At& at, int64_t limit) {
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int64_t id = id_of(it.value(), at / "vocab" / it.key(), limit);
     if (size_t(id) >= pieces_.size()) pieces_.resize(size_t(id) + 1), known_.resize(size_t(id) + 1);
-    if (known_[size_t(id)]) (at / "vocab" / it.key()).fail(fmt::format("repeats id {} (expected one token per id)", id));
+    if (known_[size_t(id)])
+      (at / "vocab" / it.key()).fail(fmt::format("repeats id {} (expected one token per id)", id));
     known_[size_t(id)] = 1;
     if (auto bytes = token_bytes(it.key())) {
       pieces_[size_t(id)] = *bytes;
@@ -429,8 +435,8 @@ void HfTokenizer::read_model(const json& model, const At& at, int64_t limit) {
                          json(left).dump(), json(right).dump(),
                          li == ids_.end() ? json(left).dump() : ri == ids_.end() ? json(right).dump()
                                                                  : json(left + right).dump()));
-    merges_.insert_or_assign(uint64_t(uint32_t(li->second)) << 32 | uint32_t(ri->second),
-                             Merge{int32_t(rank), mi->second});  // a repeated pair: the later rank, as HF's map keeps
+    // A repeated pair takes its later rank, as HF's map keeps it.
+    merges_.insert_or_assign(pair_key(li->second, ri->second), Merge{int32_t(rank), mi->second});
   }
 }
 
@@ -519,15 +525,15 @@ void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
   for (size_t i = 0; i < word.size(); ++i)
     s[i] = {byte_ids_[static_cast<unsigned char>(word[i])], int32_t(i) - 1, i + 1 < word.size() ? int32_t(i + 1) : -1};
   struct Candidate {
-    int32_t rank, left, left_id, right_id;
+    int32_t rank, left, left_id, right_id, merged;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto consider = [&](int32_t left) {
     if (left < 0 || s[size_t(left)].next < 0) return;
     const int32_t a = s[size_t(left)].id, b = s[size_t(s[size_t(left)].next)].id;
-    if (const auto it = merges_.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b)); it != merges_.end())
-      heap.push({it->second.rank, left, a, b});
+    if (const auto it = merges_.find(pair_key(a, b)); it != merges_.end())
+      heap.push({it->second.rank, left, a, b, it->second.merged});
   };
   for (int32_t i = 0; i + 1 < int32_t(word.size()); ++i) consider(i);
   while (!heap.empty()) {
@@ -537,7 +543,7 @@ void HfTokenizer::bpe(std::string_view word, std::vector<int32_t>& out) const {
     if (left.id != c.left_id || left.next < 0 || s[size_t(left.next)].id != c.right_id) continue;  // stale
     const Symbol right = s[size_t(left.next)];
     s[size_t(left.next)].id = -1;  // gone
-    left.id = merges_.at(uint64_t(uint32_t(c.left_id)) << 32 | uint32_t(c.right_id)).merged;
+    left.id = c.merged;
     left.next = right.next;
     if (right.next >= 0) s[size_t(right.next)].prev = c.left;
     consider(left.prev);
