@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include "ckpt/checkpoint.h"
 #include "comm/agree.h"
+#include "hf/config.h"
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "core/units.h"
@@ -95,7 +96,7 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   std::string blob;
   on_rank0_or_throw(comm, rank, [&] {
     args = parse_args(argc, argv);
-    auto lines = read_deck(args.deck, args.vars);
+    auto lines = expand_hf_init(read_deck(args.deck, args.vars));  // init hf: config.json's model lines
     build_program(lines, /*check_files=*/!args.dry_run && !args.print_config);
     blob = serialize(lines);
   });

@@ -27,7 +27,7 @@ constexpr const char* kUsage =
     "  -ckpt FILE|DIR    a checkpoint (RUN_DIR/ckpt/step_N.h5), or RUN_DIR or RUN_DIR/ckpt: its newest;\n"
     "                    the checkpoint's deck gives the model\n"
     "  -prompt TEXT      the text to continue\n"
-    "  -tokenizer MODEL  SentencePiece model (default: the deck's data ... tokenizer, else bytes)\n"
+    "  -tokenizer MODEL  SentencePiece model or tokenizer.json (default: the deck's data ... tokenizer, else bytes)\n"
     "  -tokens N         tokens to generate (default 128; never past the model's seq)\n"
     "  -temperature T    0: greedy; default 1\n"
     "  -top_k K          sample among the K likeliest (default 0: all)\n"

@@ -324,6 +324,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
   };
   const std::vector<Example> examples = {
       {"seed", "seed 99", true},
+      {"init", "init hf somewhere expanded yes", true},
       {"peak_gflops", "peak_gflops 12", true},
       {"model", "model dense vocab 256 dim 32 layers 1 heads 2 ffn 32 seq 8", true},
       {"attention", "attention mla kv_lora_rank 8 qk_nope_dim 4 rope_dim 4 v_dim 4", true},
@@ -524,4 +525,26 @@ TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, samp
   CHECK(p.phases[0].config.model.moe.ep == 2);
   CHECK(where_given(p, "moe") == at(3));
   CHECK(where_given(p, "mtp") == "deck");
+}
+
+TEST_CASE("deck: a repeated line of one kind changes what it names; init hf stands above the model lines", "[deck]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  const Program p = build(t, kBase + "model dense seq 16\nmoe on routed 4 topk 2 ffn 8\nmoe on ep 2\nrun 2\n");
+  const ModelConfig& m = p.phases[0].config.model;
+  CHECK(m.seq == 16);
+  CHECK(m.dim == 16);  // kept from the first model line
+  CHECK(m.moe.routed == 4);
+  CHECK(m.moe.ep == 2);
+  // another kind is a new line: its required keywords are needed
+  CHECK_THAT(error_of(t, kBase + "moe off\nmoe on ep 2\nrun 2\n"),
+             Catch::StartsWith(file + ":4: 'moe on' is missing keyword 'routed'"));
+  // init hf: config.json describes the model, so no model line may come first
+  CHECK_THAT(error_of(t, kBase + "init hf somewhere expanded yes\nrun 2\n"),
+             Catch::StartsWith(file + ":3: init hf after 'model' (" + file + ":1)"));
+  const Program hf = build(t, "init hf somewhere expanded yes\n" + kBase + "run 2\n");
+  CHECK(hf.phases[0].config.init.kind == "hf");
+  CHECK(hf.phases[0].config.init.dir == "somewhere");
+  CHECK(hf.phases[0].config.init.expanded);
+  CHECK(build(t, kBase + "run 2\n").phases[0].config.init.kind == "random");
 }

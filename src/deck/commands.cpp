@@ -300,6 +300,13 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
   return {
       {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S", Scope::job},
       {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X", Scope::job},
+      {"init",
+       mode_ref(&c.init.kind),
+       "kind",
+       {{"random", {}, {}, {}, {}},
+        {"hf", {path("dir", &c.init.dir)},
+         {integer("seq", &c.init.seq, at_least(2)), yes_no("expanded", &c.init.expanded)}, {}, {}}},
+       "init random | hf DIR [seq T]", Scope::job},
       {"model",
        mode_ref(&c.model.kind),
        "kind",
@@ -568,8 +575,10 @@ std::string names_of(const std::vector<Option>& options) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-// Parses one line into the Config the registry is bound to.
-void apply(const Command& cmd, const DeckLine& line, const std::string& where) {
+// Parses one line into the Config the registry is bound to. A `repeat` (the
+// command given before, of the same kind) changes what it names and keeps
+// the rest: its required keywords were given already.
+void apply(const Command& cmd, const DeckLine& line, const std::string& where, bool repeat) {
   const auto& w = line.words;
   size_t i = 1;
   const Variant* variant = &cmd.variants.front();
@@ -612,7 +621,7 @@ void apply(const Command& cmd, const DeckLine& line, const std::string& where) {
     set_value(*o, w[i + 1], where);
   }
   for (const auto& r : variant->required)
-    if (std::find(seen.begin(), seen.end(), r) == seen.end())
+    if (!repeat && std::find(seen.begin(), seen.end(), r) == seen.end())
       input_error("{}: '{}' is missing keyword '{}' (expected {})", where, label, r, cmd.usage);
   if (variant->check) variant->check(where);
 }
@@ -815,6 +824,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
   std::map<std::string, std::string> set_at;  // where each command was last given before the first run
   std::optional<CompressConfig> topk;         // the deck's compress topk setting
   std::map<std::string, std::string> last_set;  // where each command was last given
+  std::map<std::string, std::string> last_kind;  // the kind word each command was last given with
 
   for (const auto& line : lines) {
     if (line.words.empty()) continue;
@@ -827,7 +837,16 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
     program.deck_text += line.text + "\n";
 
     const auto before = job_rows(*cmd);
-    apply(*cmd, line, where);
+    const std::string kind = cmd->has_kind() && line.words.size() > 1 ? line.words[1] : "";
+    const bool repeat = last_kind.count(name) && last_kind[name] == kind;
+    apply(*cmd, line, where, repeat);
+    last_kind[name] = kind;
+    if (name == "init" && config.init.kind == InitKind::hf && program.phases.empty())
+      for (const char* model_command : {"model", "attention", "moe", "mtp"})
+        if (last_set.count(model_command))
+          input_error("{}: init hf after '{}' ({}) (expected init hf above every model, attention, moe and mtp "
+                      "line: its config.json describes the model, and later lines may add only what it does not "
+                      "say)", where, model_command, last_set[model_command]);
     if (program.phases.empty()) set_at[name] = where;
     last_set[name] = where;
     const bool model = name == "model" || name == "attention" || name == "moe" || name == "mtp";

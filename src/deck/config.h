@@ -47,6 +47,19 @@ struct MtpConfig {
   double weight = 0.3;  // lambda: the MTP loss is lambda/D * sum of their cross-entropies
 };
 
+// init random | hf DIR [seq T] [expanded yes|no]
+// hf: the weights of a fresh run come from a Hugging Face directory (config.json,
+// model.safetensors or its index); rank 0 turns config.json into the model,
+// attention, moe and mtp lines that follow this one (src/hf/config.h), so the
+// resolved deck describes the model alone. A run with its own checkpoint
+// resumes from it instead (-resume auto).
+struct InitConfig {
+  InitKind kind = InitKind::random;
+  std::string dir;  // hf: the directory
+  int seq = 0;      // hf: the training context (0: config.json's, see src/hf/config.h)
+  bool expanded = false;  // hf: the model lines that follow were made from config.json (src/hf/config.h)
+};
+
 // model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]
 // (deepseek is dense plus whatever `attention`, `moe` and `mtp` say)
 struct ModelConfig {
@@ -296,6 +309,7 @@ struct Config {
   uint64_t seed = 1234;
   GemmChoice gemm = GemmChoice::automatic;  // GEMM backend: auto | onednn | cublas | blas (kernels/gemm.h)
   double peak_gflops = 0.0;  // MFU denominator; 0: the peak file's entry for this machine, else none (io/peak_file.h)
+  InitConfig init;
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

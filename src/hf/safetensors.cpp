@@ -210,6 +210,16 @@ void SafetensorsFile::read(const StTensor& t, int64_t first, int64_t count, floa
   }
 }
 
+void SafetensorsFile::release(const StTensor& t, int64_t first, int64_t count) const {
+  int bytes = 4;
+  for (const Kind& k : kKinds)
+    if (t.dtype_name == k.name) bytes = k.bytes;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(map_ + data_at_ + t.begin + uint64_t(first) * bytes) / page * page;
+  const uintptr_t end = uintptr_t(map_ + data_at_ + t.begin + uint64_t(first + count) * bytes);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: no error to handle
+}
+
 std::vector<float> SafetensorsFile::read_all(const StTensor& t) const {
   std::vector<float> out(size_t(t.count));  // t.count * its size fits in the file: checked when mapped
   read(t, 0, t.count, out.data());

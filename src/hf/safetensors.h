@@ -48,6 +48,9 @@ class SafetensorsFile {
   // outside the tensor.
   void read(const StTensor& t, int64_t first, int64_t count, float* out) const;
   std::vector<float> read_all(const StTensor& t) const;
+  // Hands the mapped pages of elements [first, first + count) of `t` back
+  // (madvise): an import's resident memory stays what it keeps, not the files.
+  void release(const StTensor& t, int64_t first, int64_t count) const;
 
  private:
   std::string path_;

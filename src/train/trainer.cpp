@@ -229,6 +229,12 @@ void Trainer::run_phases() {
   log_->show_progress(progress == Progress::on || (progress == Progress::automatic && terminal));
   report_ = std::make_unique<StepReport>(*log_, rank_, world_, flops_per_token_, mfu_, total_steps);
   double loss = 0;
+  // init hf: the published model's validation loss before the first step (a
+  // fine-tune's baseline), and a step-0 checkpoint a requeued job resumes from.
+  if (step_ == 0 && !resumed_ && cfg_.init.kind == InitKind::hf) {
+    if (cfg_.eval.every > 0) report_->log_validation(0, phase_end_, evaluate()), report_->flush();
+    if (cfg_.checkpoint.every > 0) save_checkpoint(std::numeric_limits<double>::quiet_NaN());
+  }
   for (size_t phase = phase_; phase < program_.phases.size(); ++phase) {
     if (phase != phase_) enter_phase(phase);
     while (step_ < phase_end_) {

@@ -82,7 +82,9 @@ class Trainer {
 
  private:
   // set-up (trainer_setup.cpp) and the loop (trainer.cpp)
-  void build_model();
+  void build_model(bool fresh);  // fresh: no checkpoint to resume (init hf reads its weights then)
+  // init hf DIR: the weights this rank keeps (`mine`, ranges of its buffer) from the HF files
+  void import_hf(const std::vector<std::pair<int64_t, int64_t>>& mine);
   void check_expert_groups(const std::string& resume_path);  // moe ... ep N: the world splits into groups
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy

@@ -2,6 +2,7 @@
 // each phase switches (its settings, its sync strategy, the checks on the
 // gradients). The loop is in trainer.cpp.
 #include <unistd.h>
+#include <optional>
 #include <fmt/format.h>
 #include "core/device_memory.h"
 #include "core/error.h"
@@ -11,6 +12,7 @@
 #include "model/attention.h"
 #include "train/trainer.h"
 #include "core/host_memory.h"
+#include "hf/import.h"
 #include "comm/agree.h"
 #include "train/transfer.h"
 
@@ -29,7 +31,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   from_rank0(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
   check_expert_groups(resume_path);
-  build_model();
+  build_model(resume_path.empty());
   register_state();
   const double restore_start = MPI_Wtime();
   if (!resume_path.empty()) restore(resume_path), resumed_ = true;
@@ -95,7 +97,7 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
               cfg_.model.moe.routed);
 }
 
-void Trainer::build_model() {
+void Trainer::build_model(bool fresh) {
   comm_ops_ = std::make_unique<Communicator>(comm_, cfg_.sync.transport, sparse_transport(program_.phases));
   kernels::set_widened_products(cfg_.precision.products == Products::widened);
   kernels::set_tf32_products(cfg_.precision.kind == Precision::fp32 && cfg_.precision.products == Products::tf32);
@@ -121,16 +123,20 @@ void Trainer::build_model() {
     exchange_ = std::make_unique<MpiExpertExchange>(placed_->expert_group());
     model_->set_expert_exchange(exchange_.get());
   }
-  if (placement_.level() != ShardLevel::off) {
-    // A rank writes only the weights it keeps: all of them; or its pieces (and
-    // below params the runs the model reads in fp32, which every rank keeps).
-    std::vector<std::pair<int64_t, int64_t>> mine{{0, model_->layout().total()}};
-    if (placement_.master_sharded()) {
-      mine.clear();
-      for (const auto& p : placement_.owned().pieces()) mine.emplace_back(p.begin, p.end);
-      if (placement_.level() != ShardLevel::params)
-        for (const auto& run : model_->layout().fp32_read_runs()) mine.push_back(run);
-    }
+  // A rank writes only the weights it keeps: all of them; or its pieces (and
+  // below params the runs the model reads in fp32, which every rank keeps).
+  std::vector<std::pair<int64_t, int64_t>> mine{{0, model_->layout().total()}};
+  if (placement_.master_sharded()) {
+    mine.clear();
+    for (const auto& p : placement_.owned().pieces()) mine.emplace_back(p.begin, p.end);
+    if (placement_.level() != ShardLevel::params)
+      for (const auto& run : model_->layout().fp32_read_runs()) mine.push_back(run);
+  }
+  const bool from_hf = fresh && cfg_.init.kind == InitKind::hf;
+  if (from_hf) {
+    model_->init_sharded(cfg_.seed, {});  // no random weights to overwrite
+    import_hf(mine);
+  } else if (placement_.level() != ShardLevel::off) {
     model_->init_sharded(cfg_.seed, mine);
   } else {
     model_->init(cfg_.seed);
@@ -145,6 +151,43 @@ void Trainer::build_model() {
       lossagg_ = std::make_unique<LossAggregator>(comm_, std::array<bool, LossAggregator::kKinds>{
                                                              true, m.mtp.depth > 0, aux});  // main, mtp, aux
     }
+}
+
+// Rank 0 checks the files first (every tensor's name, shape, dtype and FP8
+// scales), so a bad file ends every rank alike with one error; then each
+// rank reads its own ranges from the mapped files, in chunks, into its
+// buffer. A directory some rank cannot read is that rank's failure.
+void Trainer::import_hf(const std::vector<std::pair<int64_t, int64_t>>& mine) {
+  const double start = MPI_Wtime();
+  std::string summary;
+  on_rank0_or_throw(comm_, rank_, [&] {
+    summary = HfWeights(cfg_.init.dir, cfg_.model, placement_.frame()).summary();
+  });
+  from_rank0(summary, comm_);
+  std::optional<HfWeights> hf;
+  try {
+    hf.emplace(cfg_.init.dir, cfg_.model, placement_.frame());
+  } catch (const InputError& e) {  // rank 0 read them: this rank sees other files
+    throw std::runtime_error(fmt::format("init hf {}: {} (rank 0 read it; every rank must see the same directory)",
+                                         cfg_.init.dir, e.what()));
+  }
+  constexpr int64_t kChunk = int64_t(1) << 22;  // floats read and copied at a time
+  std::vector<float> values;
+  for (const FrameTensor& t : placement_.frame()) {
+    if (t.local < 0) continue;  // another rank's expert
+    for (const auto& [begin, end] : mine)
+      for (int64_t lo = std::max(begin, t.local), hi = std::min(end, t.local + t.size); lo < hi; lo += kChunk) {
+        const int64_t n = std::min(kChunk, hi - lo);
+        values.resize(size_t(n));
+        hf->read(t, lo - t.local, n, values.data());
+        Kokkos::deep_copy(Kokkos::subview(model_->params(), std::pair(lo, lo + n)),
+                          Kokkos::View<const float*, Kokkos::HostSpace, Unmanaged>(values.data(), size_t(n)));
+      }
+  }
+  if (cfg_.model.moe.enabled() && cfg_.model.moe.balance == Balance::bias)
+    for (auto& [prefix, ffn] : model_->moe_layers()) from_host(ffn->bias(), hf->selection_bias(prefix));
+  log_note_ = fmt::format("init hf {}: {}; this rank's part read in {:.2f} s", cfg_.init.dir, summary,
+                          MPI_Wtime() - start);
 }
 
 // The phase's settings take effect; its sync strategy is built, or kept when

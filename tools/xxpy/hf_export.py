@@ -2,7 +2,8 @@
 # (docs/CHECKPOINT.md, "Export for other tools"): the deck's model as a config.json of
 # LlamaForCausalLM (dense MHA), DeepseekV2ForCausalLM or DeepseekV3ForCausalLM, its tensors under
 # the names and in the row order of those model codes in one model.safetensors, and the
-# SentencePiece model the data line names. numpy and the standard library only.
+# tokenizer the data line names (a SentencePiece model as tokenizer.model, a tokenizer.json as it
+# is). numpy and the standard library only. `init hf DIR` reads it back (src/hf/, docs/HF.md).
 #
 # What is permuted, and why (our convention: kernels/rope.h, kernels/mla.h, tools/torch_reference.py):
 #   - llama q_proj, k_proj: we rotate the interleaved pairs (2i, 2i+1) of each head; HF Llama's
@@ -366,6 +367,25 @@ def tokenizer_files(path, vocab, seq):
     return data, config, {"bos": ids.get("<s>"), "eos": ids.get("</s>")}
 
 
+def hf_tokenizer_files(path, vocab, seq):
+    """(tokenizer.json bytes, tokenizer_config dict, {bos, eos} ids) of a Hugging Face byte-level BPE
+    tokenizer.json (what `init hf` models come with): copied as it is; its ids must fit the model's vocab."""
+    try:
+        data = open(path, "rb").read()
+        doc = json.loads(data)
+        ids = list(doc["model"]["vocab"].values()) + [t["id"] for t in doc.get("added_tokens") or []]
+        if doc["model"].get("type") != "BPE" or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise ValueError("not a BPE model with integer ids")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise Refusal(f"tokenizer '{path}' is not a readable tokenizer.json ({err})")
+    if max(ids) >= vocab:
+        raise Refusal(f"tokenizer '{path}' has id {max(ids)}, but the model has vocab {vocab} "
+                      f"(expected the tokenizer the model was trained with)")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq,
+              "clean_up_tokenization_spaces": False}
+    return data, config, {}
+
+
 def tokenizer_path(settings, override):
     """The tokenizer to copy (None: none), and a line saying which and why."""
     data = settings.get("data", {})
@@ -455,10 +475,12 @@ def export(out, settings, tensors, buffers, metadata, force=False, tokenizer=Non
     tok_path, tok_line = tokenizer_path(settings, tokenizer)
     files, ids = {}, {}
     if tok_path:
-        data, tok_config, ids = tokenizer_files(tok_path, m["vocab"], m["seq"])
-        files["tokenizer.model"] = data
+        kind, name, read = (("byte-level BPE", "tokenizer.json", hf_tokenizer_files) if tok_path.endswith(".json")
+                            else ("sentencepiece", "tokenizer.model", tokenizer_files))
+        data, tok_config, ids = read(tok_path, m["vocab"], m["seq"])
+        files[name] = data
         files["tokenizer_config.json"] = (json.dumps(tok_config, indent=2) + "\n").encode()
-        tok_line = f"tokenizer: {tok_path} ({tok_line}; sentencepiece, vocab {m['vocab']}) as tokenizer.model"
+        tok_line = f"tokenizer: {tok_path} ({tok_line}; {kind}, vocab {m['vocab']}) as {name}"
     model_type, config, notes = hf_config(m, ids, latent_eps)
     named = hf_tensors(m, model_type, tensors, buffers)
     files["config.json"] = (json.dumps(config, indent=2) + "\n").encode()
