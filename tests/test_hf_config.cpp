@@ -15,6 +15,7 @@
 #include "hf/config.h"
 #include "hf/import.h"
 #include "model/params.h"
+#include "safetensors_file.h"
 #include "temp_dir.h"
 
 using namespace xx;
@@ -145,7 +146,8 @@ TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "
   CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }), Catch::Contains("not JSON"));
 }
 
-TEST_CASE("hf config: expand_hf_init puts the lines under the init, once, and checks the deck's own", "[hf][hf_config]") {
+TEST_CASE("hf config: expand_hf_init puts the lines under the init, once, and checks the deck's own",
+          "[hf][hf_config]") {
   TempDir t;
   json c = v2_lite();
   c["rope_scaling"] = nullptr;
@@ -179,27 +181,11 @@ TEST_CASE("hf config: expand_hf_init puts the lines under the init, once, and ch
 
 namespace {
 
-// A safetensors file of (name, dtype, shape, raw bytes).
-struct Entry {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
+using Entry = xx::test::StEntry;
 void write_safetensors(const std::string& path, const std::vector<Entry>& entries) {
-  json header = json::object();
-  uint64_t at = 0;
-  std::string data;
-  for (const auto& e : entries) {
-    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {at, at + e.bytes.size()}}};
-    data += e.bytes;
-    at += e.bytes.size();
-  }
-  const std::string h = header.dump();
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
-  std::ofstream(path, std::ios::binary) << out + h + data;
+  xx::test::write_bytes(path, xx::test::safetensors_bytes(entries));
 }
-std::string f32(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+std::string f32(const std::vector<float>& v) { return xx::test::raw_bytes(v); }
 
 // An HF value per element that says where it came from: tensor k, row r, column c.
 float tag(int k, int64_t r, int64_t c) { return float(k * 10000 + r * 100 + c); }

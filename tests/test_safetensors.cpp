@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "core/error.h"
 #include "hf/safetensors.h"
+#include "safetensors_file.h"
 
 using xx::InputError;
 using json = nlohmann::json;
@@ -29,32 +30,14 @@ struct Dir {
   ~Dir() { fs::remove_all(path); }
 };
 
-// A safetensors file from (name, dtype, shape, raw bytes), in order.
-struct Entry {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
+using Entry = xx::test::StEntry;
 std::string file_bytes(const std::vector<Entry>& entries, json extra = json::object()) {
-  json header = extra;
-  uint64_t at = 0;
-  std::string data;
-  for (const auto& e : entries) {
-    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {at, at + e.bytes.size()}}};
-    data += e.bytes;
-    at += e.bytes.size();
-  }
-  const std::string h = header.dump();
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[size_t(i)] = char((uint64_t(h.size()) >> (8 * i)) & 0xff);
-  return out + h + data;
+  return xx::test::safetensors_bytes(entries, extra);
 }
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+using xx::test::write_bytes;
 template <class T>
 std::string raw(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  return xx::test::raw_bytes(v);
 }
 
 bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; }
@@ -99,7 +82,7 @@ TEST_CASE("safetensors: tensors by name, element ranges, metadata", "[hf][safete
   const std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x7bff, 0x0001};
   const std::vector<uint8_t> f8 = {0x38, 0xb8, 0x7e, 0x01};
   const std::vector<int64_t> i64 = {1, 2};
-  write(d.path + "/model.safetensors",
+  write_bytes(d.path + "/model.safetensors",
         file_bytes({{"a.weight", "F32", {2, 3}, raw(f32)},
                     {"b", "BF16", {3}, raw(bf16)},
                     {"c", "F16", {2, 2}, raw(f16)},
@@ -131,11 +114,13 @@ TEST_CASE("safetensors: tensors by name, element ranges, metadata", "[hf][safete
 
 TEST_CASE("safetensors: a sharded set through its index", "[hf][safetensors]") {
   Dir d;
-  write(d.path + "/model-00001-of-00002.safetensors", file_bytes({{"x", "F32", {2}, raw(std::vector<float>{1, 2})}}));
-  write(d.path + "/model-00002-of-00002.safetensors", file_bytes({{"y", "BF16", {1}, raw(std::vector<uint16_t>{0x4040})}}));
+  write_bytes(d.path + "/model-00001-of-00002.safetensors",
+              file_bytes({{"x", "F32", {2}, raw(std::vector<float>{1, 2})}}));
+  write_bytes(d.path + "/model-00002-of-00002.safetensors",
+              file_bytes({{"y", "BF16", {1}, raw(std::vector<uint16_t>{0x4040})}}));
   json index = {{"metadata", {{"total_size", 10}}},
                 {"weight_map", {{"x", "model-00001-of-00002.safetensors"}, {"y", "model-00002-of-00002.safetensors"}}}};
-  write(d.path + "/model.safetensors.index.json", index.dump());
+  write_bytes(d.path + "/model.safetensors.index.json", index.dump());
   xx::SafetensorsSet set(d.path);
   REQUIRE(set.names() == std::vector<std::string>{"x", "y"});
   const auto [fy, y] = set.find("y");
@@ -143,15 +128,15 @@ TEST_CASE("safetensors: a sharded set through its index", "[hf][safetensors]") {
   // A missing shard, a tensor its shard lacks, a path in the index: each named.
   index["weight_map"]["z"] = "model-00003-of-00002.safetensors";
   index["weight_map"]["w"] = "model-00001-of-00002.safetensors";
-  write(d.path + "/model.safetensors.index.json", index.dump());
+  write_bytes(d.path + "/model.safetensors.index.json", index.dump());
   xx::SafetensorsSet broken(d.path);
   REQUIRE_THROWS_AS(broken.find("z"), InputError);
   REQUIRE_THROWS_WITH(broken.find("z"), Catch::Contains("model-00003-of-00002.safetensors"));
   REQUIRE_THROWS_WITH(broken.find("w"), Catch::Contains("no tensor 'w'") && Catch::Contains("index"));
   index["weight_map"]["v"] = "../etc/passwd";
-  write(d.path + "/model.safetensors.index.json", index.dump());
+  write_bytes(d.path + "/model.safetensors.index.json", index.dump());
   REQUIRE_THROWS_WITH(xx::SafetensorsSet(d.path), Catch::Contains("'../etc/passwd'") && Catch::Contains("without a path"));
-  write(d.path + "/model.safetensors.index.json", "{\"weight_map\": [");
+  write_bytes(d.path + "/model.safetensors.index.json", "{\"weight_map\": [");
   REQUIRE_THROWS_WITH(xx::SafetensorsSet(d.path), Catch::Contains("not JSON"));
   fs::remove(d.path + "/model.safetensors.index.json");
   REQUIRE_THROWS_WITH(xx::SafetensorsSet(d.path), Catch::Contains("neither model.safetensors"));
@@ -162,7 +147,7 @@ TEST_CASE("safetensors: each bad file is one InputError naming it", "[hf][safete
   const std::string path = d.path + "/bad.safetensors";
   auto refused = [&](const std::string& bytes, const std::string& what) {
     INFO(what);
-    write(path, bytes);
+    write_bytes(path, bytes);
     REQUIRE_THROWS_AS(xx::SafetensorsFile(path), InputError);
     REQUIRE_THROWS_WITH(xx::SafetensorsFile(path), Catch::Contains(path) && Catch::Contains(what));
   };
@@ -192,7 +177,7 @@ TEST_CASE("safetensors: each bad file is one InputError naming it", "[hf][safete
                                        {"w", "F8_E4M3", {2, 2}, "\x38\x38\x7e\x01"}});
   int ok = 0, bad = 0;
   auto attempt = [&](const std::string& bytes) {
-    write(path, bytes);
+    write_bytes(path, bytes);
     try {
       xx::SafetensorsFile f(path);
       for (const auto& t : f.tensors())

@@ -34,7 +34,8 @@ class Keys {
  public:
   Keys(std::string path, const std::string& where) : path_(std::move(path)), where_(where) {
     std::ifstream in(path_, std::ios::binary);
-    if (!in) input_error("{}: cannot read {} (expected a Hugging Face model directory with config.json)", where_, path_);
+    if (!in)
+      input_error("{}: cannot read {} (expected a Hugging Face model directory with config.json)", where_, path_);
     std::stringstream s;
     s << in.rdbuf();
     text_ = s.str();
@@ -43,7 +44,8 @@ class Keys {
     } catch (const json::parse_error& e) {
       input_error("{}: byte {}: not JSON ({}) (expected a Hugging Face config.json)", path_, e.byte, e.what());
     }
-    if (!j_.is_object()) input_error("{}:1: the top level is not an object (expected a Hugging Face config.json)", path_);
+    if (!j_.is_object())
+      input_error("{}:1: the top level is not an object (expected a Hugging Face config.json)", path_);
   }
 
   // "FILE:LINE" of a key (its first mention), for the errors.
@@ -282,7 +284,8 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
                     {"route_scale", num(k.number("routed_scaling_factor", 1.0)), "routed_scaling_factor"}};
   }
   const int depth = v3 ? k.integer("num_nextn_predict_layers", 0, 0) : 0;
-  HfLine mtp{"mtp", "", {{"depth", num(depth), v3 ? "num_nextn_predict_layers" : ""}}, k.line("num_nextn_predict_layers")};
+  HfLine mtp{"mtp", "", {{"depth", num(depth), v3 ? "num_nextn_predict_layers" : ""}},
+             k.line("num_nextn_predict_layers")};
   return {m, a, moe, mtp};
 }
 
@@ -316,8 +319,8 @@ std::pair<int, int> hf_fp8_block(const std::string& dir) {
   json j = json::parse(in, nullptr, false);
   if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null()) return {0, 0};
   const json& b = j["quantization_config"].value("weight_block_size", json::array({128, 128}));
-  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() || b[0].get<int64_t>() < 1 ||
-      b[1].get<int64_t>() < 1 || b[0].get<int64_t>() > (1 << 20) || b[1].get<int64_t>() > (1 << 20))
+  auto side = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 20); };
+  if (!b.is_array() || b.size() != 2 || !side(b[0]) || !side(b[1]))
     input_error("{}: quantization_config weight_block_size {} (expected two positive integers, e.g. [128, 128])",
                 path, b.dump());
   return {int(b[0].get<int64_t>()), int(b[1].get<int64_t>())};

@@ -126,7 +126,8 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& model, const Fra
   const auto& moe = model.moe;
   if (moe.enabled() && moe.balance == Balance::bias) {
     for (int l = moe.dense_layers; l < model.layers + model.mtp.depth; ++l) {
-      const std::string prefix = l < model.layers ? fmt::format("layers.{}.", l) : fmt::format("mtp.{}.", l - model.layers);
+      const std::string prefix =
+          l < model.layers ? fmt::format("layers.{}.", l) : fmt::format("mtp.{}.", l - model.layers);
       const std::string name = bias_name(prefix);
       const auto [file, t] = files_.find(name);
       if (t->shape != std::vector<int64_t>{moe.routed} || t->dtype == StDtype::other)
@@ -166,7 +167,8 @@ void HfWeights::read_row(const Source& s, int64_t row, int64_t col, int64_t coun
 void HfWeights::read(const FrameTensor& t, int64_t first, int64_t count, float* out) const {
   const Source& s = sources_.at(t.name);
   if (first < 0 || count < 0 || first + count > t.size)
-    throw std::out_of_range(fmt::format("hf import: elements [{}, {}) of '{}' ({})", first, first + count, t.name, t.size));
+    throw std::out_of_range(
+        fmt::format("hf import: elements [{}, {}) of '{}' ({})", first, first + count, t.name, t.size));
   const int64_t heads = model_.heads, per_head = s.rows / std::max<int64_t>(1, heads);
   for (int64_t at = first; at < first + count;) {
     const int64_t row = at / s.cols, col = at % s.cols;
