@@ -137,6 +137,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         if (t.dtype_name == k.name) kind = &k;
       if (!kind) bad(fmt::format("dtype '{}' is not one of the format's", t.dtype_name));
       t.dtype = kind->dtype;
+      t.element_bytes = kind->bytes;
       const auto s = v.find("shape");
       if (s == v.end() || !s->is_array() || s->size() > 16) bad("no shape list (of at most 16 sizes)");
       uint64_t count = 1;
@@ -211,9 +212,7 @@ void SafetensorsFile::read(const StTensor& t, int64_t first, int64_t count, floa
 }
 
 void SafetensorsFile::release(const StTensor& t, int64_t first, int64_t count) const {
-  int bytes = 4;
-  for (const Kind& k : kKinds)
-    if (t.dtype_name == k.name) bytes = k.bytes;
+  const uint64_t bytes = uint64_t(t.element_bytes);
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = uintptr_t(map_ + data_at_ + t.begin + uint64_t(first) * bytes) / page * page;
   const uintptr_t end = uintptr_t(map_ + data_at_ + t.begin + uint64_t(first + count) * bytes);

@@ -28,6 +28,7 @@ struct StTensor {
   StDtype dtype = StDtype::other;
   std::vector<int64_t> shape;
   int64_t count = 1;          // elements
+  int element_bytes = 0;      // the dtype's size
   uint64_t begin = 0, end = 0;  // bytes, from the start of the data (after the header)
 };
 

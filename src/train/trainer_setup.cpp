@@ -159,18 +159,19 @@ void Trainer::build_model(bool fresh) {
 // buffer. A directory some rank cannot read is that rank's failure.
 void Trainer::import_hf(const std::vector<std::pair<int64_t, int64_t>>& mine) {
   const double start = MPI_Wtime();
+  std::optional<HfWeights> hf;
   std::string summary;
   on_rank0_or_throw(comm_, rank_, [&] {
-    summary = HfWeights(cfg_.init.dir, cfg_.model, placement_.frame()).summary();
+    hf.emplace(cfg_.init.dir, cfg_.model, placement_.frame());
+    summary = hf->summary();
   });
   from_rank0(summary, comm_);
-  std::optional<HfWeights> hf;
-  try {
-    hf.emplace(cfg_.init.dir, cfg_.model, placement_.frame());
-  } catch (const InputError& e) {  // rank 0 read them: this rank sees other files
-    throw std::runtime_error(fmt::format("init hf {}: {} (rank 0 read it; every rank must see the same directory)",
-                                         cfg_.init.dir, e.what()));
-  }
+  if (!hf) try {
+      hf.emplace(cfg_.init.dir, cfg_.model, placement_.frame());
+    } catch (const InputError& e) {  // rank 0 read them: this rank sees other files
+      throw std::runtime_error(fmt::format("init hf {}: {} (rank 0 read it; every rank must see the same directory)",
+                                           cfg_.init.dir, e.what()));
+    }
   constexpr int64_t kChunk = int64_t(1) << 22;  // floats read and copied at a time
   std::vector<float> values;
   for (const FrameTensor& t : placement_.frame()) {
