@@ -98,14 +98,16 @@ std::vector<int> eps_here() {
 // squares per group, so the bits may part in the last place.
 TEST_CASE("ep N follows ep 1's losses and routing for 50 steps, softmax/aux and sigmoid/bias", "[mpi][ep]") {
   if (eps_here().empty()) return;  // (1 rank: the refusal below)
-  constexpr int kSteps = 50;
+  // (under the device emulation, which checks the staged exchange and not the
+  // long agreement, 20 steps)
+  const int kSteps = device_emulated() ? 20 : 50;
   const auto dir = shared_scratch("ep_parity");
   const auto corpus = make_corpus(dir, 100000);
   for (const std::string gate : {"softmax", "sigmoid"}) {
     INFO("gate " << gate);
     const auto one = run(make_program(dir, gate + "_ep1", deck(corpus, dir + "/" + gate + "_ep1", 1, gate, kSteps)));
     REQUIRE(one.losses.size() == size_t(kSteps));
-    REQUIRE(one.losses.back() < one.losses.front() - 0.3);  // it learns: the comparison is of a real run
+    REQUIRE(one.losses.back() < one.losses.front() - (device_emulated() ? 0.1 : 0.3));  // it learns: a real run
     for (int ep : eps_here()) {
       INFO("ep " << ep);
       const std::string name = gate + "_ep" + std::to_string(ep);
@@ -261,8 +263,11 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
   // (at 4 ranks ep 2 has two holders per expert, whose buckets are cut in two; ep 4 one)
   // The first ep also under bf16, where optimizer and gradients keep the fp32
   // master as pieces, the experts' cut over their holders.
+  // (under the device emulation bf16 alone: its master pieces stage every
+  // path fp32's do; fp32 at each ep is the host suites')
   std::vector<std::pair<int, std::string>> cases;
-  for (int ep : eps_here()) cases.push_back({ep, "fp32"});
+  if (!device_emulated())
+    for (int ep : eps_here()) cases.push_back({ep, "fp32"});
   cases.push_back({eps_here().front(), "bf16"});
   for (const auto& [ep, precision] : cases) {
   INFO("ep " << ep << ", " << precision);
