@@ -8,6 +8,11 @@
 // in the vector lanes), the positions (a team row per expert), the dispatch
 // and combine (a row per token, channels in its vector lanes), the score
 // means (column sums).
+// Group-limited routing (GateKind::groups > 1; DeepSeek-V2's
+// group_limited_greedy, V3's noaux_tc): the experts fall into G groups of E/G
+// in index order, a token first keeps its best topk_groups groups (softmax:
+// by a group's largest score + bias; sigmoid: by the sum of its two largest)
+// and picks its k experts inside them. G == 1 runs the plain top-k.
 #pragma once
 #include "core/views.h"
 #include "kernels/elementwise.h"
@@ -23,7 +28,12 @@ struct GateKind {
   bool sigmoid = false;     // false: softmax over experts (V2); true: sigmoid (V3)
   bool normalize = false;   // renormalise the k selected scores to sum to one (V3)
   double route_scale = 1.0;
+  int groups = 1;           // G expert groups (router_topk); 1: no grouping
+  int topk_groups = 1;      // the groups a token keeps, 1 .. G
 };
+
+// The most groups router_topk takes: a token's kept groups are one 64-bit mask.
+constexpr int kMaxRouterGroups = 64;
 
 // scores (N, E) = softmax or sigmoid of logits (N, E)
 template <class T>
@@ -44,14 +54,97 @@ void router_scores_forward(Mat<T> scores, Mat<const T> logits, GateKind g) {
       });
 }
 
+// The first K items of [0, n) in the order (value descending, index
+// ascending) among those open(i) admits, K at most their number: pick(j, i)
+// for the j-th, on every lane. value(i) is never NaN. As router_topk's loop:
+// slot j takes the item that follows slot j - 1's in the order (a max over
+// the open items after it, then the first open item holding that max), and
+// every lane keeps the previous pick, so no lane reads what another wrote.
+template <class T, class Member, class Value, class Open, class Pick>
+KOKKOS_FORCEINLINE_FUNCTION void pick_in_order(const Member& m, int64_t n, int64_t K, const Value& value,
+                                               const Open& open, const Pick& pick) {
+  T prev_v = kmath::infinity<T>();
+  int64_t prev_i = -1;
+  const auto after_prev = [&](int64_t i, T v) { return open(i) && (v < prev_v || (v == prev_v && i > prev_i)); };
+  for (int64_t j = 0; j < K; ++j) {
+    const T top = row_max(m, n, [&](int64_t i) {
+      const T v = value(i);
+      return after_prev(i, v) ? v : -kmath::infinity<T>();
+    });
+    const int64_t best = row_first(m, n, [&](int64_t i) {
+      const T v = value(i);
+      return v == top && after_prev(i, v);
+    });
+    prev_v = top, prev_i = best;
+    pick(j, best);
+  }
+}
+
+// router_topk under G = g.groups > 1 groups of P = E / G experts (expert e in
+// group e / P): each token ranks the groups by a group value (softmax gate:
+// the largest score + bias of its experts, DeepSeek-V2's; sigmoid gate: the
+// sum of its two largest, DeepSeek-V3's; a NaN sum ranks as -inf), keeps the
+// first g.topk_groups in the order (value descending, index ascending), then
+// picks its k experts as router_topk does, among the kept groups' only. The
+// deck guarantees k <= topk_groups x P and G <= kMaxRouterGroups. A lane
+// computes a group's value alone (P is small: 20 in V2, 32 in V3), the lanes
+// share the groups.
+// Backward: router_backward as it is. Which groups are kept, like which
+// experts are picked, is a step function of the logits (its derivative is zero
+// wherever it is defined); the weights are the picked experts' scores (or
+// their normalised shares), the same functions of the scores as without groups.
+template <class T>
+void router_topk_grouped(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const float> bias, GateKind g) {
+  const int64_t N = scores.extent(0), E = scores.extent(1), K = idx.extent(1);
+  const int64_t G = g.groups, kept_groups = g.topk_groups, P = E / G;
+  const bool normalize = g.normalize, top_two = g.sigmoid;
+  const T scale = T(g.route_scale);
+  Kokkos::parallel_for(
+      "moe::router_topk_grouped", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          const auto value = [&](int64_t e) {
+            const T v = scores(t, e) + T(bias(e));
+            return v == v ? v : -kmath::infinity<T>();
+          };
+          const auto group_value = [&](int64_t q) {
+            T first = -kmath::infinity<T>(), second = -kmath::infinity<T>();
+            for (int64_t e = q * P; e < (q + 1) * P; ++e) {
+              const T v = value(e);
+              if (v > first) second = first, first = v;
+              else if (v > second) second = v;
+            }
+            const T s = top_two ? first + second : first;
+            return s == s ? s : -kmath::infinity<T>();  // inf + -inf
+          };
+          uint64_t kept = 0;  // bit q: group q kept
+          pick_in_order<T>(
+              m, G, kept_groups, group_value, [](int64_t) { return true; },
+              [&](int64_t, int64_t q) { kept |= uint64_t(1) << q; });
+          T sum = 0;
+          pick_in_order<T>(
+              m, E, K, value, [&](int64_t e) { return ((kept >> (e / P)) & 1) != 0; },
+              [&](int64_t j, int64_t best) {
+                const T s = scores(t, best);
+                sum += s;
+                row_single(m, [&] { idx(t, j) = int32_t(best), weights(t, j) = s; });
+              });
+          row_single(m, [&] {  // the lane that wrote the weights rescales them
+            for (int64_t j = 0; j < K; ++j) weights(t, j) = (normalize ? weights(t, j) / sum : weights(t, j)) * scale;
+          });
+        });
+      });
+}
+
 // idx (N, k): the k experts with the largest score + bias (ties: lower index;
 // a NaN ranks as -inf); weights (N, k): their combine weights (bias never
 // enters a weight). Slot j takes the expert that follows slot j - 1's in the
 // order (value descending, index ascending): a max over the experts after
 // it, then the first expert holding that max. Every lane keeps the previous
-// pick, so no lane reads what another wrote.
+// pick, so no lane reads what another wrote. With g.groups > 1, only inside
+// the token's best groups (router_topk_grouped).
 template <class T>
 void router_topk(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const float> bias, GateKind g) {
+  if (g.groups > 1) return router_topk_grouped<T>(idx, weights, scores, bias, g);
   const int64_t N = scores.extent(0), E = scores.extent(1), K = idx.extent(1);
   const bool normalize = g.normalize;
   const T scale = T(g.route_scale);

@@ -12,13 +12,16 @@ evaluation used (rebuilt here from the corpus, as src/train/trainer.cpp's evalua
      its loss from the checkpoint's /model and the deck (total, main, mtp, aux; rel <= 1e-5);
   3. a forward written here from the Hugging Face model code's conventions (Llama: rotate_half;
      DeepSeek: the rope part de-interleaved, then rotate_half; latent norms with eps 1e-6; the gate
-     from scoring_func, topk_method, norm_topk_prob, routed_scaling_factor, e_score_correction_bias;
-     MTP layers num_hidden_layers + d from eh_proj([enorm(emb), hnorm(h)])), on the HF names and
-     config.json keys alone, gives the same main, MTP and balance losses (rel <= 1e-5);
+     from scoring_func, topk_method (V2's group_limited_greedy and V3's noaux_tc keep topk_group of
+     n_group expert groups), norm_topk_prob, routed_scaling_factor, e_score_correction_bias; MoE
+     layers by first_k_dense_replace and moe_layer_freq; MTP layers num_hidden_layers + d from
+     eh_proj([enorm(emb), hnorm(h)])), on the HF names and config.json keys alone, gives the same
+     main, MTP and balance losses (rel <= 1e-5);
   4. its main loss equals the trainer's own val_loss of the last step in metrics.jsonl (computed
      in float32 by the trainer from the same weights on the same windows; rel <= 1e-5);
   5. each convention matters here: the forward without it (Llama's rows not permuted, DeepSeek's
-     rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped) misses.
+     rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped, routing
+     without groups where config.json has them) misses.
 
 usage: hf_read.py OUT_DIR CHECKPOINT.h5 METRICS.jsonl (--bytes CORPUS --valid F | --valid-shard FILE)
                   --batch B --eval-batches K [--expect-bias]
@@ -173,7 +176,11 @@ def reference_config(c, mtp_weight):
                       "routed": c["n_routed_experts"], "topk": c["num_experts_per_tok"],
                       "ffn": c["moe_intermediate_size"], "gate": c["scoring_func"],
                       "balance": "aux" if c["aux_loss_alpha"] > 0 or not sigmoid else "bias",
-                      "balance_coef": c["aux_loss_alpha"], "route_scale": c["routed_scaling_factor"]}
+                      "balance_coef": c["aux_loss_alpha"], "route_scale": c["routed_scaling_factor"],
+                      "layer_freq": c.get("moe_layer_freq", 1)}
+        # greedy ignores n_group and topk_group; group_limited_greedy and noaux_tc route inside them
+        grouped = c["topk_method"] in ("group_limited_greedy", "noaux_tc")
+        cfg["moe"].update(groups=c["n_group"] if grouped else 1, topk_groups=c["topk_group"] if grouped else 1)
     cfg["mtp"] = {"depth": c.get("num_nextn_predict_layers", 0), "weight": mtp_weight}
     return cfg
 
@@ -209,8 +216,9 @@ def sdpa(q, k, v, scale):
 class HF:
     """Llama / DeepSeek-V2 / DeepSeek-V3 forward from config c and tensors w (HF names)."""
 
-    def __init__(self, c, w, deinterleave=True):
+    def __init__(self, c, w, deinterleave=True, groups=True):
         self.c, self.w, self.deinterleave = c, {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}, deinterleave
+        self.groups = groups  # False: route with a plain top-k over every expert (the check that groups matter)
         self.v3 = c["model_type"] == "deepseek_v3"
         self.stats = {"bias_changed": 0, "selections": 0}
 
@@ -259,6 +267,15 @@ class HF:
         return self.linear(F.silu(self.linear(x, pre + "gate_proj")) * self.linear(x, pre + "up_proj"),
                            pre + "down_proj")
 
+    def kept_groups(self, choice, value):
+        """(N, E) True for the experts of each row's topk_group best groups: the experts in n_group groups
+        of E / n_group, in order; value: a group's value from its (N, n_group, E / n_group) choices."""
+        c = self.c
+        G, E = c["n_group"], choice.shape[-1]
+        group = value(choice.view(-1, G, E // G))
+        keep = torch.zeros_like(group).scatter_(1, torch.topk(group, k=c["topk_group"], dim=-1)[1], 1)
+        return keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
+
     def moe(self, pre, x):
         """DeepseekV2MoE / DeepseekV3MoE; returns (out, the V2 batch-level auxiliary loss)."""
         c = self.c
@@ -270,17 +287,20 @@ class HF:
             scores = logits.softmax(dim=-1)
         else:
             scores = logits.sigmoid()
-        if c["topk_method"] == "greedy":
+        if c["topk_method"] == "greedy" or (c["topk_method"] == "group_limited_greedy" and not self.groups):
             weight, idx = torch.topk(scores, k=k, dim=-1)
-        elif c["topk_method"] == "noaux_tc":
-            choice = scores + self.w[pre + "gate.e_score_correction_bias"].unsqueeze(0)
-            G = c["n_group"]
-            group = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
-            keep = torch.zeros_like(group).scatter_(1, torch.topk(group, k=c["topk_group"], dim=-1)[1], 1)
-            mask = keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
-            idx = torch.topk(choice.masked_fill(~mask, float("-inf")), k=k, dim=-1)[1]
+        elif c["topk_method"] == "group_limited_greedy":  # V2: a group's value is its largest score
+            mask = self.kept_groups(scores, lambda group: group.max(dim=-1).values)
+            weight, idx = torch.topk(scores.masked_fill(~mask, 0.0), k=k, dim=-1)
+        elif c["topk_method"] == "noaux_tc":  # V3: groups by the sum of their two largest score + bias
+            def select(choice):
+                if not self.groups:
+                    return torch.topk(choice, k=k, dim=-1)[1]
+                mask = self.kept_groups(choice, lambda group: group.topk(2, dim=-1)[0].sum(-1))
+                return torch.topk(choice.masked_fill(~mask, float("-inf")), k=k, dim=-1)[1]
+            idx = select(scores + self.w[pre + "gate.e_score_correction_bias"].unsqueeze(0))
             weight = scores.gather(1, idx)
-            plain = torch.topk(scores, k=k, dim=-1)[1]
+            plain = select(scores)  # the same routing without the bias
             self.stats["bias_changed"] += int((plain.sort(-1).values != idx.sort(-1).values).any(-1).sum())
             self.stats["selections"] += idx.shape[0]
         else:
@@ -489,7 +509,8 @@ def main():
         w = dict(tensors)
         w.update(change.get("tensors", {}))
         with torch.no_grad():
-            m2, t2, _ = HF(c, w, deinterleave=change.get("deinterleave", True)).losses(inputs, targets)
+            m2, t2, _ = HF(c, w, deinterleave=change.get("deinterleave", True),
+                           groups=change.get("groups", True)).losses(inputs, targets)
         value, want = (t2, mtp) if change.get("mtp") else (m2, main)
         check(rel(value, want) > RTOL, f"without {what}: {value:.10f} (rel {rel(value, want):.1e} > {RTOL:g}: detected)")
 
@@ -504,6 +525,9 @@ def main():
         check(hf.stats["bias_changed"] > 0, "the selection bias changes some expert choice")
         zero = {k: np.zeros_like(v) for k, v in tensors.items() if k.endswith("e_score_correction_bias")}
         without("e_score_correction_bias", tensors=zero)
+    if c.get("n_routed_experts") and c["topk_method"] != "greedy" and c["topk_group"] < c["n_group"]:
+        without(f"group-limited routing ({c['topk_method']}, {c['topk_group']} of {c['n_group']} groups; a plain "
+                f"top-k of every expert)", groups=False)
     L, C = c["num_hidden_layers"], c["hidden_size"]
     for d in range(c.get("num_nextn_predict_layers", 0)):
         eh = tensors[f"model.layers.{L + d}.eh_proj.weight"]

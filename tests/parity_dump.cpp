@@ -4,7 +4,7 @@
 // selection biases included), and for one fixed batch our loss and every
 // gradient.
 //   parity_dump OUT_DIR CONFIG [PRECISION]  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
-// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek
+// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups
 // PRECISION: fp32 (default) | bf16 | fp16: what the GEMM operands are; the
 // deck attribute says so, and the reference widens its tolerances to it.
 #include <hdf5.h>
@@ -37,6 +37,20 @@ const std::string kMoeBias =
     "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
     "route_scale 1.5";
 const std::string kMtp = "mtp depth 2 weight 0.3";
+// Group-limited routing. Softmax (V2's group_limited_greedy, a group ranked by
+// its largest score): only a top-k wider than the kept groups can differ from
+// the plain top-k, so topk 3 from 2 of 4 groups. layer_freq 2 over 3 layers and
+// MTP depth 2: blocks 0 (dense_layers) and 1, 3 (odd) dense, blocks 2 and 4 MoE.
+const std::string kModelDeepseek3 =
+    "model deepseek vocab 256 dim 64 layers 3 heads 4 ffn 96 seq 80 rope_theta 10000 norm_eps 1e-5";
+const std::string kMoeGroups =
+    "moe on dense_layers 1 shared 1 routed 8 topk 3 ffn 32 gate softmax balance aux balance_coef 0.01 groups 4 "
+    "topk_groups 2 layer_freq 2";
+// Sigmoid with the selection bias (V3's noaux_tc, a group ranked by its two
+// largest score + bias): 2 of 4 groups of 2.
+const std::string kMoeBiasGroups =
+    "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
+    "route_scale 1.5 groups 4 topk_groups 2";
 
 // The architecture lines of each configuration, in deck syntax.
 const std::map<std::string, std::vector<std::string>> kConfigs = {
@@ -46,6 +60,8 @@ const std::map<std::string, std::vector<std::string>> kConfigs = {
     {"moe_aux", {kModelDeepseek, kMla, kMoeAux}},
     {"moe_bias", {kModelDeepseek, kMla, kMoeBias}},
     {"deepseek", {kModelDeepseek, kMla, kMoeAux, kMtp}},
+    {"moe_groups", {kModelDeepseek3, kMla, kMoeGroups, kMtp}},
+    {"moe_bias_groups", {kModelDeepseek, kMla, kMoeBiasGroups}},
 };
 
 void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {

@@ -527,6 +527,55 @@ TEST_CASE("deck: moe ep with sync local, another topology, compress, shard, samp
   CHECK(where_given(p, "mtp") == "deck");
 }
 
+// moe ... groups G topk_groups g layer_freq N: group-limited routing and MoE on
+// every N-th block (HF's moe_layer_freq), each bad combination refused at the
+// moe line with what was expected.
+TEST_CASE("deck: moe groups, topk_groups and layer_freq; which blocks are MoE", "[deck]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  const std::string model = "model deepseek vocab 256 dim 16 layers 6 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\n";
+  auto moe_of = [&](const std::string& line) {
+    return build(t, model + line + "\nrun 2\n").phases[0].config.model.moe;
+  };
+  // defaults: no grouping, MoE on every block from dense_layers on
+  const MoeConfig plain = moe_of("moe on dense_layers 2 routed 8 topk 2 ffn 8");
+  CHECK((plain.groups == 1 && plain.kept_groups() == 1 && plain.layer_freq == 1));
+  for (int l = 0; l < 8; ++l) CHECK(plain.is_moe_layer(l) == (l >= 2));
+  // topk_groups defaults to every group; layer_freq: HF's rule, past dense_layers and a multiple of N
+  const MoeConfig grouped = moe_of("moe on dense_layers 1 routed 8 topk 2 ffn 8 groups 4 layer_freq 2");
+  CHECK((grouped.groups == 4 && grouped.topk_groups == 0 && grouped.kept_groups() == 4 && grouped.layer_freq == 2));
+  std::vector<int> moe_blocks;
+  for (int l = 0; l < 8; ++l)
+    if (grouped.is_moe_layer(l)) moe_blocks.push_back(l);
+  CHECK(moe_blocks == std::vector<int>{2, 4, 6});
+  CHECK(moe_of("moe on routed 8 topk 3 ffn 8 groups 4 topk_groups 2").kept_groups() == 2);
+  CHECK_FALSE(moe_of("moe off").is_moe_layer(3));
+  // a repeated line changes only the grouping
+  const MoeConfig again = moe_of("moe on routed 8 topk 2 ffn 8\nmoe on groups 2 topk_groups 1");
+  CHECK((again.routed == 8 && again.groups == 2 && again.kept_groups() == 1));
+
+  auto refused = [&](const std::string& line, const std::string& says) {
+    CAPTURE(line);
+    const std::string msg = error_of(t, model + line + "\nrun 2\n");
+    CHECK_THAT(msg, Catch::StartsWith(file + ":3: " + says));
+    CHECK(msg.find('\n') == std::string::npos);
+  };
+  refused("moe on routed 8 topk 2 ffn 8 groups 3",
+          "'routed' 8 is not divisible by 'groups' 3 (expected routed % groups == 0");
+  refused("moe on routed 8 topk 2 ffn 8 groups 4 topk_groups 5",
+          "'topk_groups' 5 exceeds 'groups' 4 (expected 1 <= topk_groups <= groups)");
+  refused("moe on routed 8 topk 2 ffn 8 groups 4 topk_groups 0", "value 0 for 'topk_groups' is out of range");
+  refused("moe on routed 8 topk 5 ffn 8 groups 4 topk_groups 2",
+          "'topk' 5 exceeds the 4 experts of topk_groups 2 groups of 2 (expected topk <= topk_groups x routed / groups)");
+  refused("moe on routed 8 topk 2 ffn 8 gate sigmoid balance bias groups 8 topk_groups 4",
+          "'groups' 8 leaves 1 expert per group under gate sigmoid (expected at least 2 per group");
+  refused("moe on routed 256 topk 2 ffn 8 groups 128",
+          "'groups' 128 exceeds 64 (expected groups <= 64: the router keeps a token's chosen groups as one 64-bit mask)");
+  refused("moe on routed 8 topk 2 ffn 8 layer_freq 0", "value 0 for 'layer_freq' is out of range");
+  // one expert per group is fine under softmax (a group's largest score is that expert's)
+  CHECK(error_of(t, model + "moe on routed 8 topk 2 ffn 8 groups 8 topk_groups 4\nrun 2\n").empty());
+}
+
 TEST_CASE("deck: a repeated line of one kind changes what it names; init hf stands above the model lines", "[deck]") {
   TempDir t;
   const std::string file = (t.dir / "test.deck").string();

@@ -86,6 +86,9 @@ TEST_CASE("hf config: DeepSeek-V2-Lite is refused at YaRN, then seq_aux; without
              Catch::StartsWith(dir + "/config.json:" + std::to_string(line_of(c, "rope_scaling")) +
                                ": 'rope_scaling' has rope type 'yarn'") &&
                  Catch::Contains("(init hf at deck:1)"));
+  // its routing (greedy, n_group 1, moe_layer_freq 1) is no reason to refuse it
+  for (const char* key : {"n_group", "topk_group", "topk_method", "moe_layer_freq"})
+    CHECK(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }).find(key) == std::string::npos);
   c["rope_scaling"] = nullptr;
   dir = write_config(t, c);
   CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
@@ -98,7 +101,7 @@ TEST_CASE("hf config: DeepSeek-V2-Lite is refused at YaRN, then seq_aux; without
         "init_std 0.02\n"
         "attention mla kv_lora_rank 512 q_lora_rank 0 qk_nope_dim 128 rope_dim 64 v_dim 128\n"
         "moe on dense_layers 1 shared 2 routed 64 topk 6 ffn 1408 gate softmax balance aux balance_coef 0.001 "
-        "route_scale 1\n"
+        "route_scale 1 groups 1 topk_groups 1 layer_freq 1\n"
         "mtp depth 0\n");
 }
 
@@ -110,12 +113,10 @@ TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "
                 {"topk_method", "noaux_tc"}, {"norm_topk_prob", true}, {"n_group", 8}, {"topk_group", 4},
                 {"num_nextn_predict_layers", 1}, {"routed_scaling_factor", 2.5}});
   std::string dir = write_config(t, c);
-  CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
-             Catch::Contains("group-limited routing (n_group 8, topk_group 4) is not built yet"));
-  c["topk_group"] = 8;  // every group kept: a plain top-k
-  dir = write_config(t, c);
+  // V3's groups (8, 4 kept) are group-limited routing, now built
   const auto lines = hf_model_lines(dir, 128, "deck:1");
-  CHECK_THAT(lines_text(lines), Catch::Contains("gate sigmoid balance bias balance_coef 0.001 route_scale 2.5") &&
+  CHECK_THAT(lines_text(lines), Catch::Contains("gate sigmoid balance bias balance_coef 0.001 route_scale 2.5 "
+                                                "groups 8 topk_groups 4 layer_freq 1") &&
                                     Catch::Contains("mtp depth 1") && Catch::Contains("seq 128"));
   for (const auto& l : lines)
     for (const auto& k : l.keywords)
@@ -128,7 +129,14 @@ TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "
   for (const Bad& b : std::vector<Bad>{{"norm_topk_prob", false, "xuanxue's sigmoid gate normalises"},
                                        {"topk_method", "greedy", "with scoring_func sigmoid (expected noaux_tc)"},
                                        {"rope_interleave", false, "rope_interleave is false"},
-                                       {"moe_layer_freq", 2, "moe_layer_freq 2"},
+                                       {"moe_layer_freq", 0, "'moe_layer_freq' is 0 (expected an integer >= 1)"},
+                                       {"n_group", 3, "n_group 3 does not divide n_routed_experts 64"},
+                                       {"n_group", 128, "n_group 128 exceeds 64 (expected n_group <= 64"},
+                                       {"n_group", 64, "n_group 64 leaves 1 expert per group (expected at least 2"},
+                                       {"topk_group", 9, "topk_group 9 exceeds n_group 8 (expected 1 <= topk_group"},
+                                       {"topk_group", 0, "'topk_group' is 0 (expected an integer >= 1)"},
+                                       {"num_experts_per_tok", 40, "num_experts_per_tok 40 exceeds the 32 experts of "
+                                                                   "topk_group 4 groups of 8"},
                                        {"hidden_act", "gelu", "hidden_act 'gelu'"},
                                        {"vocab_size", -3, "'vocab_size' is -3"},
                                        {"attention_bias", true, "no bias"},
@@ -144,6 +152,62 @@ TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "
   }
   t.write("model/config.json", "{\"model_type\": ");
   CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }), Catch::Contains("not JSON"));
+}
+
+TEST_CASE("hf config: group-limited routing and moe_layer_freq onto the moe line", "[hf][hf_config]") {
+  TempDir t;
+  // DeepSeek-V2-shaped (V2-Lite's file with the full V2's routing: 160 experts,
+  // group_limited_greedy keeping 3 of 8 groups, routed_scaling_factor 16)
+  json c = v2_lite();
+  c["rope_scaling"] = nullptr;
+  c["seq_aux"] = false;
+  c.update(json{{"n_routed_experts", 160}, {"n_group", 8}, {"topk_group", 3},
+                {"topk_method", "group_limited_greedy"}, {"routed_scaling_factor", 16.0}});
+  auto moe_line = [&](const json& config) {
+    for (const auto& line : hf_model_lines(write_config(t, config), 0, "deck:1"))
+      if (line.command == "moe") return lines_text({line});
+    return std::string();
+  };
+  CHECK(moe_line(c) == "moe on dense_layers 1 shared 2 routed 160 topk 6 ffn 1408 gate softmax balance aux "
+                       "balance_coef 0.001 route_scale 16 groups 8 topk_groups 3 layer_freq 1\n");
+  // plain greedy ignores n_group and topk_group, as HF's gate does
+  json greedy = c;
+  greedy["topk_method"] = "greedy";
+  CHECK_THAT(moe_line(greedy), Catch::EndsWith("groups 1 topk_groups 1 layer_freq 1\n"));
+  // MoE on every other layer past the first
+  json every_other = c;
+  every_other["moe_layer_freq"] = 2;
+  CHECK_THAT(moe_line(every_other), Catch::EndsWith("groups 8 topk_groups 3 layer_freq 2\n"));
+  // V3's class defaults: noaux_tc over 8 groups, 4 kept
+  json v3 = c;
+  v3.update(json{{"model_type", "deepseek_v3"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
+                 {"n_routed_experts", 256}, {"num_experts_per_tok", 8}, {"first_k_dense_replace", 3}});
+  for (const char* key : {"topk_method", "n_group", "topk_group"}) v3.erase(key);
+  CHECK_THAT(moe_line(v3), Catch::StartsWith("moe on dense_layers 3 shared 2 routed 256 topk 8 ffn 1408 gate sigmoid "
+                                             "balance bias") &&
+                               Catch::EndsWith("groups 8 topk_groups 4 layer_freq 1\n"));
+
+  // the expanded deck builds the model with them; a later line may repeat them, not change them
+  const std::string dir = write_config(t, every_other);
+  auto expand = [&](const std::string& text) { return expand_hf_init(read_deck(t.write("g.deck", text), {})); };
+  const Program p = build_program(expand("init hf " + dir + " seq 64\ndata bytes x.txt\nrun 1\n"), false);
+  const MoeConfig& moe = p.phases[0].config.model.moe;
+  CHECK((moe.groups == 8 && moe.kept_groups() == 3 && moe.layer_freq == 2));
+  std::vector<int> moe_blocks;
+  for (int l = 0; l < 8; ++l)
+    if (moe.is_moe_layer(l)) moe_blocks.push_back(l);
+  CHECK(moe_blocks == std::vector<int>{2, 4, 6});
+  CHECK(expand("init hf " + dir + "\nmoe on groups 8 topk_groups 3 layer_freq 2\ndata bytes x.txt\nrun 1\n").size() ==
+        8);
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nmoe on topk_groups 4\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::Contains("moe topk_groups 4 contradicts " + dir + "/config.json's topk_group (it gives "
+                             "topk_groups 3)"));
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nmoe on layer_freq 1\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::Contains("config.json's moe_layer_freq (it gives layer_freq 2)"));
+  // greedy's groups come from topk_method: a deck line cannot add groups HF's model does not route with
+  const std::string plain = write_config(t, greedy);
+  CHECK_THAT(error_of([&] { expand("init hf " + plain + "\nmoe on groups 4\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::Contains("config.json's topk_method (it gives groups 1)"));
 }
 
 TEST_CASE("hf config: expand_hf_init puts the lines under the init, once, and checks the deck's own",

@@ -4,7 +4,10 @@
 // (shared rope key, top-k ties and bias, routing positions, ignored targets).
 // The whole-model check lives in test_model.cpp.
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <numeric>
+#include <random>
 // random_buffer, check_gradient, dot, get/set, M/V
 #include "core/device_memory.h"
 #include "fd.h"
@@ -257,6 +260,102 @@ TEST_CASE("router top-k: k = E ranks every expert once; inf first, NaN as -inf",
       REQUIRE(hidx[K + E - 1] == 5);
     }
   }
+}
+
+// Group-limited top-k written out from its definition, for one row of scores
+// s (E) and bias (E): the experts are G groups of E/G in index order; a key is
+// score + bias (NaN as -inf); a group's value is its largest key (softmax) or
+// the sum of its two largest (sigmoid; a NaN sum as -inf); the g groups of the
+// largest values stay (ties: the lower group), and the k experts of the
+// largest keys among theirs are picked (ties: the lower expert).
+std::vector<int32_t> grouped_topk_reference(const double* s, const float* bias, int64_t E, int64_t K, int64_t G,
+                                            int64_t g, bool sigmoid) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto not_nan = [&](double v) { return std::isnan(v) ? -inf : v; };
+  std::vector<double> key(size_t(E), 0.0);
+  for (int64_t e = 0; e < E; ++e) key[size_t(e)] = not_nan(s[e] + double(bias[e]));
+  const int64_t P = E / G;
+  std::vector<double> group_value(static_cast<size_t>(G));
+  for (int64_t q = 0; q < G; ++q) {
+    std::vector<double> v(key.begin() + q * P, key.begin() + (q + 1) * P);
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    group_value[size_t(q)] = not_nan(sigmoid ? v[0] + v[1] : v[0]);
+  }
+  std::vector<int32_t> groups(static_cast<size_t>(G));
+  std::iota(groups.begin(), groups.end(), 0);
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](int32_t a, int32_t b) { return group_value[size_t(a)] > group_value[size_t(b)]; });
+  std::vector<int32_t> candidates;  // the kept groups' experts, in index order
+  for (int64_t e = 0; e < E; ++e)
+    if (std::find(groups.begin(), groups.begin() + g, int32_t(e / P)) != groups.begin() + g)
+      candidates.push_back(int32_t(e));
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int32_t a, int32_t b) { return key[size_t(a)] > key[size_t(b)]; });
+  return {candidates.begin(), candidates.begin() + K};
+}
+
+TEST_CASE("router top-k with groups: only the best groups' experts, against the definition", "[kernels]") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  struct Shape {
+    int64_t E, G, g, K;
+  };
+  // G up to 64 (the last bit of the router's mask); E = 72 spans more than a warp
+  const auto [E, G, g, K] = GENERATE(Shape{24, 2, 1, 3}, Shape{24, 4, 2, 3}, Shape{24, 6, 3, 5}, Shape{24, 8, 4, 2},
+                                     Shape{24, 12, 5, 6}, Shape{24, 4, 4, 4}, Shape{72, 8, 3, 8},
+                                     Shape{128, 64, 10, 6});
+  const auto [sigmoid, normalize, scale] =
+      GENERATE(std::tuple<bool, bool, double>{false, false, 1.0}, std::tuple<bool, bool, double>{true, true, 2.5});
+  CAPTURE(E, G, g, K, sigmoid);
+  const int64_t N = 40;
+  // Multiples of 1/16 (and biases of 1/16): sums are exact, so ties are real
+  // ties, of experts and of groups. Row 0: every score equal; row 1: a NaN, an
+  // inf and a -inf; row 2: +inf beside a NaN in group 0 (sigmoid: inf + -inf).
+  std::mt19937_64 gen(uint64_t(E * 1000 + G * 10 + g));
+  std::uniform_int_distribution<int> sixteenths(0, 15), bias16(-4, 4);
+  std::vector<double> s(static_cast<size_t>(N * E));
+  for (auto& v : s) v = sixteenths(gen) / 16.0;
+  for (int64_t e = 0; e < E; ++e) s[size_t(e)] = 0.5;
+  s[size_t(E + 1)] = nan, s[size_t(E + E / 2)] = inf, s[size_t(E + E - 1)] = -inf;
+  s[size_t(2 * E + 0)] = inf, s[size_t(2 * E + 1)] = nan;
+  auto scores = buffer_of(s);
+  std::vector<float> some_bias(static_cast<size_t>(E));
+  for (auto& b : some_bias) b = float(bias16(gen) / 16.0);
+  int changed_by_groups = 0;
+  for (const bool biased : {false, true}) {
+    CAPTURE(biased);
+    const std::vector<float> hb = biased ? some_bias : std::vector<float>(size_t(E), 0.0f);
+    auto b = float_buffer_of(hb);
+    k::Index2 idx("idx", N, K), plain_idx("plain_idx", N, K);
+    Kokkos::deep_copy(idx, -7);
+    Buffer<double> w("w", N * K), plain_w("plain_w", N * K);
+    k::router_topk<double>(idx, M(w, N, K), M(scores, N, E), Vec<const float>(b.data(), E),
+                           k::GateKind{sigmoid, normalize, scale, int(G), int(g)});
+    k::router_topk<double>(plain_idx, M(plain_w, N, K), M(scores, N, E), Vec<const float>(b.data(), E),
+                           k::GateKind{sigmoid, normalize, scale});
+    const auto hidx = host(idx), hplain = host(plain_idx);
+    const auto hw = host(w);
+    for (int64_t t = 0; t < N; ++t) {
+      CAPTURE(t);
+      const auto want = grouped_topk_reference(&s[size_t(t * E)], hb.data(), E, K, G, g, sigmoid);
+      double sum = 0;
+      for (int64_t j = 0; j < K; ++j) sum += s[size_t(t * E + want[size_t(j)])];
+      for (int64_t j = 0; j < K; ++j) {
+        CAPTURE(j);
+        REQUIRE(hidx[t * K + j] == want[size_t(j)]);
+        const double sj = s[size_t(t * E + want[size_t(j)])];
+        if (std::isfinite(sum)) REQUIRE(hw[t * K + j] == Approx(normalize ? sj / sum * scale : sj * scale).epsilon(1e-14));
+      }
+      bool same = true;
+      for (int64_t j = 0; j < K; ++j) same = same && hidx[t * K + j] == hplain[t * K + j];
+      changed_by_groups += !same;
+      if (g == G) REQUIRE(same);  // every group kept: the plain top-k
+    }
+  }
+  // The groups changed selections, where they can: ranked by their largest
+  // key (softmax), the best g groups hold the plain top-k whenever k <= g
+  // (each of those experts leads its group, ahead of every group behind).
+  if (!sigmoid && K <= g) CHECK(changed_by_groups == 0);
+  else if (g < G) CHECK(changed_by_groups > 0);
 }
 
 TEST_CASE("route positions: counts, exclusive offsets, inverse maps, token order, empty experts", "[kernels]") {

@@ -241,7 +241,8 @@ TEST_CASE("under ep the rows an expert owner runs grow with its load", "[model][
   const auto& m = program.phases.front().config.model;
   const auto even = estimate_memory(m, 2), busy = estimate_memory(m, 2, 2.0);
   const int64_t NK = 2 * 16 * 2, C = 64, Fm = 32;
-  const int64_t moe_blocks = (m.layers - m.moe.dense_layers) + m.mtp.depth;
+  int64_t moe_blocks = 0;  // blocks, MTP's included, MoeConfig::is_moe_layer counts
+  for (int l = 0; l < m.layers + m.mtp.depth; ++l) moe_blocks += m.moe.is_moe_layer(l);
   CHECK(even.expert_rows == NK);
   CHECK(busy.expert_rows == 2 * NK);
   // Per MoE block the rows run keep their input, gate/up and SwiGLU output.

@@ -4,7 +4,8 @@
 Covers the whole architecture: MHA or multi-head latent attention (MLA, with
 or without the query latent), dense SwiGLU or DeepSeekMoE feed-forward
 (softmax gate with the expert-level auxiliary balance loss, or sigmoid gate
-with normalised weights and selection biases), and multi-token prediction.
+with normalised weights and selection biases; group-limited routing; MoE on
+every layer_freq-th block), and multi-token prediction.
 
 Reads the architecture from the checkpoint's deck attribute (the `model`,
 `attention`, `moe` and `mtp` lines), the weights from its /model group and the
@@ -69,7 +70,8 @@ def model_of(c):
     moe = {"mode": e["mode"]}
     if e["mode"] == "on":
         moe.update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
-                                      "balance_coef", "route_scale")})
+                                      "balance_coef", "route_scale", "groups", "layer_freq")})
+        moe["topk_groups"] = e["topk_groups"] or e["groups"]  # 0: not given, every group
     cfg["attention"], cfg["moe"], cfg["mtp"] = att, moe, {"depth": c["mtp"]["depth"], "weight": c["mtp"]["weight"]}
     return cfg
 
@@ -84,6 +86,11 @@ def describe(cfg):
         parts.append("mha")
     if m["mode"] == "on":
         parts.append(f"moe {m['routed']}x{m['topk']} shared {m['shared']} gate {m['gate']} balance {m['balance']}")
+        if m["groups"] > 1:
+            parts.append(f"{m['topk_groups']} of {m['groups']} expert groups")
+        if m["layer_freq"] > 1:
+            blocks = [l for l in range(cfg["layers"] + t["depth"]) if is_moe_layer(cfg, l)]
+            parts.append(f"layer_freq {m['layer_freq']}: MoE blocks {blocks} of {cfg['layers'] + t['depth']}")
     if t["depth"] > 0:
         parts.append(f"mtp depth {t['depth']} weight {t['weight']:g}")
     return ", ".join(parts)
@@ -155,6 +162,48 @@ def swiglu(x, w1, w3, w2):
     return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
 
 
+def is_moe_layer(cfg, layer):
+    """Whether block `layer` (MTP module d: layer cfg["layers"] + d) is MoE: past the dense
+    layers, and a multiple of layer_freq (HF's moe_layer_freq)."""
+    m = cfg["moe"]
+    return m["mode"] == "on" and layer >= m["dense_layers"] and layer % m.get("layer_freq", 1) == 0
+
+
+def select_experts(key, m, stats):
+    """The k experts per row of key (N, E) = score + bias, in order: value descending, ties to the
+    lower index. Group-limited (m["groups"] G > 1): the experts are G groups of E/G in index order;
+    a group's value is its largest key (softmax gate) or the sum of its two largest (sigmoid); the
+    topk_groups groups of the largest values (ties: the lower group) stay, and the k come from them."""
+    N, E = key.shape
+    k, G = m["topk"], m.get("groups", 1)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    if G > 1:
+        g = m["topk_groups"]
+        grouped = key.view(N, G, E // G)
+        if m["gate"] == "sigmoid":
+            group_value = torch.sort(grouped, dim=-1, descending=True).values[..., :2].sum(-1)
+        else:
+            group_value = grouped.max(dim=-1).values
+        group_order = torch.sort(group_value, dim=-1, descending=True, stable=True).indices
+        ranked_groups = torch.gather(group_value, 1, group_order)
+        if g < G:
+            stats["group_margin"] = min(stats.get("group_margin", math.inf),
+                                        (ranked_groups[:, g - 1] - ranked_groups[:, g]).min().item())
+        kept = torch.zeros(N, G, dtype=torch.bool).scatter(1, group_order[:, :g], True)
+        kept = kept.repeat_interleave(E // G, dim=1)  # (N, E)
+        # the kept experts first, each part still in key order (both sorts stable)
+        kept_first = torch.sort(torch.gather(kept, 1, order).to(torch.int8), dim=-1, descending=True,
+                                stable=True).indices
+        plain = order[:, :k]
+        order = torch.gather(order, 1, kept_first)
+        stats["groups_changed"] = stats.get("groups_changed", 0) + \
+            (torch.sort(plain, -1).values != torch.sort(order[:, :k], -1).values).any(-1).sum().item()
+        key = key.masked_fill(~kept, -math.inf)  # an expert past the kept groups is never a runner-up
+    ranked = torch.gather(key, 1, order)
+    stats["margin"] = min(stats.get("margin", math.inf), (ranked[:, k - 1] - ranked[:, k]).min().item())
+    return order[:, :k]
+
+
 def moe_ffn(p, buffers, pre, h, cfg, stats):
     """DeepSeekMoE on h (B, T, C); returns (out, balance loss of this layer)."""
     m = cfg["moe"]
@@ -167,13 +216,8 @@ def moe_ffn(p, buffers, pre, h, cfg, stats):
     bias = buffers.get(pre + "ffn.gate_bias")
     bias = torch.zeros(E, dtype=x.dtype) if bias is None else bias
     with torch.no_grad():
-        key = s + bias
-        # stable descending sort: equal keys keep the lower expert first
-        order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-        idx = order[:, :k]  # (N, k)
-        ranked = torch.gather(key, 1, order)
-        stats["margin"] = min(stats.get("margin", math.inf), (ranked[:, k - 1] - ranked[:, k]).min().item())
-        plain = torch.sort(s, dim=-1, descending=True, stable=True).indices[:, :k]
+        idx = select_experts(s + bias, m, stats)  # (N, k)
+        plain = select_experts(s, m, {})
         changed = (torch.sort(plain, -1).values != torch.sort(idx, -1).values).any(-1).sum().item()
         stats["bias_changed"] = stats.get("bias_changed", 0) + changed
         stats["selections"] = stats.get("selections", 0) + N
@@ -217,13 +261,11 @@ def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
     dtype of the parameters (float64 here, float32 in tools/lab/torch_train.py)."""
     B, T = inputs.shape
     V, eps = cfg["vocab"], cfg["norm_eps"]
-    moe_on = cfg["moe"]["mode"] == "on"
     dtype = p["embed"].dtype
     aux = torch.zeros((), dtype=dtype)
     x = p["embed"][inputs]
     for l in range(cfg["layers"]):
-        is_moe = moe_on and l >= cfg["moe"]["dense_layers"]
-        x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe, stats, moe)
+        x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe_layer(cfg, l), stats, moe)
         aux = aux + a
     logits = rmsnorm(x, p["norm"], eps) @ p["head"].T
     main = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
@@ -241,7 +283,7 @@ def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
         label[:, :T - d - 1] = targets[:, d + 1:]
         x0 = torch.cat([rmsnorm(h, p[pre + "hnorm"], eps), rmsnorm(p["embed"][tok], p[pre + "enorm"], eps)], -1)
         x0 = x0 @ p[pre + "proj"].T
-        h, a = block(p, buffers, pre, x0, cfg, moe_on, stats, moe)
+        h, a = block(p, buffers, pre, x0, cfg, is_moe_layer(cfg, cfg["layers"] + d), stats, moe)
         aux = aux + a
         lg = rmsnorm(h, p[pre + "norm"], eps) @ p["head"].T
         if T - d - 1 > 0:
@@ -284,6 +326,12 @@ def main():
         # float32 rounding could flip a selection whose margin is this small
         print(f"# routing: smallest top-k margin {stats['margin']:.2e}; the bias changed "
               f"{stats['bias_changed']} of {stats['selections']} selections")
+    if "groups_changed" in stats:
+        # group-limited routing that never changed a selection would check nothing
+        acted = stats["groups_changed"] > 0
+        ok &= acted
+        print(f"# groups: smallest group margin {stats.get('group_margin', math.inf):.2e}; the groups changed "
+              f"{stats['groups_changed']} of {stats['selections']} selections{'' if acted else '   FAILED'}")
     print(f"# {'tensor':<22} {'rel_err':>10} {'max_abs_err':>12}   (limit loss {LOSS_RTOL:g}, grads {GRAD_RTOL:g})")
     print(f"  {'loss':<22} {rel:>10.2e} {abs(ours_loss - loss.item()):>12.2e}   ours {ours_loss:.8f} torch {loss.item():.8f}")
     if set(ours) != set(params):

@@ -213,6 +213,27 @@ void check_model(const ModelConfig& m, const std::string& where) {
                 m.moe.dense_layers, m.layers);
 }
 
+// moe ... groups G topk_groups g: the groups split the routed experts evenly,
+// a token keeps 1 to G of them, and the kept groups hold its k experts.
+void check_expert_groups(const MoeConfig& moe, const std::string& where) {
+  const int G = moe.groups, g = moe.kept_groups(), per_group = moe.routed / moe.groups;
+  if (G > kMaxExpertGroups)
+    input_error("{}: 'groups' {} exceeds {} (expected groups <= {}: the router keeps a token's chosen groups as "
+                "one 64-bit mask)", where, G, kMaxExpertGroups, kMaxExpertGroups);
+  if (moe.routed % G != 0)
+    input_error("{}: 'routed' {} is not divisible by 'groups' {} (expected routed % groups == 0: each group holds "
+                "routed / groups experts)", where, moe.routed, G);
+  if (g > G)
+    input_error("{}: 'topk_groups' {} exceeds 'groups' {} (expected 1 <= topk_groups <= groups)", where, g, G);
+  if (G > 1 && moe.gate == Gate::sigmoid && per_group < 2)
+    input_error("{}: 'groups' {} leaves {} expert per group under gate sigmoid (expected at least 2 per group: the "
+                "sigmoid gate scores a group by the sum of its two largest scores, as DeepSeek-V3)", where, G,
+                per_group);
+  if (moe.topk > g * per_group)
+    input_error("{}: 'topk' {} exceeds the {} experts of topk_groups {} groups of {} (expected topk <= topk_groups x "
+                "routed / groups)", where, moe.topk, g * per_group, g, per_group);
+}
+
 // precision ... loss_scale auto|dynamic|S, as written, into its kind and value.
 void resolve_loss_scale(PrecisionConfig& p, const std::string& where) {
   if (const auto kind = mode_from_name<LossScaleKind>(p.loss_scale); kind && *kind != LossScaleKind::fixed) {
@@ -351,7 +372,9 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate),
           choice("balance", &moe.balance), real("balance_coef", &moe.balance_coef, at_least(0)),
           real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1)),
-          real("capacity_factor", &moe.capacity_factor, at_least(0))},
+          real("capacity_factor", &moe.capacity_factor, at_least(0)),
+          integer("groups", &moe.groups, at_least(1)),
+          integer("topk_groups", &moe.topk_groups, at_least(1)), integer("layer_freq", &moe.layer_freq, at_least(1))},
          {"routed", "topk", "ffn"},
          [&moe](const std::string& where) {
            if (moe.topk > moe.routed)
@@ -359,9 +382,11 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
            if (moe.routed % moe.ep != 0)
              input_error("{}: 'routed' {} is not divisible by 'ep' {} (expected routed % ep == 0: each rank of an "
                          "expert-parallel group holds routed / ep experts)", where, moe.routed, moe.ep);
+           check_expert_groups(moe, where);
          }}},
        "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
-       "[balance_coef X] [route_scale X] [ep N] [capacity_factor C]", Scope::job},
+       "[balance_coef X] [route_scale X] [ep N] [capacity_factor C] [groups G] [topk_groups g] [layer_freq N]",
+       Scope::job},
       {"mtp",
        nullptr,
        "",

@@ -22,8 +22,19 @@ struct AttentionConfig {
   bool mla() const { return kind == AttentionKind::mla; }
 };
 
+// The most expert groups group-limited routing takes (kernels/moe.h keeps a
+// token's chosen groups as one 64-bit mask).
+constexpr int kMaxExpertGroups = 64;
+
 // moe off | on dense_layers K shared S routed E topk k ffn F [gate softmax|sigmoid]
-//              [balance aux|bias] [balance_coef X] [route_scale X]
+//              [balance aux|bias] [balance_coef X] [route_scale X] [groups G] [topk_groups g]
+//              [layer_freq N] [ep N] [capacity_factor C]
+// groups: group-limited routing (DeepSeek-V2's group_limited_greedy, V3's
+// noaux_tc): the routed experts fall into G groups of E/G in index order; a
+// token keeps its best g groups (softmax: by their largest score; sigmoid: by
+// the sum of their two largest score + bias) and picks its k experts in them.
+// layer_freq: HF's moe_layer_freq, MoE on the blocks (MTP's included, counted
+// layers + d) at or past dense_layers whose index is a multiple of N.
 struct MoeConfig {
   MoeMode mode = MoeMode::off;
   int dense_layers = 1;            // the first K blocks keep a dense FFN
@@ -37,8 +48,14 @@ struct MoeConfig {
   double route_scale = 1.0;        // scales the combine weights
   int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
   double capacity_factor = 0;      // 0: dropless; C: an expert runs at most C x its group's mean load, drops the rest
+  int groups = 1;                  // G expert groups for group-limited routing; 1: no grouping
+  int topk_groups = 0;             // g groups a token routes to; 0 (not given): all G (kept_groups)
+  int layer_freq = 1;              // MoE on every N-th block past dense_layers (HF's moe_layer_freq)
   bool enabled() const { return mode == MoeMode::on; }
-  bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
+  int kept_groups() const { return topk_groups > 0 ? topk_groups : groups; }
+  // The one rule for which blocks are MoE (HF's: layer_idx >= first_k_dense_replace
+  // and layer_idx % moe_layer_freq == 0); MTP module d is block layers + d.
+  bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers && layer % layer_freq == 0; }
 };
 
 // mtp depth D weight W

@@ -230,9 +230,7 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
       k.refuse("num_experts_per_tok", fmt::format("num_experts_per_tok {} exceeds n_routed_experts {}", topk, experts));
     const int shared = k.has("n_shared_experts") ? k.integer("n_shared_experts", {}, 0) : 0;
     k.get("n_shared_experts");
-    if (const int freq = k.integer("moe_layer_freq", 1, 1); freq != 1)
-      k.refuse("moe_layer_freq", fmt::format("moe_layer_freq {}: MoE on one layer in {} is not built yet "
-                                             "(expected 1)", freq, freq));
+    const int freq = k.integer("moe_layer_freq", 1, 1);
     const std::string scoring = k.word("scoring_func", v3 ? "sigmoid" : "softmax");
     std::string method = k.word("topk_method", v3 ? "noaux_tc" : "greedy");
     if (method == "gready") method = "greedy";  // DeepSeek-V2's remote code spells its default so
@@ -243,17 +241,32 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
     if (scoring != "softmax" && scoring != "sigmoid")
       k.refuse("scoring_func", fmt::format("scoring_func '{}' (expected softmax or sigmoid)", scoring));
     if (scoring == "softmax" && method != "greedy" && method != "group_limited_greedy")
-      k.refuse("topk_method", fmt::format("topk_method '{}' with scoring_func softmax (expected greedy)", method));
+      k.refuse("topk_method", fmt::format("topk_method '{}' with scoring_func softmax (expected greedy or "
+                                          "group_limited_greedy)", method));
     if (scoring == "sigmoid" && method != "noaux_tc")
       k.refuse("topk_method", fmt::format("topk_method '{}' with scoring_func sigmoid (expected noaux_tc)", method));
-    // grouping that keeps every group is a plain top-k
-    if (method != "greedy" && groups > 1 && chosen < groups)
-      k.refuse(k.has("n_group") ? "n_group" : "topk_method",
-               fmt::format("group-limited routing (n_group {}, topk_group {}) is not built yet (expected n_group 1, "
-                           "or topk_group = n_group; V2's group_limited_greedy and V3's groups are issue 17/18's "
-                           "next part)", groups, chosen));
-    if (method != "greedy" && experts % groups)
-      k.refuse("n_group", fmt::format("n_group {} does not divide n_routed_experts {}", groups, experts));
+    // Group-limited routing: V2's group_limited_greedy, V3's noaux_tc (the
+    // deck's groups/topk_groups; greedy ignores n_group and topk_group).
+    const bool grouped = method != "greedy";
+    const std::string group_key = k.has("n_group") ? "n_group" : "topk_method";
+    if (grouped && groups > kMaxExpertGroups)
+      k.refuse(group_key, fmt::format("n_group {} exceeds {} (expected n_group <= {}: xuanxue's router keeps a "
+                                      "token's chosen groups as one 64-bit mask)", groups, kMaxExpertGroups,
+                                      kMaxExpertGroups));
+    if (grouped && experts % groups)
+      k.refuse(group_key, fmt::format("n_group {} does not divide n_routed_experts {} (expected a divisor: each group "
+                                      "holds n_routed_experts / n_group experts)", groups, experts));
+    if (grouped && chosen > groups)
+      k.refuse(k.has("topk_group") ? "topk_group" : "topk_method",
+               fmt::format("topk_group {} exceeds n_group {} (expected 1 <= topk_group <= n_group)", chosen, groups));
+    if (grouped && scoring == "sigmoid" && groups > 1 && experts / groups < 2)
+      k.refuse(group_key, fmt::format("n_group {} leaves {} expert per group (expected at least 2: noaux_tc scores a "
+                                      "group by the sum of its two largest scores)", groups, experts / groups));
+    if (grouped && topk > chosen * (experts / groups))
+      k.refuse("num_experts_per_tok",
+               fmt::format("num_experts_per_tok {} exceeds the {} experts of topk_group {} groups of {} (expected "
+                           "num_experts_per_tok <= topk_group x n_routed_experts / n_group)", topk,
+                           chosen * (experts / groups), chosen, experts / groups));
     if (scoring == "softmax" && normalized)
       k.refuse("norm_topk_prob", "norm_topk_prob true with scoring_func softmax: xuanxue's softmax gate weighs the "
                                  "chosen experts by their probabilities unnormalised, as DeepSeek-V2 (expected false)");
@@ -281,7 +294,10 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
                     // V3's bias step is a training setting, not in config.json (its paper: 0.001)
                     {"balance_coef", num(scoring == "sigmoid" ? 0.001 : alpha),
                      scoring == "sigmoid" ? "" : "aux_loss_alpha"},
-                    {"route_scale", num(k.number("routed_scaling_factor", 1.0)), "routed_scaling_factor"}};
+                    {"route_scale", num(k.number("routed_scaling_factor", 1.0)), "routed_scaling_factor"},
+                    {"groups", num(grouped ? groups : 1), grouped ? "n_group" : "topk_method"},
+                    {"topk_groups", num(grouped ? chosen : 1), grouped ? "topk_group" : "topk_method"},
+                    {"layer_freq", num(freq), "moe_layer_freq"}};
   }
   const int depth = v3 ? k.integer("num_nextn_predict_layers", 0, 0) : 0;
   HfLine mtp{"mtp", "", {{"depth", num(depth), v3 ? "num_nextn_predict_layers" : ""}},

@@ -125,7 +125,8 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& model, const Fra
   }
   const auto& moe = model.moe;
   if (moe.enabled() && moe.balance == Balance::bias) {
-    for (int l = moe.dense_layers; l < model.layers + model.mtp.depth; ++l) {
+    for (int l = 0; l < model.layers + model.mtp.depth; ++l) {
+      if (!moe.is_moe_layer(l)) continue;
       const std::string prefix =
           l < model.layers ? fmt::format("layers.{}.", l) : fmt::format("mtp.{}.", l - model.layers);
       const std::string name = bias_name(prefix);

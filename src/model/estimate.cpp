@@ -66,7 +66,7 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   for (int l = 0; l < m.layers; ++l) kept += block_activations(m, m.moe.is_moe_layer(l), B, rows);
   for (int d = 0; d < m.mtp.depth; ++d) {
     kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
-    kept += block_activations(m, moe, B, rows);
+    kept += block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows);
   }
   est.halvable_elements = kept.half;
   est.other_elements = kept.other;

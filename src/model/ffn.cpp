@@ -33,6 +33,8 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
       ew2_.push_back(store(q + "w2"));
     }
     gate_kind_ = {e.gate == Gate::sigmoid, e.gate == Gate::sigmoid, e.route_scale};
+    static_assert(kMaxExpertGroups <= k::kMaxRouterGroups, "the deck admits more groups than the router keeps");
+    gate_kind_.groups = e.groups, gate_kind_.topk_groups = e.kept_groups();
     aux_coef_ = e.balance == Balance::aux ? e.balance_coef : 0;
     logits_ = activation<T>("router_logits", N_, E_);
     scores_ = activation<T>("router_scores", N_, E_);

@@ -24,8 +24,8 @@ ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank) : ep_(m.moe.enabled(
     add(p + "hnorm", {C}, m.layers + d, true, 0, false);
     add(p + "enorm", {C}, m.layers + d, true, 0, false);
     add(p + "proj", {C, 2 * C}, m.layers + d, false, m.init_std, true);
-    // MTP blocks are full blocks, MoE when the model is.
-    add_block(p, m, m.layers + d, m.moe.enabled());
+    // MTP blocks are full blocks, MoE by the main blocks' rule at index layers + d (HF's numbering).
+    add_block(p, m, m.layers + d, m.moe.is_moe_layer(m.layers + d));
     add(p + "norm", {C}, m.layers + d, true, 0, false);
   }
 }

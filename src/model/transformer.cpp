@@ -97,7 +97,7 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     mod.enorm = store(p + "enorm");
     mod.proj = store(p + "proj");
     mod.norm = store(p + "norm");
-    mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.enabled(), batch, ws_);
+    mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.is_moe_layer(cfg_.layers + d), batch, ws_);
     for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
     mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type, ws_);

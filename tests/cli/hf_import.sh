@@ -2,8 +2,9 @@
 # `init hf DIR` (src/hf/config.h, src/hf/import.h) on Hugging Face directories written by
 # `tools/ckpt export --format hf` from the binary's own checkpoints of three small models: Llama
 # (dense MHA; q/k rows permuted), DeepSeek-V3-shaped (MLA with a query latent, MoE with the sigmoid
-# gate and its selection bias, MTP depth 2; eh_proj halves swapped) and DeepSeek-V2-shaped (MLA, MoE
-# with the softmax gate and the auxiliary loss). For each:
+# gate and its selection bias over 2 expert groups of which 1 is kept, MTP depth 2; eh_proj halves
+# swapped) and DeepSeek-V2-shaped (MLA, MoE with the softmax gate and the auxiliary loss,
+# group_limited_greedy, MoE on every other layer). For each:
 #   - the imported model's validation loss before its first step equals the exporting run's last one
 #     exactly (the same weights, the same windows);
 #   - export -> import -> export: config.json and every tensor identical (tests/hf_files.py same);
@@ -62,11 +63,13 @@ run 4"
 MODEL[v3]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA
 attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8
 moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 route_scale 1.5
+moe on groups 2 topk_groups 1
 mtp depth 2 weight 0.3
 run 4"
 MODEL[v2]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA
 attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8
 moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 route_scale 2
+moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2
 run 4"
 
 for name in llama v3 v2; do
@@ -157,8 +160,8 @@ refused_key "YaRN rope_scaling" v3 rope_scaling "rope scaling (YaRN and the othe
 refused_key "seq_aux under V2's softmax gate" v2 seq_aux "the sequence-wise balance loss is not built yet" \
   'seq_aux=true'
 refused_key "seq_aux under V3" v3 seq_aux "sequence-wise balance loss" 'seq_aux=true'
-refused_key "group-limited routing" v3 n_group "group-limited routing (n_group 2, topk_group 1)" \
-  'n_group=2' 'topk_group=1'
+refused_key "expert groups that do not divide the experts" v3 n_group "n_group 3 does not divide n_routed_experts 4" \
+  'n_group=3'
 refused_key "tied embeddings" llama tie_word_embeddings "tied embeddings are not built yet" \
   'tie_word_embeddings=true'
 refused_key "an unknown key" llama sliding_window "key 'sliding_window' is not one xuanxue reads" \
@@ -166,7 +169,7 @@ refused_key "an unknown key" llama sliding_window "key 'sliding_window' is not o
 refused_key "another architecture" llama model_type "model_type 'mistral'" 'model_type="mistral"'
 refused_key "grouped keys and values" llama num_key_value_heads "grouped keys and values are not built" \
   'num_key_value_heads=1'
-refused_key "MoE on every other layer" v2 moe_layer_freq "moe_layer_freq 2" 'moe_layer_freq=2'
+refused_key "moe_layer_freq 0" v2 moe_layer_freq "'moe_layer_freq' is 0 (expected an integer >= 1)" 'moe_layer_freq=0'
 refused_key "latent eps" v2 rms_norm_eps "HF DeepSeek's latent norms always use 1e-6" 'rms_norm_eps=1e-5'
 refused_key "a missing size" llama hidden_size "'hidden_size' is missing" 'hidden_size='
 refused_key "a size of the wrong type" llama hidden_size "'hidden_size' is \"32\"" 'hidden_size="32"'
@@ -187,7 +190,7 @@ begin "refused: safetensors that are not config.json's model"
 rm -rf "$T/bad.hf" && cp -r "$T/v2.hf" "$T/bad.hf"
 $PY "$FILES" edit "$T/bad.hf" 'moe_intermediate_size=8'
 deck bad "init hf $T/bad.hf" "run 1"
-expect_bad 2 "$T/bad.hf/model.safetensors: tensor 'model.layers.1.mlp.shared_experts.gate_proj.weight' has shape [32, 32]" \
+expect_bad 2 "$T/bad.hf/model.safetensors: tensor 'model.layers.0.mlp.shared_experts.gate_proj.weight' has shape [32, 32]" \
   "(expected [16, 32]" -- -in "$T/bad.deck"
 rm -rf "$T/bad.hf" && mkdir "$T/bad.hf" && cp "$T/v2.hf/config.json" "$T/bad.hf/"
 head -c 100 "$T/v2.hf/model.safetensors" >"$T/bad.hf/model.safetensors"

@@ -56,9 +56,17 @@ def model_of(s):
     out["moe"] = {"mode": e["mode"]}
     if e["mode"] == "on":
         out["moe"].update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
-                                             "balance_coef", "route_scale")})
+                                             "balance_coef", "route_scale", "groups", "layer_freq")})
+        out["moe"]["topk_groups"] = e["topk_groups"] or e["groups"]  # 0: not given, every group
     out["mtp"] = {"depth": s["mtp"]["depth"], "weight": s["mtp"]["weight"]}
     return out
+
+
+def is_moe_layer(m, layer):
+    """MoeConfig::is_moe_layer, HF's rule: layer >= first_k_dense_replace and layer % moe_layer_freq == 0
+    (MTP module d is layer num_hidden_layers + d)."""
+    e = m["moe"]
+    return e["mode"] == "on" and layer >= e["dense_layers"] and layer % e["layer_freq"] == 0
 
 
 # ----------------------------------------------------------------------------
@@ -134,7 +142,14 @@ def hf_config(m, tokens, latent_eps=False):
         config.update(n_shared_experts=e["shared"], n_routed_experts=e["routed"], num_experts_per_tok=e["topk"],
                       moe_intermediate_size=e["ffn"], first_k_dense_replace=e["dense_layers"],
                       routed_scaling_factor=e["route_scale"],
-                      aux_loss_alpha=e["balance_coef"] if e["balance"] == "aux" else 0.0)
+                      aux_loss_alpha=e["balance_coef"] if e["balance"] == "aux" else 0.0,
+                      # group-limited routing: V3's noaux_tc always groups; V2's softmax gate as
+                      # group_limited_greedy (plain greedy ignores n_group and topk_group)
+                      n_group=e["groups"], topk_group=e["topk_groups"], moe_layer_freq=e["layer_freq"],
+                      topk_method="noaux_tc" if v3 else "group_limited_greedy" if e["groups"] > 1 else "greedy")
+        if e["groups"] > 1:
+            notes.append(f"moe: group-limited routing, {e['groups']} groups of {e['routed'] // e['groups']} experts, "
+                         f"{e['topk_groups']} kept per token (topk_method {config['topk_method']})")
         if e["balance"] == "bias":
             notes.append("moe: the selection biases (/buffers/*.ffn.gate_bias) are mlp.gate.e_score_correction_bias"
                          f"; balance_coef {e['balance_coef']:g} (their update step) is training only")
@@ -237,7 +252,7 @@ def hf_tensors(m, model_type, tensors, buffers):
     embed = get("embed", (V, C))
     put("model.embed_tokens.weight", embed)
     for l in range(L):
-        block(f"layers.{l}.", f"model.layers.{l}.", e["mode"] == "on" and l >= e["dense_layers"])
+        block(f"layers.{l}.", f"model.layers.{l}.", is_moe_layer(m, l))
     put("model.norm.weight", get("norm", (C,)))
     head = get("head", (V, C))
     put("lm_head.weight", head)
@@ -248,7 +263,7 @@ def hf_tensors(m, model_type, tensors, buffers):
         put(hf + "hnorm.weight", get(ours + "hnorm", (C,)))
         proj = get(ours + "proj", (C, 2 * C))  # ours multiplies [hnorm(h) | enorm(emb)]
         put(hf + "eh_proj.weight", np.concatenate([proj[:, C:], proj[:, :C]], axis=1))
-        block(ours, hf, e["mode"] == "on")
+        block(ours, hf, is_moe_layer(m, L + d))
         put(hf + "shared_head.norm.weight", get(ours + "norm", (C,)))
         put(hf + "shared_head.head.weight", head)
     left = sorted(set(tensors) - used)
