@@ -88,14 +88,14 @@ struct KeptProbabilities {
 };
 
 // out (BH*T, Dv), att from q, k (BH*T, D) and v (BH*T, Dv), head-major.
-// Scores are scaled by 1/sqrt(D). With 16-bit probabilities, each block's
-// scores and softmax are computed in T in `scratch` (>= Bk * T) and then
-// kept as 16 bits.
+// Scores are scaled by `scale` (the model's attention_score_scale,
+// model/attention.h: 1/sqrt(D), times YaRN's mscale^2 under rope_scaling yarn).
+// With 16-bit probabilities, each block's scores and softmax are computed in
+// T in `scratch` (>= Bk * T) and then kept as 16 bits.
 template <class T>
 void attention_forward(Mat<T> out, const KeptProbabilities<T>& att, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v,
-                       Vec<T> scratch, const CausalBlocks& blocks, int64_t BH) {
-  const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
-  const T scale = T(1) / T(std::sqrt(double(D)));
+                       Vec<T> scratch, const CausalBlocks& blocks, int64_t BH, T scale) {
+  const int64_t Tn = blocks.seq, Dv = v.cols;
   for (int64_t bh = 0; bh < BH; ++bh) {
     for (int64_t i = 0; i < blocks.count; ++i) {
       const int64_t r0 = i * blocks.block, rows = blocks.rows(i), cols = blocks.cols(i);
@@ -110,13 +110,13 @@ void attention_forward(Mat<T> out, const KeptProbabilities<T>& att, GemmIn<T> q,
   }
 }
 
-// dq, dk (BH*T, D), dv (BH*T, Dv) = gradients; scratch holds one block of dp (>= Bk * T).
+// dq, dk (BH*T, D), dv (BH*T, Dv) = gradients; scratch holds one block of dp
+// (>= Bk * T); scale: the forward's.
 template <class T>
 void attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout,
                         const KeptProbabilities<T>& att, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v,
-                        const CausalBlocks& blocks, int64_t BH) {
+                        const CausalBlocks& blocks, int64_t BH, T scale) {
   const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
-  const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));
   const GemmIn<T> dO = as_gemm_input_like<T>(dout, q, 1);  // 16 bits once, when q is

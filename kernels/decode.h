@@ -48,12 +48,13 @@ KOKKOS_INLINE_FUNCTION void softmax_prefix(const Member& m, T* row, int64_t n) {
   row_for(m, n, [&](int64_t j) { row[j] *= inv; });
 }
 
-// out (1, H*Dv) = per head softmax(q k^T / sqrt(D)) v over cached positions [0, len).
+// out (1, H*Dv) = per head softmax(q k^T scale) v over cached positions [0, len);
+// scale: the model's attention_score_scale (model/attention.h), as in training.
 // q (H, D) this token's rotated query; k (L, H*D), v (L, H*Dv); p (H, L) scratch.
 template <class T>
-void mha_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> p, int64_t len) {
+void mha_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> k, Mat<const T> v, Mat<T> p, int64_t len,
+                          T scale) {
   const int64_t H = q.extent(0), D = q.extent(1), Dv = v.extent(1) / H;
-  const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::parallel_for(
       "decode::mha_attention", row_policy(H), KOKKOS_LAMBDA(const TeamMember& m) {
         for_rows(m, H, [&](int64_t h) {
@@ -77,12 +78,12 @@ void mha_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> k, Mat<const 
 //   out (1, H*Dv); q (1, H*(N+P)) this token's query, rope part rotated;
 //   c (L, R) normed latents, kr (L, P) rotated rope keys;
 //   wkv_b (H*(N+Dv), R): per head N rows of Wk then Dv rows of Wv;
-//   scratch: p (H, L), lat (H, 2*R) for q_lat and the weighted latent.
+//   scratch: p (H, L), lat (H, 2*R) for q_lat and the weighted latent;
+//   scale: the model's attention_score_scale (model/attention.h), as in training.
 template <class T>
 void mla_decode_attention(Mat<T> out, Mat<const T> q, Mat<const T> c, Mat<const T> kr, Mat<const T> wkv_b, Mat<T> p,
-                          Mat<T> lat, int64_t len, int64_t H, int64_t N, int64_t P, int64_t Dv) {
+                          Mat<T> lat, int64_t len, int64_t H, int64_t N, int64_t P, int64_t Dv, T scale) {
   const int64_t R = c.extent(1), QK = N + P;
-  const T scale = T(1) / T(std::sqrt(double(QK)));
   Kokkos::parallel_for(
       "decode::mla_attention", row_policy(H), KOKKOS_LAMBDA(const TeamMember& m) {
         for_rows(m, H, [&](int64_t h) {

@@ -109,12 +109,12 @@ void for_each_tile(const CausalBlocks& blocks, int64_t j, const F& f) {
 }
 
 // out (BH*T, Dv), lse (BH*T) from q, k (BH*T, D) and v (BH*T, Dv), head-major;
-// scores scaled by 1/sqrt(D); scratch >= flash_scratch_size(BH, T, blocks.block).
+// scores scaled by `scale` (the model's attention_score_scale, model/attention.h);
+// scratch >= flash_scratch_size(BH, T, blocks.block).
 template <class T>
 void flash_attention_forward(Mat<T> out, Vec<T> lse, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v, Vec<T> scratch,
-                             const CausalBlocks& blocks, int64_t BH) {
+                             const CausalBlocks& blocks, int64_t BH, T scale) {
   const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols, n = BH * Tn;
-  const T scale = T(1) / T(std::sqrt(double(D)));
   T* s = scratch.data();
   T* ml = s + 2 * BH * flash_span(Tn) * blocks.block;  // past the two blocks (flash_scratch_size)
   Vec<T> m(ml, n), l(ml + n, n);
@@ -203,13 +203,12 @@ void flash_score_gradient(Mat<T> dp, Mat<const T> p, Vec<const T> delta, FlashTi
 }
 
 // dq, dk (BH*T, D), dv (BH*T, Dv) = gradients, from dout (BH*T, Dv), delta
-// and lse (BH*T) and the forward's inputs; scratch as the forward's.
+// and lse (BH*T) and the forward's inputs; scratch and scale as the forward's.
 template <class T>
 void flash_attention_backward(Mat<T> dq, Mat<T> dk, Mat<T> dv, Vec<T> scratch, Mat<const T> dout, Vec<const T> delta,
                               Vec<const T> lse, GemmIn<T> q, GemmIn<T> k, GemmIn<T> v, const CausalBlocks& blocks,
-                              int64_t BH) {
+                              int64_t BH, T scale) {
   const int64_t Tn = blocks.seq, D = q.cols, Dv = v.cols;
-  const T scale = T(1) / T(std::sqrt(double(D)));
   Kokkos::deep_copy(dq, T(0));
   Kokkos::deep_copy(dk, T(0));
   Kokkos::deep_copy(dv, T(0));

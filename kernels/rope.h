@@ -1,27 +1,52 @@
 // Rotary position embedding fused with the split of the QKV projection into
-// heads. Pairs (2i, 2i+1) of each head are rotated by angle t * theta^(-2i/D),
-// the interleaved convention of the DeepSeek and Llama reference models.
+// heads. Pairs (2i, 2i+1) of each head are rotated by angle t * inv_freq[i],
+// the interleaved convention of the DeepSeek and Llama reference models:
+// index i of the tables is frequency i, pair i. The plain embedding's
+// frequencies are theta^(-2i/D); YaRN (deck `rope_scaling yarn`) blends them
+// with theta^(-2i/D) / factor and multiplies the tables by its mscale, both
+// from one owner (model/attention.h rope_frequencies), for training and decoding.
 // Activation gradients are written (=).
 // Team-shaped (kernels/team.h): a row per team thread, the pairs its vector lanes.
 #pragma once
 #include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
 #include "core/device_memory.h"
 #include "core/views.h"
 #include "kernels/team.h"
 
 namespace xx::kernels {
 
-// cos, sin (T, D/2), computed in double on the host, then copied.
+// The frequency of each pair i < D/2, and the factor the cos and sin tables
+// are multiplied by (1 for the plain embedding).
+struct RopeFrequencies {
+  std::vector<double> inv_freq;  // (D/2)
+  double table_scale = 1;
+};
+
+// theta^(-2i/D), i < D/2: the plain rotary embedding's frequencies.
+inline std::vector<double> rope_inverse_frequencies(double theta, int64_t D) {
+  std::vector<double> f(size_t(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) f[size_t(i)] = std::pow(theta, -double(2 * i) / double(D));
+  return f;
+}
+
+// cos, sin (T, D/2): cos and sin of t * inv_freq[i], times table_scale,
+// computed in double on the host, then copied.
 template <class T>
-void rope_tables(Mat<T> cos_t, Mat<T> sin_t, double theta) {
+void rope_tables(Mat<T> cos_t, Mat<T> sin_t, const RopeFrequencies& f) {
   const int64_t Tn = cos_t.extent(0), half = cos_t.extent(1);
+  if (f.inv_freq.size() != size_t(half))
+    throw std::logic_error("rope_tables: " + std::to_string(f.inv_freq.size()) + " frequencies for tables of " +
+                           std::to_string(half) + " pairs");
   auto hc = host_staging(cos_t);
   auto hs = host_staging(sin_t);
   for (int64_t t = 0; t < Tn; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = double(t) * std::pow(theta, -double(2 * i) / double(2 * half));
-      hc(t, i) = T(std::cos(angle));
-      hs(t, i) = T(std::sin(angle));
+      const double angle = double(t) * f.inv_freq[size_t(i)];
+      hc(t, i) = T(std::cos(angle) * f.table_scale);
+      hs(t, i) = T(std::sin(angle) * f.table_scale);
     }
   Kokkos::deep_copy(cos_t, hc);
   Kokkos::deep_copy(sin_t, hs);

@@ -11,17 +11,19 @@ evaluation used (rebuilt here from the corpus, as src/train/trainer.cpp's evalua
   2. tools/torch_reference.py's loss (float64) from the mapped-back tensors and config.json equals
      its loss from the checkpoint's /model and the deck (total, main, mtp, aux; rel <= 1e-5);
   3. a forward written here from the Hugging Face model code's conventions (Llama: rotate_half;
-     DeepSeek: the rope part de-interleaved, then rotate_half; latent norms with eps 1e-6; the gate
-     from scoring_func, topk_method (V2's group_limited_greedy and V3's noaux_tc keep topk_group of
-     n_group expert groups), norm_topk_prob, routed_scaling_factor, e_score_correction_bias; MoE
-     layers by first_k_dense_replace and moe_layer_freq; MTP layers num_hidden_layers + d from
+     DeepSeek: the rope part de-interleaved, then rotate_half; YaRN from rope_scaling as DeepSeek's
+     DeepseekV2YarnRotaryEmbedding and softmax_scale compute it (Llama: transformers' YaRN); latent
+     norms with eps 1e-6, the others with rms_norm_eps; the gate from scoring_func, topk_method
+     (V2's group_limited_greedy and V3's noaux_tc keep topk_group of n_group expert groups),
+     norm_topk_prob, routed_scaling_factor, e_score_correction_bias; MoE layers by
+     first_k_dense_replace and moe_layer_freq; MTP layers num_hidden_layers + d from
      eh_proj([enorm(emb), hnorm(h)])), on the HF names and config.json keys alone, gives the same
      main, MTP and balance losses (rel <= 1e-5);
   4. its main loss equals the trainer's own val_loss of the last step in metrics.jsonl (computed
      in float32 by the trainer from the same weights on the same windows; rel <= 1e-5);
   5. each convention matters here: the forward without it (Llama's rows not permuted, DeepSeek's
      rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped, routing
-     without groups where config.json has them) misses.
+     without groups where config.json has them, YaRN left out) misses.
 
 usage: hf_read.py OUT_DIR CHECKPOINT.h5 METRICS.jsonl (--bytes CORPUS --valid F | --valid-shard FILE)
                   --batch B --eval-batches K [--expect-bias]
@@ -167,7 +169,12 @@ def reference_config(c, mtp_weight):
     else:
         cfg["attention"] = {"kind": "mla", "kv_lora_rank": c["kv_lora_rank"], "q_lora_rank": c["q_lora_rank"] or 0,
                             "qk_nope_dim": c["qk_nope_head_dim"], "rope_dim": c["qk_rope_head_dim"],
-                            "v_dim": c["v_head_dim"]}
+                            "v_dim": c["v_head_dim"], "latent_eps": 1e-6}  # HF's latent norms: always 1e-6
+    y = yarn_of(c)
+    cfg["rope_scaling"] = {"kind": "off"} if y is None else {
+        "kind": "yarn", "factor": float(y["factor"]), "original_seq": int(y["original_max_position_embeddings"]),
+        "beta_fast": float(y.get("beta_fast", 32)), "beta_slow": float(y.get("beta_slow", 1)),
+        "mscale": float(y.get("mscale", 1)), "mscale_all_dim": float(y.get("mscale_all_dim", 0))}
     if c.get("n_routed_experts") is None:
         cfg["moe"] = {"mode": "off"}
     else:
@@ -198,10 +205,52 @@ def rotate_half(x):
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def cos_sin(T, dim, theta):
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+def yarn_of(c):
+    """config.json's rope_scaling (or rope_parameters) when its type or rope_type is yarn, else None."""
+    r = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    return r if "yarn" in (r.get("type"), r.get("rope_type")) else None
+
+
+def get_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rotary(c, dim, yarn=True):
+    """(inv_freq, the cos/sin factor, the softmax scale's factor) as the HF codes build them from config.json:
+    the plain base^(-2i/dim), or YaRN. DeepSeek (DeepseekV2YarnRotaryEmbedding): freq_extra and freq_inter =
+    freq_extra / factor blended by 1 - the linear ramp between the correction range's floor and ceil (clipped
+    to [0, dim-1]), the tables times get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), and the
+    attention's softmax_scale times get_mscale(factor, mscale_all_dim)^2 where mscale_all_dim is set.
+    Llama (transformers' _compute_yarn_parameters): the same frequencies, the tables times attention_factor
+    (else that ratio when mscale and mscale_all_dim are both set, else get_mscale(factor)), no softmax factor."""
+    base = c["rope_theta"]
+    freq_extra = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    y = yarn_of(c) if yarn else None
+    if y is None:
+        return freq_extra, 1.0, 1.0
+    factor, original = y["factor"], y["original_max_position_embeddings"]
+    mscale, mscale_all_dim = y.get("mscale", 1), y.get("mscale_all_dim", 0)
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(y.get("beta_fast", 32))), 0)
+    high = min(math.ceil(correction_dim(y.get("beta_slow", 1))), dim - 1)
+    if low == high:
+        high += 0.001
+    mask = 1.0 - torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    inv_freq = freq_extra / factor * (1 - mask) + freq_extra * mask
+    if c["model_type"] == "llama":
+        table = y.get("attention_factor") or (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+                                              if mscale and mscale_all_dim else get_mscale(factor))
+        return inv_freq, table, 1.0
+    table = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    return inv_freq, table, get_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+
+
+def cos_sin(T, inv_freq, table):
     emb = torch.cat([torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)] * 2, dim=-1)  # (T, dim)
-    return emb.cos(), emb.sin()
+    return emb.cos() * table, emb.sin() * table
 
 
 def sdpa(q, k, v, scale):
@@ -216,9 +265,10 @@ def sdpa(q, k, v, scale):
 class HF:
     """Llama / DeepSeek-V2 / DeepSeek-V3 forward from config c and tensors w (HF names)."""
 
-    def __init__(self, c, w, deinterleave=True, groups=True):
+    def __init__(self, c, w, deinterleave=True, groups=True, yarn=True):
         self.c, self.w, self.deinterleave = c, {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}, deinterleave
         self.groups = groups  # False: route with a plain top-k over every expert (the check that groups matter)
+        self.yarn = yarn
         self.v3 = c["model_type"] == "deepseek_v3"
         self.stats = {"bias_changed": 0, "selections": 0}
 
@@ -232,9 +282,10 @@ class HF:
         q = self.linear(x, pre + "q_proj").view(B, T, H, hd).transpose(1, 2)
         k = self.linear(x, pre + "k_proj").view(B, T, Hk, hd).transpose(1, 2)
         v = self.linear(x, pre + "v_proj").view(B, T, Hk, hd).transpose(1, 2)
-        cos, sin = cos_sin(T, hd, c["rope_theta"])
+        inv_freq, table, gain = rotary(c, hd, self.yarn)
+        cos, sin = cos_sin(T, inv_freq, table)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        return self.linear(sdpa(q, k, v, hd ** -0.5), pre + "o_proj")
+        return self.linear(sdpa(q, k, v, hd ** -0.5 * gain), pre + "o_proj")
 
     def deepseek_attention(self, pre, x):
         c = self.c
@@ -257,11 +308,12 @@ class HF:
         if self.deinterleave:  # apply_rotary_pos_emb(_interleave): pairs (2i, 2i+1) to halves, then rotate_half
             q_rot = q_rot.reshape(B, H, T, dr // 2, 2).transpose(4, 3).reshape(B, H, T, dr)
             k_rot = k_rot.reshape(B, 1, T, dr // 2, 2).transpose(4, 3).reshape(B, 1, T, dr)
-        cos, sin = cos_sin(T, dr, c["rope_theta"])
+        inv_freq, table, gain = rotary(c, dr, self.yarn)
+        cos, sin = cos_sin(T, inv_freq, table)
         q_rot, k_rot = q_rot * cos + rotate_half(q_rot) * sin, k_rot * cos + rotate_half(k_rot) * sin
         q = torch.cat([q_pass, q_rot], dim=-1)
         k = torch.cat([k_pass, k_rot.expand(B, H, T, dr)], dim=-1)
-        return self.linear(sdpa(q, k, v, (dn + dr) ** -0.5), pre + "o_proj")
+        return self.linear(sdpa(q, k, v, (dn + dr) ** -0.5 * gain), pre + "o_proj")
 
     def mlp(self, pre, x):
         return self.linear(F.silu(self.linear(x, pre + "gate_proj")) * self.linear(x, pre + "up_proj"),
@@ -510,7 +562,7 @@ def main():
         w.update(change.get("tensors", {}))
         with torch.no_grad():
             m2, t2, _ = HF(c, w, deinterleave=change.get("deinterleave", True),
-                           groups=change.get("groups", True)).losses(inputs, targets)
+                           groups=change.get("groups", True), yarn=change.get("yarn", True)).losses(inputs, targets)
         value, want = (t2, mtp) if change.get("mtp") else (m2, main)
         check(rel(value, want) > RTOL, f"without {what}: {value:.10f} (rel {rel(value, want):.1e} > {RTOL:g}: detected)")
 
@@ -520,6 +572,8 @@ def main():
         without("the q_proj/k_proj row permutation (our interleaved rows under rotate_half)", tensors=raw)
     else:
         without("the de-interleaving of the rope part (plain rotate_half)", deinterleave=False)
+    if yarn_of(c) is not None:
+        without("YaRN (the plain rotary embedding, the plain softmax scale)", yarn=False)
     if args.expect_bias:
         print(f"  the selection bias changed {hf.stats['bias_changed']} of {hf.stats['selections']} choices")
         check(hf.stats["bias_changed"] > 0, "the selection bias changes some expert choice")

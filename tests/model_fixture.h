@@ -7,7 +7,7 @@
 #include "deck/config.h"
 #include "core/views.h"
 
-// "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp"
+// "dense", "mla", "mla-qlora", "mla-yarn", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp"
 xx::ModelConfig architecture(const std::string& name);
 
 namespace xx::test {

@@ -4,7 +4,7 @@
 // selection biases included), and for one fixed batch our loss and every
 // gradient.
 //   parity_dump OUT_DIR CONFIG [PRECISION]  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
-// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups
+// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups | mla_yarn | dense_yarn
 // PRECISION: fp32 (default) | bf16 | fp16: what the GEMM operands are; the
 // deck attribute says so, and the reference widens its tolerances to it.
 #include <hdf5.h>
@@ -51,6 +51,21 @@ const std::string kMoeGroups =
 const std::string kMoeBiasGroups =
     "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
     "route_scale 1.5 groups 4 topk_groups 2";
+// YaRN with a ramp inside the rotary width: MLA's 8 rope pairs keep their
+// frequency below pair 2, are divided by 4 from pair 6 (beta 0.5 and 0.02
+// over 64 positions), the tables times mscale(4, 1) / mscale(4, 0.8) = 1.025,
+// the scores times mscale(4, 0.8)^2 = 1.23; the latent norms at HF's 1e-6,
+// the others at 1e-5.
+const std::string kMlaYarn =
+    "attention mla kv_lora_rank 32 q_lora_rank 24 qk_nope_dim 16 rope_dim 16 v_dim 16 latent_eps 1e-6";
+const std::string kYarnRamp = "rope_scaling yarn factor 4 original_seq 64 beta_fast 0.5 beta_slow 0.02 mscale 1 "
+                              "mscale_all_dim 0.8";
+// MHA's 8 pairs of head_dim 16 with DeepSeek's defaults (beta 32 and 1,
+// mscale 1, mscale_all_dim 0): at theta 50 the ramp spans pairs 0 to 5; the
+// tables times mscale(4, 1) = 1.14, the scores unchanged.
+const std::string kModelDenseYarn =
+    "model dense vocab 256 dim 64 layers 2 heads 4 ffn 96 seq 80 rope_theta 50 norm_eps 1e-5";
+const std::string kYarnDefaults = "rope_scaling yarn factor 4 original_seq 64";
 
 // The architecture lines of each configuration, in deck syntax.
 const std::map<std::string, std::vector<std::string>> kConfigs = {
@@ -62,6 +77,8 @@ const std::map<std::string, std::vector<std::string>> kConfigs = {
     {"deepseek", {kModelDeepseek, kMla, kMoeAux, kMtp}},
     {"moe_groups", {kModelDeepseek3, kMla, kMoeGroups, kMtp}},
     {"moe_bias_groups", {kModelDeepseek, kMla, kMoeBiasGroups}},
+    {"mla_yarn", {kModelDeepseek, kMlaYarn, kYarnRamp}},
+    {"dense_yarn", {kModelDenseYarn, kYarnDefaults}},
 };
 
 void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {

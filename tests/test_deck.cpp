@@ -212,6 +212,52 @@ TEST_CASE("deck: compress ... exchange allgather|partitioned", "[deck]") {
   CHECK(error_of(t, kBase + "topology clusters 2\ncompress topk 0.1 exchange allgather\nrun 1\n").empty());
 }
 
+TEST_CASE("deck: rope_scaling off | yarn, DeepSeek's defaults, and attention mla's latent_eps", "[deck][rope]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  const ModelConfig plain = build(t, kBase + "run 1\n").phases[0].config.model;
+  CHECK((!plain.rope_scaling.yarn() && plain.attention.latent_eps == 0 && plain.latent_eps() == plain.norm_eps));
+  const auto y =
+      build(t, kBase + "rope_scaling yarn factor 40 original_seq 4096\nrun 1\n").phases[0].config.model.rope_scaling;
+  CHECK((y.yarn() && y.factor == 40 && y.original_seq == 4096 && y.beta_fast == 32 && y.beta_slow == 1 &&
+         y.mscale == 1 && y.mscale_all_dim == 0));
+  const auto z = build(t, kBase + "rope_scaling yarn factor 0.5 original_seq 2 beta_fast 0.2 beta_slow 0.1 mscale 0 "
+                                  "mscale_all_dim 0.707\nrun 1\n").phases[0].config.model.rope_scaling;
+  CHECK((z.factor == 0.5 && z.original_seq == 2 && z.beta_fast == 0.2 && z.beta_slow == 0.1 && z.mscale == 0 &&
+         z.mscale_all_dim == 0.707));
+  const std::string mla = "model deepseek vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8 norm_eps 1e-5\n"
+                          "data bytes corpus.txt\n"
+                          "attention mla kv_lora_rank 8 qk_nope_dim 4 rope_dim 4 v_dim 4";
+  const ModelConfig m = build(t, mla + " latent_eps 1e-6\nrun 1\n").phases[0].config.model;
+  CHECK((m.attention.latent_eps == 1e-6 && m.latent_eps() == 1e-6 && m.norm_eps == 1e-5));
+  // bad input: DECK:LINE, what was expected
+  CHECK(error_of(t, kBase + "rope_scaling yarn factor 4\nrun 1\n") ==
+        file + ":3: 'rope_scaling yarn' is missing keyword 'original_seq' (expected rope_scaling off | yarn factor F "
+               "original_seq T [beta_fast X] [beta_slow X] [mscale X] [mscale_all_dim X])");
+  CHECK(error_of(t, kBase + "rope_scaling yarn factor 0 original_seq 64\nrun 1\n") ==
+        file + ":3: value 0 for 'factor' is out of range (expected > 0)");
+  CHECK(error_of(t, kBase + "rope_scaling yarn factor 4 original_seq 1\nrun 1\n") ==
+        file + ":3: value 1 for 'original_seq' is out of range (expected >= 2)");
+  CHECK(error_of(t, kBase + "rope_scaling yarn factor 4 original_seq 64 beta_slow 0\nrun 1\n") ==
+        file + ":3: value 0 for 'beta_slow' is out of range (expected > 0)");
+  CHECK_THAT(error_of(t, kBase + "rope_scaling yarn factor 4 original_seq 64 beta_fast 1 beta_slow 2\nrun 1\n"),
+             Catch::StartsWith(file + ":3: 'beta_fast' 1 is not above 'beta_slow' 2 (expected beta_fast > "
+                                      "beta_slow > 0"));
+  CHECK(error_of(t, kBase + "rope_scaling yarn factor 4 original_seq 64 mscale -1\nrun 1\n") ==
+        file + ":3: value -1 for 'mscale' is out of range (expected >= 0)");
+  CHECK_THAT(error_of(t, kBase + "rope_scaling off factor 4\nrun 1\n"),
+             Catch::StartsWith(file + ":3: unexpected word 'factor' after 'rope_scaling off'"));
+  CHECK_THAT(error_of(t, kBase + "rope_scaling linear factor 4\nrun 1\n"),
+             Catch::StartsWith(file + ":3: unknown kind 'linear' for 'rope_scaling' (expected one of: off, yarn)"));
+  CHECK_THAT(error_of(t, "model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8 rope_theta 1\ndata bytes x\n"
+                         "rope_scaling yarn factor 4 original_seq 64\nrun 1\n"),
+             Catch::StartsWith(file + ":4: rope_scaling yarn with 'rope_theta' 1 (expected rope_theta > 1"));
+  CHECK(error_of(t, mla + " latent_eps 0\nrun 1\n") ==
+        file + ":3: value 0 for 'latent_eps' is out of range (expected > 0)");
+  CHECK_THAT(error_of(t, kBase + "attention mha latent_eps 1e-6\nrun 1\n"),
+             Catch::StartsWith(file + ":3: unexpected word 'latent_eps' after 'attention mha'"));
+}
+
 TEST_CASE("deck: reals parse strictly and accept exponents", "[deck]") {
   TempDir t;
   const auto p = build(t, kBase + "optimizer adamw lr 1e-3 eps 1E-10\nrun 1\n");
@@ -330,6 +376,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"attention", "attention mla kv_lora_rank 8 qk_nope_dim 4 rope_dim 4 v_dim 4", true},
       {"moe", "moe on routed 4 topk 2 ffn 8", true},
       {"mtp", "mtp depth 1", true},
+      {"rope_scaling", "rope_scaling yarn factor 4 original_seq 64", true},
       {"data", "data bytes other.txt", true},
       {"data", "data bytes corpus.txt batch 3", true},
       {"precision", "precision bf16", true},

@@ -1,6 +1,7 @@
 // Generation: the KV-cache decoder against the uncached full forward (dense
-// MHA, MLA with and without the query latent, MoE with either balance, and
-// a model with MTP), and the sampling of the next token.
+// MHA, MLA with and without the query latent, MLA with YaRN and a latent eps
+// of its own, MoE with either balance, and a model with MTP), and the
+// sampling of the next token.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -18,7 +19,7 @@ int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(ro
 }  // namespace
 
 TEST_CASE("decoder: greedy with the cache equals the argmax of the uncached forward at every position", "[decode]") {
-  const std::string arch = GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "moe-softmax-aux",
+  const std::string arch = GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "mla-yarn", "moe-softmax-aux",
                                     "moe-sigmoid-bias", "deepseek-mtp");
   CAPTURE(arch);
   auto cfg = architecture(arch);

@@ -54,6 +54,7 @@ struct Problem {
     if (type == k::Precision::fp32) return k::GemmIn<T>(Mat<const T>(x.data(), BH * Tn, cols));
     return k::GemmIn<T>::of_half(h.data(), BH * Tn, cols, type);
   }
+  T scale() const { return T(1) / T(std::sqrt(double(D))); }  // as attention_score_scale without YaRN
 
   Answers<T> flash() const {
     const k::CausalBlocks blocks(Tn, block);
@@ -62,7 +63,7 @@ struct Problem {
     Buffer<T> dq("dq", BH * Tn * D), dk("dk", BH * Tn * D), dv("dv", BH * Tn * Dv);
     k::flash_attention_forward<T>(Mat<T>(out.data(), BH * Tn, Dv), Vec<T>(lse.data(), BH * Tn), in(q, q16, D),
                                   in(k, k16, D), in(v, v16, Dv), Vec<T>(scratch.data(), scratch.extent(0)), blocks,
-                                  BH);
+                                  BH, scale());
     // Each (batch, head) is its own batch of one head: the merged layout is the heads'.
     k::flash_attention_delta<T>(Vec<T>(delta.data(), BH * Tn), Mat<const T>(r.data(), BH * Tn, Dv),
                                 k::GemmIn<T>(Mat<const T>(out.data(), BH * Tn, Dv)), BH, Tn, 1);
@@ -71,7 +72,7 @@ struct Problem {
                                    Mat<T>(dv.data(), BH * Tn, Dv), Vec<T>(scratch.data(), scratch.extent(0)),
                                    Mat<const T>(r.data(), BH * Tn, Dv), Vec<const T>(delta.data(), BH * Tn),
                                    Vec<const T>(lse.data(), BH * Tn), in(q, q16, D), in(k, k16, D), in(v, v16, Dv),
-                                   blocks, BH);
+                                   blocks, BH, scale());
     return {host(out), host(dq), host(dk), host(dv)};
   }
 
@@ -83,11 +84,11 @@ struct Problem {
     const k::KeptProbabilities<T> p{att.data(), type == k::Precision::fp32 ? nullptr : att16.data(), type};
     Buffer<T> dq("dq", BH * Tn * D), dk("dk", BH * Tn * D), dv("dv", BH * Tn * Dv);
     k::attention_forward<T>(Mat<T>(out.data(), BH * Tn, Dv), p, in(q, q16, D), in(k, k16, D), in(v, v16, Dv),
-                            Vec<T>(scratch.data(), scratch.extent(0)), blocks, BH);
+                            Vec<T>(scratch.data(), scratch.extent(0)), blocks, BH, scale());
     k::attention_backward<T>(Mat<T>(dq.data(), BH * Tn, D), Mat<T>(dk.data(), BH * Tn, D),
                              Mat<T>(dv.data(), BH * Tn, Dv), Vec<T>(scratch.data(), scratch.extent(0)),
                              Mat<const T>(r.data(), BH * Tn, Dv), p, in(q, q16, D), in(k, k16, D), in(v, v16, Dv),
-                             blocks, BH);
+                             blocks, BH, scale());
     return {host(out), host(dq), host(dk), host(dv)};
   }
 };
@@ -127,7 +128,7 @@ TEST_CASE("flash attention (double): forward matches a naive reference, backward
   Buffer<double> dq("dq", BH * T * D), dk("dk", BH * T * D), dv("dv", BH * T * Dv);
   auto loss = [&] {
     k::flash_attention_forward<double>(M(out, BH * T, Dv), V(lse), M(q, BH * T, D), M(kk, BH * T, D),
-                                       M(v, BH * T, Dv), V(scratch), blocks, BH);
+                                       M(v, BH * T, Dv), V(scratch), blocks, BH, 1 / std::sqrt(double(D)));
     return dot(out, r);
   };
   loss();
@@ -147,7 +148,7 @@ TEST_CASE("flash attention (double): forward matches a naive reference, backward
   Kokkos::deep_copy(dq, 9.0), Kokkos::deep_copy(dk, 9.0), Kokkos::deep_copy(dv, 9.0);  // written (=)
   k::flash_attention_backward<double>(M(dq, BH * T, D), M(dk, BH * T, D), M(dv, BH * T, Dv), V(scratch),
                                       M(r, BH * T, Dv), V(delta), V(lse), M(q, BH * T, D), M(kk, BH * T, D),
-                                      M(v, BH * T, Dv), blocks, BH);
+                                      M(v, BH * T, Dv), blocks, BH, 1 / std::sqrt(double(D)));
   const auto fq = host(dq), fk = host(dk), fv = host(dv);
   check_gradient("flash dq", q, dq, loss, 1000);
   check_gradient("flash dk", kk, dk, loss, 1000);

@@ -77,32 +77,130 @@ int line_of(const json& config, const std::string& key) {
 
 }  // namespace
 
-TEST_CASE("hf config: DeepSeek-V2-Lite is refused at YaRN, then seq_aux; without them it is our V2-Lite deck",
+TEST_CASE("hf config: DeepSeek-V2-Lite's YaRN and eps are read; without seq_aux it is our V2-Lite deck",
           "[hf][hf_config]") {
   TempDir t;
   json c = v2_lite();
   std::string dir = write_config(t, c);
-  CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
-             Catch::StartsWith(dir + "/config.json:" + std::to_string(line_of(c, "rope_scaling")) +
-                               ": 'rope_scaling' has rope type 'yarn'") &&
-                 Catch::Contains("(init hf at deck:1)"));
-  // its routing (greedy, n_group 1, moe_layer_freq 1) is no reason to refuse it
-  for (const char* key : {"n_group", "topk_group", "topk_method", "moe_layer_freq"})
-    CHECK(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }).find(key) == std::string::npos);
-  c["rope_scaling"] = nullptr;
-  dir = write_config(t, c);
-  CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
-             Catch::StartsWith(dir + "/config.json:" + std::to_string(line_of(c, "seq_aux")) + ": seq_aux true"));
+  // past rope_scaling and rms_norm_eps: a key of the routing, which is not built yet
+  const std::string refusal = error_of([&] { hf_model_lines(dir, 0, "deck:1"); });
+  CHECK_THAT(refusal, Catch::Contains("(init hf at deck:1)") && !Catch::Contains("rope_scaling") &&
+                          !Catch::Contains("rms_norm_eps"));
+  bool routing = false;
+  for (const char* key : {"seq_aux", "n_group", "topk_method", "moe_layer_freq"})
+    routing |= refusal.rfind(dir + "/config.json:" + std::to_string(line_of(c, key)) + ": ", 0) == 0;
+  CHECK(routing);
   c["seq_aux"] = false;
   dir = write_config(t, c);
-  // input/deepseek-v2-lite.deck's model, with config.json's own context and init_std
+  // input/deepseek-v2-lite.deck's model, with config.json's own context and init_std, its latent norms at
+  // HF's 1e-6 and its YaRN
   CHECK(lines_text(hf_model_lines(dir, 4096, "deck:1")) ==
         "model deepseek vocab 102400 dim 2048 layers 27 heads 16 ffn 10944 seq 4096 rope_theta 10000 norm_eps 1e-06 "
         "init_std 0.02\n"
-        "attention mla kv_lora_rank 512 q_lora_rank 0 qk_nope_dim 128 rope_dim 64 v_dim 128\n"
+        "attention mla kv_lora_rank 512 q_lora_rank 0 qk_nope_dim 128 rope_dim 64 v_dim 128 latent_eps 1e-06\n"
         "moe on dense_layers 1 shared 2 routed 64 topk 6 ffn 1408 gate softmax balance aux balance_coef 0.001 "
         "route_scale 1 groups 1 topk_groups 1 layer_freq 1\n"
-        "mtp depth 0\n");
+        "mtp depth 0\n"
+        "rope_scaling yarn factor 40 original_seq 4096 beta_fast 32 beta_slow 1 mscale 0.707 mscale_all_dim 0.707\n");
+  // rms_norm_eps is every other norm's: any value > 0
+  c["rms_norm_eps"] = 1e-5;
+  dir = write_config(t, c);
+  CHECK_THAT(lines_text(hf_model_lines(dir, 0, "deck:1")),
+             Catch::Contains("norm_eps 1e-05 ") && Catch::Contains("latent_eps 1e-06"));
+}
+
+TEST_CASE("hf config: rope_scaling yarn onto its line, DeepSeek's defaults; what YaRN cannot say, refused",
+          "[hf][hf_config]") {
+  TempDir t;
+  json c = v2_lite();
+  c["seq_aux"] = false;
+  auto yarn_line = [&](const json& rope, const std::string& key = "rope_scaling") {
+    json cfg = c;
+    cfg.erase("rope_scaling");
+    cfg[key] = rope;
+    const auto lines = hf_model_lines(write_config(t, cfg), 0, "deck:1");
+    for (const auto& l : lines)
+      if (l.command == "rope_scaling") return lines_text({l});
+    return std::string("(none)");
+  };
+  // V3's, and transformers 5's rope_parameters with its theta; left out: beta 32 and 1, mscale 1, mscale_all_dim 0
+  CHECK(yarn_line({{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}, {"beta_fast", 32},
+                   {"beta_slow", 1}, {"original_max_position_embeddings", 4096}}) ==
+        "rope_scaling yarn factor 40 original_seq 4096 beta_fast 32 beta_slow 1 mscale 1 mscale_all_dim 1\n");
+  CHECK(yarn_line({{"rope_type", "yarn"}, {"factor", 4.5}, {"original_max_position_embeddings", 256},
+                   {"rope_theta", 500.0}, {"truncate", true}}, "rope_parameters") ==
+        "rope_scaling yarn factor 4.5 original_seq 256 beta_fast 32 beta_slow 1 mscale 1 mscale_all_dim 0\n");
+  CHECK(yarn_line({{"rope_type", "default"}}) == "(none)");
+  CHECK(yarn_line(nullptr) == "(none)");
+  {  // theta from rope_parameters; each value's key kept, for the deck's later lines
+    json cfg = c;
+    cfg.erase("rope_scaling");
+    cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64},
+                              {"rope_theta", 500.0}};
+    const auto lines = hf_model_lines(write_config(t, cfg), 0, "deck:1");
+    CHECK_THAT(lines_text(lines), Catch::Contains("rope_theta 500 "));
+    REQUIRE(lines.back().command == "rope_scaling");
+    CHECK(lines.back().keywords[1].key == "rope_parameters.original_max_position_embeddings");
+  }
+  // attention_factor: accepted where it equals mscale(f, mscale) / mscale(f, mscale_all_dim)
+  const double ratio = (0.1 * 1.0 * std::log(4.0) + 1) / (0.1 * 0.5 * std::log(4.0) + 1);
+  CHECK_THAT(yarn_line({{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64},
+                        {"mscale_all_dim", 0.5}, {"attention_factor", ratio}}),
+             Catch::StartsWith("rope_scaling yarn factor 4 "));
+  struct Bad {
+    json rope;
+    std::string says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{{"type", "linear"}, {"factor", 2}}, "rope type 'linear': not built (expected null, rope_type default, "
+                                                 "or yarn"},
+           {{{"rope_type", "yarn"}, {"original_max_position_embeddings", 64}}, "'rope_scaling' has no 'factor'"},
+           {{{"type", "yarn"}, {"factor", 4}}, "no 'original_max_position_embeddings' (expected it with rope type "
+                                               "yarn: DeepSeek's code defaults it to 4096"},
+           {{{"type", "yarn"}, {"factor", 0}, {"original_max_position_embeddings", 64}}, "'factor': 0 (expected a "
+                                                                                         "number > 0)"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64.5}},
+            "'original_max_position_embeddings': 64.5 (expected an integer >= 2)"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}, {"beta_fast", 1},
+             {"beta_slow", 2}}, "beta_fast 1 and beta_slow 2 (expected beta_fast > beta_slow > 0)"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}, {"truncate", false}},
+            "'truncate': false"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}, {"attention_factor", 1.5}},
+            "the factor 1.5 (its attention_factor)"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}, {"mscale", 0.5}},
+            "(transformers' reading, with mscale or mscale_all_dim 0)"},
+           {{{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}, {"low_freq_factor", 1}},
+            "'rope_scaling' has 'low_freq_factor': 1 (expected only rope_type and rope_theta, and YaRN's"},
+           {{{"type", "default"}, {"factor", 4}}, "has 'factor': 4 (expected only rope_type and rope_theta)"},
+       }) {
+    CAPTURE(b.rope.dump());
+    json bad = c;
+    bad["rope_scaling"] = b.rope;
+    const std::string dir = write_config(t, bad);
+    CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
+               Catch::StartsWith(dir + "/config.json:" + std::to_string(line_of(bad, "rope_scaling")) + ": ") &&
+                   Catch::Contains(b.says));
+  }
+  {
+    json both = c;
+    both["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}};
+    const std::string dir = write_config(t, both);
+    CHECK_THAT(error_of([&] { hf_model_lines(dir, 0, "deck:1"); }),
+               Catch::Contains("both rope_scaling and rope_parameters give YaRN"));
+  }
+  // Llama's attention never scales its scores: mscale_all_dim refused there, and a YaRN Llama keeps working
+  json llama = {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 32}, {"num_hidden_layers", 2},
+                {"num_attention_heads", 2}, {"intermediate_size", 64}, {"max_position_embeddings", 256},
+                {"rms_norm_eps", 1e-5},
+                {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}}}};
+  CHECK(lines_text(hf_model_lines(write_config(t, llama), 0, "deck:1")) ==
+        "model dense vocab 64 dim 32 layers 2 heads 2 ffn 64 seq 256 rope_theta 10000 norm_eps 1e-05 init_std 0.02\n"
+        "attention mha\nmoe off\nmtp depth 0\n"
+        "rope_scaling yarn factor 4 original_seq 64 beta_fast 32 beta_slow 1 mscale 1 mscale_all_dim 0\n");
+  llama["rope_scaling"]["mscale_all_dim"] = 1.0;
+  llama["rope_scaling"]["mscale"] = 1.0;
+  CHECK_THAT(error_of([&] { hf_model_lines(write_config(t, llama), 0, "deck:1"); }),
+             Catch::Contains("mscale_all_dim 1 with model_type llama: Llama's attention does not scale its scores"));
 }
 
 TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "[hf][hf_config]") {
@@ -241,6 +339,39 @@ TEST_CASE("hf config: expand_hf_init puts the lines under the init, once, and ch
              Catch::StartsWith(deck_file + ":2: 'attention mha' changes the attention config.json describes"));
   CHECK_THAT(error_of([&] { expand("init hf " + t.file("nowhere") + "\nrun 1\n"); }),
              Catch::StartsWith(deck_file + ":1: cannot read " + t.file("nowhere") + "/config.json"));
+  // config.json without rope scaling says nothing of it: a fine-tune may extend the context with YaRN
+  const Program extended = build_program(
+      expand("init hf " + dir + "\nrope_scaling yarn factor 4 original_seq 4096\ndata bytes x.txt\nrun 1\n"), false);
+  CHECK((extended.phases[0].config.model.rope_scaling.yarn() &&
+         extended.phases[0].config.model.rope_scaling.factor == 4));
+  // HF's latent eps is the model's: a deck line may not change it
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nattention mla latent_eps 1e-5\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::StartsWith(deck_file + ":2: attention latent_eps 1e-5 contradicts " + dir + "/config.json's"));
+}
+
+TEST_CASE("hf config: config.json's YaRN is the model's: repeated, not changed; latent_eps and norm_eps apart",
+          "[hf][hf_config]") {
+  TempDir t;
+  json c = v2_lite();
+  c["seq_aux"] = false;
+  c["rms_norm_eps"] = 1e-5;
+  const std::string dir = write_config(t, c);
+  auto expand = [&](const std::string& text) { return expand_hf_init(read_deck(t.write("ft.deck", text), {})); };
+  const auto lines = expand("init hf " + dir + " seq 64\nrope_scaling yarn mscale 0.707\ndata bytes x.txt\nrun 1\n");
+  REQUIRE(lines.size() == 9);
+  CHECK(lines[5].text ==
+        "rope_scaling yarn factor 40 original_seq 4096 beta_fast 32 beta_slow 1 mscale 0.707 mscale_all_dim 0.707");
+  CHECK(lines[5].line == line_of(c, "rope_scaling"));
+  const ModelConfig m = build_program(lines, false).phases[0].config.model;
+  CHECK((m.rope_scaling.yarn() && m.rope_scaling.factor == 40 && m.rope_scaling.original_seq == 4096 &&
+         m.rope_scaling.mscale == 0.707 && m.rope_scaling.mscale_all_dim == 0.707));
+  CHECK((m.norm_eps == 1e-5 && m.attention.latent_eps == 1e-6 && m.latent_eps() == 1e-6));
+  const std::string deck_file = t.file("ft.deck");
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nrope_scaling yarn factor 8\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::StartsWith(deck_file + ":2: rope_scaling factor 8 contradicts " + dir +
+                               "/config.json's rope_scaling.factor (it gives factor 40)"));
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nrope_scaling off\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::StartsWith(deck_file + ":2: 'rope_scaling off' changes the rope_scaling config.json describes"));
 }
 
 namespace {

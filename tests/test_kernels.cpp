@@ -115,7 +115,7 @@ TEST_CASE("cross entropy backward matches finite differences", "[kernels]") {
 TEST_CASE("rope split backward matches finite differences and preserves norms", "[kernels]") {
   const int64_t B = 2, T = 5, H = 2, D = 4, C = H * D;
   Buffer<double> cs("cos", T * D / 2), sn("sin", T * D / 2);
-  k::rope_tables<double>(M(cs, T, D / 2), M(sn, T, D / 2), 10000.0);
+  k::rope_tables<double>(M(cs, T, D / 2), M(sn, T, D / 2), {k::rope_inverse_frequencies(10000.0, D)});
   auto qkv = random_buffer(B * T * 3 * C, 13);
   auto rq = random_buffer(B * H * T * D, 14), rk = random_buffer(B * H * T * D, 15), rv = random_buffer(B * H * T * D, 16);
   Buffer<double> q("q", B * H * T * D), kk("k", B * H * T * D), v("v", B * H * T * D), dqkv("dqkv", B * T * 3 * C);

@@ -86,7 +86,7 @@ TEST_CASE("mla split heads: backward matches finite differences, rope key shared
   const int64_t H = m.heads, QK = m.qk(), KV = m.nope + m.v, R = m.rope, NOPE = m.nope, VD = m.v;
   const double theta = 10000.0;
   Buffer<double> cs("cos", T * R / 2), sn("sin", T * R / 2);
-  k::rope_tables<double>(M(cs, T, R / 2), M(sn, T, R / 2), theta);
+  k::rope_tables<double>(M(cs, T, R / 2), M(sn, T, R / 2), {k::rope_inverse_frequencies(theta, R)});
   auto q = random_buffer(B * T * H * QK, 101), kv = random_buffer(B * T * H * KV, 102);
   auto kr = random_buffer(B * T * R, 103);  // (B*T, rope)
   auto rq = random_buffer(B * H * T * QK, 104), rk = random_buffer(B * H * T * QK, 105);
@@ -614,7 +614,7 @@ TEST_CASE("blocked causal attention (Dv == D and Dv != D) matches a naive refere
   Buffer<double> dq("dq", BH * T * D), dk("dk", BH * T * D), dv("dv", BH * T * Dv), scratch("scratch", block * T);
   auto loss = [&] {
     k::attention_forward<double>(M(out, BH * T, Dv), {att.data()}, M(q, BH * T, D), M(kk, BH * T, D),
-                                 M(v, BH * T, Dv), V(scratch), blocks, BH);
+                                 M(v, BH * T, Dv), V(scratch), blocks, BH, 1 / std::sqrt(double(D)));
     return dot(out, r);
   };
   loss();
@@ -626,7 +626,7 @@ TEST_CASE("blocked causal attention (Dv == D and Dv != D) matches a naive refere
   Kokkos::deep_copy(dq, 9.0), Kokkos::deep_copy(dk, 9.0), Kokkos::deep_copy(dv, 9.0);  // written (=)
   k::attention_backward<double>(M(dq, BH * T, D), M(dk, BH * T, D), M(dv, BH * T, Dv), V(scratch),
                                 M(r, BH * T, Dv), {att.data()}, M(q, BH * T, D), M(kk, BH * T, D),
-                                M(v, BH * T, Dv), blocks, BH);
+                                M(v, BH * T, Dv), blocks, BH, 1 / std::sqrt(double(D)));
   check_gradient("attention dq", q, dq, loss, 1000);
   check_gradient("attention dk", kk, dk, loss, 1000);
   check_gradient("attention dv", v, dv, loss, 1000);

@@ -5,6 +5,7 @@
 #include "source_dir.h"
 #include "fd.h"
 #include "model_fixture.h"
+#include "model/attention.h"
 #include "model/transformer.h"
 #include "deck/deck.h"
 #include "model/estimate.h"
@@ -45,6 +46,12 @@ ModelConfig architecture(const std::string& name) {
   m.attention = {AttentionKind::mla, /*kv_lora_rank*/ 6, /*q_lora_rank*/ 0, /*nope*/ 4, /*rope*/ 2, /*v*/ 3};
   if (name == "mla") return m;
   if (name == "mla-qlora") return m.attention.q_lora_rank = 5, m;
+  if (name == "mla-yarn") {  // YaRN over rope 4 (pair 0 kept, pair 1 divided), both mscales, a latent eps of its own
+    m.attention.q_lora_rank = 5, m.attention.rope_dim = 4, m.attention.latent_eps = 1e-2;
+    m.rope_scaling = {RopeScalingKind::yarn, /*factor*/ 4, /*original_seq*/ 8, /*beta_fast*/ 2, /*beta_slow*/ 0.1,
+                      /*mscale*/ 1, /*mscale_all_dim*/ 0.5};
+    return m;
+  }
   m.moe.mode = MoeMode::on;
   m.moe.dense_layers = 1, m.moe.shared = 1, m.moe.routed = 4, m.moe.topk = 2, m.moe.ffn = 6;
   m.moe.balance_coef = 0.01;  // large enough to show in the gradient
@@ -59,8 +66,8 @@ ModelConfig architecture(const std::string& name) {
 
 TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const std::string arch =
-      GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "moe-softmax-aux", "moe-sigmoid-bias", "deepseek-mtp",
-               "moe-capacity");
+      GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "mla-yarn", "moe-softmax-aux", "moe-sigmoid-bias",
+               "deepseek-mtp", "moe-capacity");
   CAPTURE(arch);
   const auto cfg = architecture(arch);
   const int B = 2;
@@ -315,4 +322,86 @@ TEST_CASE("with attention_kernel flash the activation estimate is what the model
   CHECK(packed.halvable_elements - est.halvable_elements ==
         blocks * BH * kernels::CausalBlocks(cfg.seq, kAttentionBlock).per_head());
   CHECK(est.other_elements - packed.other_elements == blocks * BH * cfg.seq);
+}
+
+// ---------------------------------------------------------------------------
+// The rotary frequencies and the scores' scale (model/attention.h), against
+// values worked out by hand from DeepSeek-V2's YaRN.
+
+TEST_CASE("rope: without rope_scaling the tables and the score scale are the plain ones, bit for bit", "[rope]") {
+  ModelConfig m;  // MHA, head_dim 32
+  const auto f = rope_frequencies(m);
+  REQUIRE(f.inv_freq.size() == 16);
+  CHECK(f.table_scale == 1);
+  const int64_t T = 7, half = 16;
+  Buffer<float> cs("cos", T * half), sn("sin", T * half);
+  kernels::rope_tables<float>(mat(cs, T, half), mat(sn, T, half), f);
+  auto hc = xx::host_copy(cs), hs = xx::host_copy(sn);
+  int differ = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {  // the formula rope_tables had before YaRN
+      const double angle = double(t) * std::pow(m.rope_theta, -double(2 * i) / double(2 * half));
+      differ += hc(t * half + i) != float(std::cos(angle)) || hs(t * half + i) != float(std::sin(angle));
+    }
+  CHECK(differ == 0);
+  CHECK(attention_score_scale<float>(m) == 1.0f / float(std::sqrt(32.0)));
+  m.kind = ModelKind::deepseek;
+  m.attention = {AttentionKind::mla, 16, 0, /*nope*/ 8, /*rope*/ 6, 8};
+  CHECK(rope_frequencies(m).inv_freq.size() == 3);
+  CHECK(attention_score_scale<double>(m) == 1.0 / std::sqrt(14.0));
+}
+
+TEST_CASE("rope: YaRN's ramp, tables and score scale, as DeepSeek-V2's code computes them", "[rope]") {
+  // DeepSeek-V2-Lite: rope_dim 64, theta 10000, factor 40 over 4096 positions, beta 32 and 1, mscale 0.707 both.
+  // The pair turning r times: 64 ln(4096 / (2 pi r)) / (2 ln 10000) = 10.47 (r = 32), 22.50 (r = 1): the ramp
+  // runs from pair 10 (kept) to pair 23 (divided).
+  ModelConfig m;
+  m.kind = ModelKind::deepseek;
+  m.attention = {AttentionKind::mla, 512, 0, /*nope*/ 128, /*rope*/ 64, 128};
+  m.rope_scaling = {RopeScalingKind::yarn, 40, 4096, 32, 1, 0.707, 0.707};
+  const auto f = rope_frequencies(m);
+  REQUIRE(f.inv_freq.size() == 32);
+  for (size_t i = 0; i < 32; ++i) {
+    CAPTURE(i);
+    const double extra = std::pow(10000.0, -double(2 * i) / 64.0);
+    const double keep = std::clamp(1 - (double(i) - 10) / 13, 0.0, 1.0);
+    if (i <= 10) CHECK(f.inv_freq[i] == extra);
+    else if (i >= 23) CHECK(f.inv_freq[i] == extra / 40);
+    else CHECK(f.inv_freq[i] == Approx(extra / 40 * (1 - keep) + extra * keep).epsilon(1e-14));
+  }
+  CHECK(f.table_scale == 1);  // mscale == mscale_all_dim
+  const double mscale = 0.1 * 0.707 * std::log(40.0) + 1;
+  CHECK(attention_score_scale<double>(m) == Approx(mscale * mscale / std::sqrt(192.0)).epsilon(1e-15));
+
+  // the tables' factor: mscale(4, 1) / mscale(4, 0.8), the scores' mscale(4, 0.8)^2; mscale_all_dim 0: none
+  m.rope_scaling = {RopeScalingKind::yarn, 4, 4096, 32, 1, 1.0, 0.8};
+  CHECK(rope_frequencies(m).table_scale == Approx((0.1 * std::log(4.0) + 1) / (0.08 * std::log(4.0) + 1)));
+  CHECK(attention_score_scale<double>(m) == Approx(std::pow(0.08 * std::log(4.0) + 1, 2) / std::sqrt(192.0)));
+  m.rope_scaling.mscale_all_dim = 0;
+  CHECK(rope_frequencies(m).table_scale == Approx(0.1 * std::log(4.0) + 1));
+  CHECK(attention_score_scale<double>(m) == 1 / std::sqrt(192.0));
+  const int64_t T = 5;
+  Buffer<double> cs("cos", T * 32), sn("sin", T * 32);
+  const auto g = rope_frequencies(m);
+  kernels::rope_tables<double>(mat(cs, T, 32), mat(sn, T, 32), g);
+  auto hc = xx::host_copy(cs), hs = xx::host_copy(sn);
+  for (int64_t t = 0; t < T; ++t)  // index i of the tables is frequency i, times the factor
+    for (int64_t i = 0; i < 32; ++i) {
+      CHECK(hc(t * 32 + i) == Approx(std::cos(double(t) * g.inv_freq[size_t(i)]) * g.table_scale).epsilon(1e-15));
+      CHECK(hs(t * 32 + i) == Approx(std::sin(double(t) * g.inv_freq[size_t(i)]) * g.table_scale).epsilon(1e-15));
+    }
+
+  // a ramp of no width: rope 8 over 4 positions puts both bounds at pair 0 (then 0.001 apart): pair 0 kept
+  m.attention.rope_dim = 8;
+  m.rope_scaling = {RopeScalingKind::yarn, 4, 4, 32, 1, 1, 0};
+  const auto n = rope_frequencies(m);
+  CHECK(n.inv_freq[0] == 1);
+  for (size_t i = 1; i < 4; ++i) CHECK(n.inv_freq[i] == std::pow(10000.0, -double(2 * i) / 8.0) / 4);
+  // factor <= 1: the frequencies divided by it all the same (at 1 unchanged), no mscale anywhere
+  m.rope_scaling = {RopeScalingKind::yarn, 1, 4, 32, 1, 0.5, 0.9};
+  const auto one = rope_frequencies(m);
+  for (size_t i = 0; i < 4; ++i)
+    CHECK(one.inv_freq[i] == Approx(std::pow(10000.0, -double(2 * i) / 8.0)).epsilon(1e-15));
+  CHECK(one.table_scale == 1);
+  CHECK(attention_score_scale<double>(m) == 1 / std::sqrt(136.0));
 }

@@ -2,13 +2,14 @@
 """Independent reference for xuanxue's models, in PyTorch (float64).
 
 Covers the whole architecture: MHA or multi-head latent attention (MLA, with
-or without the query latent), dense SwiGLU or DeepSeekMoE feed-forward
-(softmax gate with the expert-level auxiliary balance loss, or sigmoid gate
-with normalised weights and selection biases; group-limited routing; MoE on
-every layer_freq-th block), and multi-token prediction.
+or without the query latent, its latent norms at their own eps), dense SwiGLU
+or DeepSeekMoE feed-forward (softmax gate with the expert-level auxiliary
+balance loss, or sigmoid gate with normalised weights and selection biases;
+group-limited routing; MoE on every layer_freq-th block), multi-token
+prediction, and the plain rotary embedding or DeepSeek-V2's YaRN.
 
 Reads the architecture from the checkpoint's deck attribute (the `model`,
-`attention`, `moe` and `mtp` lines), the weights from its /model group and the
+`attention`, `moe`, `mtp` and `rope_scaling` lines), the weights from its /model group and the
 MoE selection biases from /buffers/<prefix>ffn.gate_bias (zero when absent),
 recomputes the total loss (main + weight * mtp + aux) and every gradient for
 the batch in GRADS (written by tests/parity_dump), and compares:
@@ -60,13 +61,19 @@ def model_config(deck):
 
 
 def model_of(c):
-    """The model, attention, moe and mtp values this reference reads, from a resolved configuration."""
+    """The model, attention, moe, mtp and rope_scaling values this reference reads, from a resolved configuration."""
     m, a, e = c["model"], c["attention"], c["moe"]
     cfg = {k: m[k] for k in ("vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps")}
     cfg["kind"] = m["kind"]
     att = {"kind": a["kind"]}
     if a["kind"] == "mla":
         att.update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim")})
+        att["latent_eps"] = a.get("latent_eps") or m["norm_eps"]  # unset (0): the model's norm_eps
+    r = c.get("rope_scaling", {"kind": "off"})
+    cfg["rope_scaling"] = {"kind": r["kind"]}
+    if r["kind"] == "yarn":
+        cfg["rope_scaling"].update({k: r[k] for k in ("factor", "original_seq", "beta_fast", "beta_slow", "mscale",
+                                                      "mscale_all_dim")})
     moe = {"mode": e["mode"]}
     if e["mode"] == "on":
         moe.update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
@@ -93,6 +100,12 @@ def describe(cfg):
             parts.append(f"layer_freq {m['layer_freq']}: MoE blocks {blocks} of {cfg['layers'] + t['depth']}")
     if t["depth"] > 0:
         parts.append(f"mtp depth {t['depth']} weight {t['weight']:g}")
+    y = cfg.get("rope_scaling", {"kind": "off"})
+    if y["kind"] == "yarn":
+        parts.append(f"yarn factor {y['factor']:g} original_seq {y['original_seq']} beta {y['beta_fast']:g}/"
+                     f"{y['beta_slow']:g} mscale {y['mscale']:g}/{y['mscale_all_dim']:g}")
+    if a["kind"] == "mla" and a["latent_eps"] != cfg["norm_eps"]:
+        parts.append(f"latent eps {a['latent_eps']:g}, norm eps {cfg['norm_eps']:g}")
     return ", ".join(parts)
 
 
@@ -104,23 +117,60 @@ def rmsnorm(x, w, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def rope(x, theta):
-    """x: (B, T, ..., D). Rotates pairs (2i, 2i+1) of the last dimension at
-    position t by t * theta^(-2i/D), as complex multiplication."""
-    T, D = x.shape[1], x.shape[-1]
+def yarn_mscale(s, m):
+    """YaRN's attention temperature factor (DeepSeek-V2's yarn_get_mscale)."""
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def rotary(D, cfg):
+    """(inverse frequencies (D/2,), the cos/sin multiplier) of a rotary width D: theta^(-2i/D), or with
+    rope_scaling yarn DeepSeek-V2's YaRN: pairs turning more than beta_fast times over original_seq
+    positions keep theta^(-2i/D), fewer than beta_slow get it / factor, a linear ramp of pair indices between
+    (the bounds rounded outward, clipped to [0, D-1]); the multiplier mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim)."""
+    theta = cfg["rope_theta"]
     freqs = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    y = cfg.get("rope_scaling", {"kind": "off"})
+    if y["kind"] == "off":
+        return freqs, 1.0
+    s, T0 = y["factor"], y["original_seq"]
+
+    def pair_of(rotations):  # where theta^(-2i/D) * T0 = 2 pi rotations
+        return D * math.log(T0 / (2 * math.pi * rotations)) / (2 * math.log(theta))
+
+    lo = max(math.floor(pair_of(y["beta_fast"])), 0)
+    hi = min(math.ceil(pair_of(y["beta_slow"])), D - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(D // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)  # 0: kept, 1: divided
+    return freqs * (1 - ramp) + freqs / s * ramp, yarn_mscale(s, y["mscale"]) / yarn_mscale(s, y["mscale_all_dim"])
+
+
+def score_scale(dqk, cfg):
+    """The attention scores' scale: 1/sqrt(dqk), times mscale(factor, mscale_all_dim)^2 under YaRN."""
+    y = cfg.get("rope_scaling", {"kind": "off"})
+    gain = yarn_mscale(y["factor"], y["mscale_all_dim"]) ** 2 if y["kind"] == "yarn" else 1.0
+    return gain / math.sqrt(dqk)
+
+
+def rope(x, cfg):
+    """x: (B, T, ..., D). Rotates pairs (2i, 2i+1) of the last dimension at
+    position t by t * inv_freq[i] (rotary), as complex multiplication scaled
+    by the tables' multiplier."""
+    T, D = x.shape[1], x.shape[-1]
+    freqs, gain = rotary(D, cfg)
     angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)  # (T, D/2)
-    rot = torch.polar(torch.ones_like(angles), angles)
+    rot = torch.polar(torch.full_like(angles, gain), angles)
     rot = rot.view(1, T, *([1] * (x.dim() - 3)), D // 2)
     xc = torch.view_as_complex(x.reshape(*x.shape[:-1], D // 2, 2).contiguous())
     rot = rot.to(xc.dtype)  # angles in float64; a float32 x stays float32
     return torch.view_as_real(xc * rot).reshape(x.shape)
 
 
-def causal_attention(q, k, v):
-    """q, k: (B, T, H, Dqk); v: (B, T, H, Dv) -> (B, T, H*Dv)."""
+def causal_attention(q, k, v, scale):
+    """q, k: (B, T, H, Dqk); v: (B, T, H, Dv) -> (B, T, H*Dv); scores times scale."""
     B, T, H, Dqk = q.shape
-    s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(Dqk)
+    s = torch.einsum("bthd,bshd->bhts", q, k) * scale
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     s = s.masked_fill(~mask, float("-inf"))
     o = torch.einsum("bhts,bshd->bthd", torch.softmax(s, dim=-1), v)
@@ -134,28 +184,27 @@ def mha(p, pre, h, cfg):
     q = (h @ p[pre + "attn.wq"].T).view(B, T, H, D)
     k = (h @ p[pre + "attn.wk"].T).view(B, T, H, D)
     v = (h @ p[pre + "attn.wv"].T).view(B, T, H, D)
-    theta = cfg["rope_theta"]
-    return causal_attention(rope(q, theta), rope(k, theta), v) @ p[pre + "attn.wo"].T
+    return causal_attention(rope(q, cfg), rope(k, cfg), v, score_scale(D, cfg)) @ p[pre + "attn.wo"].T
 
 
 def mla(p, pre, h, cfg):
     a = cfg["attention"]
     B, T, C = h.shape
     H, R, dn, dr, dv = cfg["heads"], a["kv_lora_rank"], a["qk_nope_dim"], a["rope_dim"], a["v_dim"]
-    eps, theta = cfg["norm_eps"], cfg["rope_theta"]
+    eps = a["latent_eps"]  # the q and kv latent norms'
     if a["q_lora_rank"] == 0:
         q = h @ p[pre + "attn.wq"].T
     else:
         q = rmsnorm(h @ p[pre + "attn.wq_a"].T, p[pre + "attn.q_norm"], eps) @ p[pre + "attn.wq_b"].T
     q = q.view(B, T, H, dn + dr)
-    q = torch.cat([q[..., :dn], rope(q[..., dn:], theta)], dim=-1)
+    q = torch.cat([q[..., :dn], rope(q[..., dn:], cfg)], dim=-1)
     kv_a = h @ p[pre + "attn.wkv_a"].T  # (B, T, R + dr)
     c = kv_a[..., :R]
-    k_rope = rope(kv_a[..., R:], theta)  # (B, T, dr): one rope key for all heads
+    k_rope = rope(kv_a[..., R:], cfg)  # (B, T, dr): one rope key for all heads
     kv = (rmsnorm(c, p[pre + "attn.kv_norm"], eps) @ p[pre + "attn.wkv_b"].T).view(B, T, H, dn + dv)
     k = torch.cat([kv[..., :dn], k_rope.unsqueeze(2).expand(B, T, H, dr)], dim=-1)
     v = kv[..., dn:]
-    return causal_attention(q, k, v) @ p[pre + "attn.wo"].T
+    return causal_attention(q, k, v, score_scale(dn + dr, cfg)) @ p[pre + "attn.wo"].T
 
 
 def swiglu(x, w1, w3, w2):

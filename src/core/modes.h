@@ -26,6 +26,10 @@ constexpr auto mode_words(ModelKind) { return std::array{"dense"sv, "deepseek"sv
 enum class AttentionKind { mha, mla };
 constexpr auto mode_words(AttentionKind) { return std::array{"mha"sv, "mla"sv}; }
 
+// rope_scaling: off, the plain rotary embedding; yarn, DeepSeek-V2's YaRN (model/attention.h rope_frequencies)
+enum class RopeScalingKind { off, yarn };
+constexpr auto mode_words(RopeScalingKind) { return std::array{"off"sv, "yarn"sv}; }
+
 // attention_kernel: automatic picks packed on the host, flash on a device (model/attention.h)
 enum class AttentionKernel { automatic, packed, flash };
 constexpr auto mode_words(AttentionKernel) { return std::array{"auto"sv, "packed"sv, "flash"sv}; }

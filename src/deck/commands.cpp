@@ -199,8 +199,11 @@ struct Command {
   bool has_kind() const { return !variants.front().kind.empty(); }
 };
 
-// Checks across the model, attention, moe and mtp lines, once all are known.
+// Checks across the model, attention, moe, mtp and rope_scaling lines, once all are known.
 void check_model(const ModelConfig& m, const std::string& where) {
+  if (m.rope_scaling.yarn() && !(m.rope_theta > 1))
+    input_error("{}: rope_scaling yarn with 'rope_theta' {} (expected rope_theta > 1: YaRN places its ramp by "
+                "log(rope_theta))", where, m.rope_theta);
   if (!m.attention.mla()) {
     if (m.dim % m.heads != 0)
       input_error("{}: 'dim' {} is not divisible by 'heads' {} (expected dim % heads == 0)", where, m.dim, m.heads);
@@ -318,6 +321,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
   };
   auto& a = c.model.attention;
   auto& moe = c.model.moe;
+  auto& rs = c.model.rope_scaling;
   return {
       {"seed", nullptr, "", {{"", {integer("seed", &c.seed, at_least(0))}, {}, {}, {}}}, "seed S", Scope::job},
       {"peak_gflops", nullptr, "", {{"", {real("peak_gflops", &c.peak_gflops, above(0))}, {}, {}, {}}}, "peak_gflops X", Scope::job},
@@ -341,13 +345,14 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {},
          {integer("kv_lora_rank", &a.kv_lora_rank, at_least(1)), integer("q_lora_rank", &a.q_lora_rank, at_least(0)),
           integer("qk_nope_dim", &a.qk_nope_dim, at_least(0)), integer("rope_dim", &a.rope_dim, at_least(2)),
-          integer("v_dim", &a.v_dim, at_least(1))},
+          integer("v_dim", &a.v_dim, at_least(1)), real("latent_eps", &a.latent_eps, above(0))},
          {"kv_lora_rank", "qk_nope_dim", "rope_dim", "v_dim"},
          [&a](const std::string& where) {
            if (a.rope_dim % 2 != 0)
              input_error("{}: 'rope_dim' {} is odd (expected an even rope_dim, for rotary embeddings)", where, a.rope_dim);
          }}},
-       "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V", Scope::job},
+       "attention mha | mla kv_lora_rank R [q_lora_rank Q] qk_nope_dim N rope_dim P v_dim V [latent_eps X]",
+       Scope::job},
       {"attention_kernel",
        mode_ref(&a.kernel),
        "kernel",
@@ -396,6 +401,24 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {"depth"},
          {}}},
        "mtp depth D [weight W]", Scope::job},
+      {"rope_scaling",
+       mode_ref(&rs.kind),
+       "kind",
+       {{"off", {}, {}, {}, {}},
+        {"yarn",
+         {},
+         {real("factor", &rs.factor, above(0)), integer("original_seq", &rs.original_seq, at_least(2)),
+          real("beta_fast", &rs.beta_fast, above(0)), real("beta_slow", &rs.beta_slow, above(0)),
+          real("mscale", &rs.mscale, at_least(0)), real("mscale_all_dim", &rs.mscale_all_dim, at_least(0))},
+         {"factor", "original_seq"},
+         [&rs](const std::string& where) {
+           if (!(rs.beta_fast > rs.beta_slow))
+             input_error("{}: 'beta_fast' {} is not above 'beta_slow' {} (expected beta_fast > beta_slow > 0: the "
+                         "pairs turning more than beta_fast times keep their frequency, fewer than beta_slow are "
+                         "interpolated)", where, rs.beta_fast, rs.beta_slow);
+         }}},
+       "rope_scaling off | yarn factor F original_seq T [beta_fast X] [beta_slow X] [mscale X] [mscale_all_dim X]",
+       Scope::job},
       {"data",
        mode_ref(&c.data.format),
        "format",
@@ -867,14 +890,15 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
     apply(*cmd, line, where, repeat);
     last_kind[name] = kind;
     if (name == "init" && config.init.kind == InitKind::hf && program.phases.empty())
-      for (const char* model_command : {"model", "attention", "moe", "mtp"})
+      for (const char* model_command : {"model", "attention", "moe", "mtp", "rope_scaling"})
         if (last_set.count(model_command))
-          input_error("{}: init hf after '{}' ({}) (expected init hf above every model, attention, moe and mtp "
-                      "line: its config.json describes the model, and later lines may add only what it does not "
-                      "say)", where, model_command, last_set[model_command]);
+          input_error("{}: init hf after '{}' ({}) (expected init hf above every model, attention, moe, mtp and "
+                      "rope_scaling line: its config.json describes the model, and later lines may add only what "
+                      "it does not say)", where, model_command, last_set[model_command]);
     if (program.phases.empty()) set_at[name] = where;
     last_set[name] = where;
-    const bool model = name == "model" || name == "attention" || name == "moe" || name == "mtp";
+    const bool model =
+        name == "model" || name == "attention" || name == "moe" || name == "mtp" || name == "rope_scaling";
     if (!program.phases.empty() && job_rows(*cmd) != before) {
       if (model)
         input_error("{}: model cannot change after the first run (expected the same '{}' line, or none)", where,

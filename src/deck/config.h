@@ -1,6 +1,7 @@
 // Everything a run is told by its deck, as plain values. The deck parser
 // (src/deck/) fills these; nothing else writes them. Defaults live here.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -8,7 +9,7 @@
 
 namespace xx {
 
-// attention mha | mla kv_lora_rank R q_lora_rank Q qk_nope_dim N rope_dim P v_dim V
+// attention mha | mla kv_lora_rank R q_lora_rank Q qk_nope_dim N rope_dim P v_dim V [latent_eps X]
 struct AttentionConfig {
   AttentionKind kind = AttentionKind::mha;  // mha: per-head q, k, v of width C/H; mla: multi-head latent attention
   int kv_lora_rank = 0;      // R, width of the compressed key/value latent
@@ -16,6 +17,9 @@ struct AttentionConfig {
   int qk_nope_dim = 0;       // per-head query/key width without rotary embedding
   int rope_dim = 0;          // per-head rotary width; the rope key is shared by all heads
   int v_dim = 0;             // per-head value width
+  // eps of the q and kv latent RMSNorms; 0 (unset): the model's norm_eps.
+  // HF's DeepSeek codes build them with 1e-6 whatever rms_norm_eps says.
+  double latent_eps = 0;
   // attention_kernel auto | packed | flash: the causal-attention kernel
   // (model/attention.h: uses_flash_attention says which auto picks)
   AttentionKernel kernel = AttentionKernel::automatic;
@@ -58,6 +62,31 @@ struct MoeConfig {
   bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers && layer % layer_freq == 0; }
 };
 
+// rope_scaling off | yarn factor F original_seq T [beta_fast X] [beta_slow X] [mscale X] [mscale_all_dim X]
+// yarn: DeepSeek-V2's YaRN, as its model code and transformers'
+// _compute_yarn_parameters define it (model/attention.h rope_frequencies,
+// attention_score_scale): the rotary frequencies of the pairs that turn
+// fewer than beta_slow times over T positions are divided by F, those that
+// turn more than beta_fast times kept, a linear ramp between; the cos and sin
+// tables times mscale(F, mscale) / mscale(F, mscale_all_dim), the attention
+// scores times mscale(F, mscale_all_dim)^2, where mscale(s, m) = 0.1 m ln s + 1
+// (1 for s <= 1: an F in (0, 1] scales neither, only the frequencies by 1/F).
+struct RopeScalingConfig {
+  RopeScalingKind kind = RopeScalingKind::off;
+  double factor = 1;          // F, the context extension (> 0)
+  int original_seq = 0;       // T, the context the model was trained for before the extension (>= 2)
+  double beta_fast = 32;      // rotations over T above which a pair keeps its frequency
+  double beta_slow = 1;       // rotations over T below which it is divided by F (0 < beta_slow < beta_fast)
+  double mscale = 1;          // the tables' mscale coefficient
+  double mscale_all_dim = 0;  // the scores' (and the tables' divisor); 0: 1
+  bool yarn() const { return kind == RopeScalingKind::yarn; }
+};
+
+// YaRN's get_mscale(s, m): 0.1 m ln s + 1, and 1 for s <= 1 (DeepSeek's and
+// transformers' definition; the model's tables and scores, and init hf's
+// reading of config.json, use this one).
+inline double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+
 // mtp depth D weight W
 struct MtpConfig {
   int depth = 0;        // extra modules predicting tokens t+2 .. t+1+D; 0: off
@@ -67,7 +96,7 @@ struct MtpConfig {
 // init random | hf DIR [seq T] [expanded yes|no]
 // hf: the weights of a fresh run come from a Hugging Face directory (config.json,
 // model.safetensors or its index); rank 0 turns config.json into the model,
-// attention, moe and mtp lines that follow this one (src/hf/config.h), so the
+// attention, moe, mtp (and rope_scaling) lines that follow this one (src/hf/config.h), so the
 // resolved deck describes the model alone. A run with its own checkpoint
 // resumes from it instead (-resume auto).
 struct InitConfig {
@@ -93,7 +122,11 @@ struct ModelConfig {
   AttentionConfig attention;
   MoeConfig moe;
   MtpConfig mtp;
+  RopeScalingConfig rope_scaling;
   int head_dim() const { return dim / heads; }
+  // the rotary width: MLA's rope part, else the whole head
+  int rope_width() const { return attention.mla() ? attention.rope_dim : head_dim(); }
+  double latent_eps() const { return attention.latent_eps > 0 ? attention.latent_eps : norm_eps; }
   int qk_dim() const { return attention.mla() ? attention.qk_nope_dim + attention.rope_dim : head_dim(); }
   int v_dim() const { return attention.mla() ? attention.v_dim : head_dim(); }
 };

@@ -117,10 +117,19 @@ class Keys {
 std::string num(double v) { return fmt::format("{}", v); }
 std::string num(int v) { return fmt::format("{}", v); }
 
-// rope_scaling (transformers 4) or rope_parameters (5): only the plain
-// rotary embedding; its theta, when rope_parameters carries it.
-double rope_theta(Keys& k) {
-  double theta = k.number("rope_theta", 10000.0);
+// rope_scaling (transformers 4) or rope_parameters (5): the plain rotary
+// embedding (type default; rope_parameters may carry rope_theta), or YaRN as
+// a `rope_scaling yarn` line (DeepSeek-V2's YaRN, model/attention.h); every
+// other rope type, and every YaRN key that would change the computation in a
+// way the line cannot say, refused. `llama`: Llama's attention, which does
+// not scale its scores by YaRN's mscale_all_dim as DeepSeek's does.
+struct RopeKeys {
+  double theta = 10000.0;
+  std::optional<HfLine> scaling;  // rope_scaling yarn ...
+};
+RopeKeys read_rope(Keys& k, bool llama) {
+  RopeKeys rope;
+  rope.theta = k.number("rope_theta", 10000.0);
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const json& r = k.get(key);
     if (r.is_null()) continue;
@@ -128,25 +137,90 @@ double rope_theta(Keys& k) {
     std::string type = "default";
     for (const char* t : {"type", "rope_type"})
       if (r.contains(t) && r[t].is_string()) type = r[t].get<std::string>();
-    if (type != "default")
-      k.refuse(key, fmt::format("'{}' has rope type '{}': rope scaling (YaRN and the others) is not built yet "
-                                "(expected null or rope_type default; DeepSeek-V2 and V3's YaRN is issue 17/18's "
-                                "next part)", key, type));
+    if (type != "default" && type != "yarn")
+      k.refuse(key, fmt::format("'{}' has rope type '{}': not built (expected null, rope_type default, or yarn as "
+                                "DeepSeek-V2 and V3 carry it)", key, type));
+    // one value of the object: a number > 0 (>= 0 with `zero`), or `fallback` where absent
+    auto value = [&](const char* name, std::optional<double> fallback, bool zero = false) {
+      if (!r.contains(name) || r[name].is_null()) {
+        if (!fallback)
+          k.refuse(key, fmt::format("'{}' has no '{}' (expected it with rope type yarn{})", key, name,
+                                    std::string(name) == "original_max_position_embeddings"
+                                        ? ": DeepSeek's code defaults it to 4096, transformers' to "
+                                          "max_position_embeddings"
+                                        : ""));
+        return *fallback;
+      }
+      const json& v = r[name];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 || (!zero && v.get<double>() == 0))
+        k.refuse(key, fmt::format("'{}' has '{}': {} (expected a number {})", key, name, v.dump(),
+                                  zero ? ">= 0" : "> 0"));
+      return v.get<double>();
+    };
+    const std::set<std::string> yarn_keys = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                             "mscale", "mscale_all_dim", "attention_factor", "truncate"};
     for (auto it = r.begin(); it != r.end(); ++it) {
       if (it.key() == "type" || it.key() == "rope_type") continue;
       if (it.key() == "rope_theta" && it->is_number() && it->get<double>() > 0) {
-        theta = it->get<double>();
+        rope.theta = it->get<double>();
         continue;
       }
-      k.refuse(key, fmt::format("'{}' has '{}': {} (expected only rope_type default and rope_theta)", key, it.key(),
-                                it->dump()));
+      if (type == "yarn" && yarn_keys.count(it.key())) continue;
+      k.refuse(key, fmt::format("'{}' has '{}': {} (expected only rope_type and rope_theta{})", key, it.key(),
+                                it->dump(), type == "yarn" ? ", and YaRN's factor, original_max_position_embeddings, "
+                                                             "beta_fast, beta_slow, mscale, mscale_all_dim" : ""));
     }
+    if (type != "yarn") continue;
+    if (rope.scaling)
+      k.refuse(key, "both rope_scaling and rope_parameters give YaRN (expected one of them)");
+    const double factor = value("factor", {});
+    const double original = value("original_max_position_embeddings", {});
+    if (original != std::floor(original) || original < 2 || original > (1 << 30))
+      k.refuse(key, fmt::format("'{}' has 'original_max_position_embeddings': {} (expected an integer >= 2)", key,
+                                num(original)));
+    const double beta_fast = value("beta_fast", 32.0), beta_slow = value("beta_slow", 1.0);
+    if (!(beta_fast > beta_slow))
+      k.refuse(key, fmt::format("'{}' has beta_fast {} and beta_slow {} (expected beta_fast > beta_slow > 0)", key,
+                                num(beta_fast), num(beta_slow)));
+    // DeepSeek's defaults: mscale 1, mscale_all_dim 0
+    const double mscale = value("mscale", 1.0, true), all_dim = value("mscale_all_dim", 0.0, true);
+    if (r.contains("truncate") && r["truncate"] != json(true))
+      k.refuse(key, fmt::format("'{}' has 'truncate': {}: the ramp's bounds unrounded are not built (expected "
+                                "true, DeepSeek's floor and ceil)", key, r["truncate"].dump()));
+    if (llama && yarn_mscale(factor, all_dim) != 1)
+      k.refuse(key, fmt::format("'{}' has mscale_all_dim {} with model_type llama: Llama's attention does not "
+                                "scale its scores by mscale(factor, mscale_all_dim)^2, xuanxue's YaRN does "
+                                "(expected mscale_all_dim 0)", key, num(all_dim)));
+    // The cos/sin factor: DeepSeek's code always takes the ratio below; transformers takes attention_factor
+    // when given, else the ratio only when mscale and mscale_all_dim are both non-zero, else mscale(factor, 1).
+    const double ours = yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim);
+    const bool given = r.contains("attention_factor") && !r["attention_factor"].is_null();
+    const double transformers = mscale != 0 && all_dim != 0 ? ours : yarn_mscale(factor, 1);
+    const double theirs = given ? value("attention_factor", {}) : transformers;
+    if (std::abs(theirs - ours) > 1e-12 * ours)
+      k.refuse(key, fmt::format("'{}' gives the cos/sin tables the factor {} ({}), but mscale(factor, mscale) / "
+                                "mscale(factor, mscale_all_dim) = {} is what DeepSeek's code and xuanxue use "
+                                "(expected {})", key, num(theirs),
+                                given ? "its attention_factor" : "transformers' reading, with mscale or "
+                                                                 "mscale_all_dim 0",
+                                num(ours), given ? "attention_factor equal to it, or none"
+                                                 : "mscale and mscale_all_dim both given, as DeepSeek's configs, or "
+                                                   "attention_factor"));
+    const std::string at = std::string(key) + ".";
+    rope.scaling = HfLine{"rope_scaling", "yarn",
+                          {{"factor", num(factor), at + "factor"},
+                           {"original_seq", num(int(original)), at + "original_max_position_embeddings"},
+                           {"beta_fast", num(beta_fast), at + "beta_fast"},
+                           {"beta_slow", num(beta_slow), at + "beta_slow"},
+                           {"mscale", num(mscale), at + "mscale"},
+                           {"mscale_all_dim", num(all_dim), at + "mscale_all_dim"}},
+                          k.line(key)};
   }
-  return theta;
+  return rope;
 }
 
 // What every model type shares; returns the model line.
-HfLine model_line(Keys& k, const std::string& kind, int seq) {
+HfLine model_line(Keys& k, const std::string& kind, int seq, double rope_theta) {
   HfLine m{"model", kind, {}, k.line("vocab_size")};
   const int vocab = k.integer("vocab_size", {}, 2), dim = k.integer("hidden_size", {}, 1);
   const int layers = k.integer("num_hidden_layers", {}, 1), heads = k.integer("num_attention_heads", {}, 1);
@@ -174,7 +248,7 @@ HfLine model_line(Keys& k, const std::string& kind, int seq) {
                 {"heads", num(heads), "num_attention_heads"},
                 {"ffn", num(ffn), "intermediate_size"},
                 {"seq", num(context), ""},  // a training choice: the deck may set another
-                {"rope_theta", num(rope_theta(k)), "rope_theta"},
+                {"rope_theta", num(rope_theta), "rope_theta"},
                 {"norm_eps", num(k.number("rms_norm_eps", 1e-6)), "rms_norm_eps"},
                 // the weights come from the files; kept so that an export says what the model's did
                 {"init_std", num(k.number("initializer_range", 0.02)), "initializer_range"}};
@@ -182,25 +256,23 @@ HfLine model_line(Keys& k, const std::string& kind, int seq) {
 }
 
 std::vector<HfLine> llama_lines(Keys& k, int seq) {
-  HfLine m = model_line(k, "dense", seq);
+  const RopeKeys rotary = read_rope(k, true);
+  HfLine m = model_line(k, "dense", seq, rotary.theta);
   const int dim = std::stoi(m.keywords[1].value), heads = std::stoi(m.keywords[3].value);
   if (k.has("head_dim") && k.integer("head_dim", {}, 1) * heads != dim)
     k.refuse("head_dim", fmt::format("head_dim {} is not hidden_size / num_attention_heads = {} / {} (expected "
                                      "heads that split the hidden state)", k.integer("head_dim", {}, 1), dim, heads));
   k.get("head_dim");
-  return {m, {"attention", "mha", {}, k.line("num_attention_heads")}, {"moe", "off", {}, 1},
-          {"mtp", "", {{"depth", "0", ""}}, 1}};
+  std::vector<HfLine> lines = {m, {"attention", "mha", {}, k.line("num_attention_heads")}, {"moe", "off", {}, 1},
+                               {"mtp", "", {{"depth", "0", ""}}, 1}};
+  if (rotary.scaling) lines.push_back(*rotary.scaling);
+  return lines;
 }
 
 // DeepSeek-V2 and V3: MLA, DeepSeekMoE, (V3) multi-token prediction.
 std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
-  HfLine m = model_line(k, "deepseek", seq);
-  // HF's latent norms (q_a_layernorm, kv_a_layernorm) are built with eps 1e-6
-  // whatever rms_norm_eps says; xuanxue's use norm_eps.
-  if (const std::string eps = m.keywords[7].value; eps != num(1e-6))
-    k.refuse("rms_norm_eps", fmt::format("rms_norm_eps {}: HF DeepSeek's latent norms always use 1e-6 and "
-                                         "xuanxue's use norm_eps, so only 1e-6 imports exactly (expected 1e-06; a "
-                                         "separate latent eps is issue 17/18's next part)", eps));
+  const RopeKeys rotary = read_rope(k, false);
+  HfLine m = model_line(k, "deepseek", seq, rotary.theta);
   HfLine a{"attention", "mla", {}, k.line("kv_lora_rank")};
   const int rope = k.integer("qk_rope_head_dim", {}, 2);
   if (rope % 2) k.refuse("qk_rope_head_dim", fmt::format("qk_rope_head_dim {} is odd (expected an even width)", rope));
@@ -210,7 +282,10 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
                 {"q_lora_rank", num(q_lora), "q_lora_rank"},
                 {"qk_nope_dim", num(k.integer("qk_nope_head_dim", {}, 0)), "qk_nope_head_dim"},
                 {"rope_dim", num(rope), "qk_rope_head_dim"},
-                {"v_dim", num(k.integer("v_head_dim", {}, 1)), "v_head_dim"}};
+                {"v_dim", num(k.integer("v_head_dim", {}, 1)), "v_head_dim"},
+                // HF's latent norms (q_a_layernorm, kv_a_layernorm) are built with eps 1e-6 whatever
+                // rms_norm_eps says (every other norm's)
+                {"latent_eps", num(1e-6), "model_type (HF DeepSeek's latent norms: eps 1e-6)"}};
   for (const char* derived : {"head_dim", "qk_head_dim"}) k.get(derived);  // HF's own sums of the widths above
   if (v3 && !k.flag("rope_interleave", true))
     k.refuse("rope_interleave", "rope_interleave is false: the rope part's rows are in halves, xuanxue rotates "
@@ -302,7 +377,9 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
   const int depth = v3 ? k.integer("num_nextn_predict_layers", 0, 0) : 0;
   HfLine mtp{"mtp", "", {{"depth", num(depth), v3 ? "num_nextn_predict_layers" : ""}},
              k.line("num_nextn_predict_layers")};
-  return {m, a, moe, mtp};
+  std::vector<HfLine> lines = {m, a, moe, mtp};
+  if (rotary.scaling) lines.push_back(*rotary.scaling);
+  return lines;
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ struct HfLine {
   int line = 1;
 };
 
-// The model, attention, moe and mtp lines of DIR/config.json; `seq` the
+// The model, attention, moe and mtp lines of DIR/config.json (and a
+// rope_scaling yarn line where it has YaRN); `seq` the
 // training context (0: config.json's max_position_embeddings). `where` is
 // the init line, for the errors. Throws InputError naming the key.
 std::vector<HfLine> hf_model_lines(const std::string& dir, int seq, const std::string& where);

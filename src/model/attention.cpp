@@ -6,10 +6,43 @@
 #include "kernels/mla.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include <algorithm>
+#include <cmath>
+#include <numbers>
 #include <fmt/format.h>
 
 namespace xx {
 namespace k = kernels;
+
+k::RopeFrequencies rope_frequencies(const ModelConfig& m) {
+  const int64_t D = m.rope_width();
+  k::RopeFrequencies f{k::rope_inverse_frequencies(m.rope_theta, D), 1.0};
+  const RopeScalingConfig& y = m.rope_scaling;
+  if (!y.yarn()) return f;
+  // the pair index whose frequency turns r times over original_seq positions
+  auto pair_turning = [&](double r) {
+    return double(D) * std::log(double(y.original_seq) / (r * 2 * std::numbers::pi)) / (2 * std::log(m.rope_theta));
+  };
+  const double low = std::max(std::floor(pair_turning(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(pair_turning(y.beta_slow)), double(D - 1));
+  if (low == high) high += 0.001;  // DeepSeek's guard: a ramp of no width
+  for (size_t i = 0; i < f.inv_freq.size(); ++i) {
+    const double extra = f.inv_freq[i], inter = extra / y.factor;
+    const double keep = 1 - std::clamp((double(i) - low) / (high - low), 0.0, 1.0);  // the extrapolation weight
+    f.inv_freq[i] = inter * (1 - keep) + extra * keep;
+  }
+  f.table_scale = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+  return f;
+}
+
+template <class T>
+T attention_score_scale(const ModelConfig& m) {
+  const RopeScalingConfig& y = m.rope_scaling;
+  const double gain = y.yarn() ? std::pow(yarn_mscale(y.factor, y.mscale_all_dim), 2) : 1.0;
+  return T(1) / T(std::sqrt(double(m.qk_dim()))) * T(gain);
+}
+template float attention_score_scale<float>(const ModelConfig&);
+template double attention_score_scale<double>(const ModelConfig&);
 
 bool uses_flash_attention(const AttentionConfig& a) {
   if (a.kernel != AttentionKernel::automatic) return a.kernel == AttentionKernel::flash;
@@ -32,7 +65,8 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
     : forward_(m.attention.mla() ? &Attention::forward_mla : &Attention::forward_mha),
       backward_(m.attention.mla() ? &Attention::backward_mla : &Attention::backward_mha),
       m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
-      blocks_(m.seq, kAttentionBlock), ws_(ws), flash_(uses_flash_attention(m.attention)) {
+      blocks_(m.seq, kAttentionBlock), ws_(ws), flash_(uses_flash_attention(m.attention)),
+      score_scale_(attention_score_scale<T>(m)) {
   const auto& a = m.attention;
   wo_ = store(p + "attn.wo");
   if (!a.mla()) {
@@ -56,10 +90,10 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
     rstd_c_ = activation<T>("rstd_c", N_);
     krope_ = activation<T>("krope", N_, a.rope_dim);
   }
-  const int64_t rope = a.mla() ? a.rope_dim : qk_;
+  const int64_t rope = m.rope_width();
   rope_cos_ = activation<T>("rope_cos", T_, rope / 2);
   rope_sin_ = activation<T>("rope_sin", T_, rope / 2);
-  k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), m.rope_theta);
+  k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), rope_frequencies(m));
   q_ = KeptActivation<T>("q", B_ * H_ * T_, qk_, store.type, ws, 0);  // written together: three slots
   k_ = KeptActivation<T>("k", B_ * H_ * T_, qk_, store.type, ws, 1);
   v_ = KeptActivation<T>("v", B_ * H_ * T_, vd_, store.type, ws, 2);
@@ -91,10 +125,10 @@ void Attention<T>::attend_forward(Mat<T> out) {
   if (flash_)
     k::flash_attention_forward<T>(heads, Vec<T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(),
                                   ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, T_, kAttentionBlock)), blocks_,
-                                  B_ * H_);
+                                  B_ * H_, score_scale_);
   else
     k::attention_forward<T>(heads, probabilities(), q_.in(), k_.in(), v_.in(),
-                            ws_.vec("attn_p", kAttentionBlock * T_), blocks_, B_ * H_);
+                            ws_.vec("attn_p", kAttentionBlock * T_), blocks_, B_ * H_, score_scale_);
   k::merge_heads_forward<T>(o_.target(), heads, B_, T_, H_);
   o_.keep();
   k::linear_forward<T>(out, o_.in(), wo_.in(C_, H_ * vd_), T(1));
@@ -114,12 +148,13 @@ void Attention<T>::attend_backward(Mat<const T> dout) {
     k::flash_attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_),
                                    ws_.mat("attn_dv", BHT, vd_),
                                    ws_.vec("attn_flash", k::flash_scratch_size(B_ * H_, T_, kAttentionBlock)), dheads,
-                                   delta, Vec<const T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(), blocks_, B_ * H_);
+                                   delta, Vec<const T>(lse_.data(), BHT), q_.in(), k_.in(), v_.in(), blocks_, B_ * H_,
+                                   score_scale_);
     return;
   }
   k::attention_backward<T>(ws_.mat("attn_dq", BHT, qk_), ws_.mat("attn_dk", BHT, qk_), ws_.mat("attn_dv", BHT, vd_),
                            ws_.vec("attn_dp", kAttentionBlock * T_), dheads, probabilities(), q_.in(), k_.in(),
-                           v_.in(), blocks_, B_ * H_);
+                           v_.in(), blocks_, B_ * H_, score_scale_);
 }
 
 // ---------------------------------------------------------------------------
@@ -160,14 +195,15 @@ void Attention<T>::forward_mla(Mat<T> out, In xn) {
     k::linear_forward<T>(q, xn, wq_.in(H_ * qk_, C_));
   } else {
     k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.in(Q, C_));
-    k::rmsnorm_forward<T>(qan_.target(), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q), m_.norm_eps);
+    k::rmsnorm_forward<T>(qan_.target(), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q),
+                          m_.latent_eps());
     qan_.keep();
     k::linear_forward<T>(q, qan_.in(), wq_b_.in(H_ * qk_, Q));
   }
   // wkv_a rows [0, R) give the latent, rows [R, R + rope) the shared rope key.
   k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.in(R, C_));
   k::linear_forward<T>(mat(krope_, N_, rope), xn, wkv_a_.in(rope, C_, R));
-  k::rmsnorm_forward<T>(cn_.target(), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.norm_eps);
+  k::rmsnorm_forward<T>(cn_.target(), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.latent_eps());
   cn_.keep();
   auto kv = ws_.mat("mla_kv", N_, H_ * (a.qk_nope_dim + vd_));
   k::linear_forward<T>(kv, cn_.in(), wkv_b_.in(H_ * (a.qk_nope_dim + vd_), R));

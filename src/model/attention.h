@@ -5,6 +5,7 @@
 #include <string>
 #include "deck/config.h"
 #include "kernels/attention_packed.h"
+#include "kernels/rope.h"
 #include "model/store.h"
 
 namespace xx {
@@ -20,6 +21,22 @@ std::string attention_kernel_report(const AttentionConfig& a);
 // Query and key block of both kernels: big enough for the GEMMs to run near
 // their peak, small enough that the diagonal blocks waste little.
 constexpr int64_t kAttentionBlock = 64;
+
+// The rotary embedding of model m, the one owner of its frequencies and table
+// multiplier for training (Attention) and decoding (Decoder): over the rotary
+// width D (m.rope_width()), the plain theta^(-2i/D); under rope_scaling yarn,
+// DeepSeek-V2's YaRN (deck/config.h RopeScalingConfig), with base = theta:
+//   extra_i = theta^(-2i/D), inter_i = extra_i / factor, i < D/2;
+//   dim(r) = D ln(original_seq / (2 pi r)) / (2 ln theta): the pair turning r times over original_seq;
+//   low = max(floor(dim(beta_fast)), 0), high = min(ceil(dim(beta_slow)), D - 1) (+0.001 if equal);
+//   keep_i = 1 - clamp((i - low) / (high - low), 0, 1); inv_freq_i = inter_i (1 - keep_i) + extra_i keep_i;
+//   table_scale = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) (deck/config.h).
+kernels::RopeFrequencies rope_frequencies(const ModelConfig& m);
+// The attention scores' scale, the one owner for the packed and flash kernels
+// and the decoder's: 1/sqrt(qk_dim), times yarn_mscale(factor, mscale_all_dim)^2
+// under rope_scaling yarn (DeepSeek's attention does this; 1 where mscale_all_dim is 0).
+template <class T>
+T attention_score_scale(const ModelConfig& m);
 
 template <class T>
 class Attention {
@@ -53,6 +70,7 @@ class Attention {
   // kept for backward
   KeptActivation<T> q_, k_, v_, o_;    // heads (B*H*T, qk | v), merged output (N, H*v)
   bool flash_;                    // which kernel (uses_flash_attention)
+  T score_scale_;                 // attention_score_scale
   Buffer<T> att_;                 // packed: probabilities, T values, or
   Buffer<uint16_t> att_half_;     //   their 16-bit copy under mixed precision
   Buffer<T> lse_;                 // flash: log-sum-exp of each row's scores (B*H*T)

@@ -12,6 +12,7 @@
 #include "kernels/linear.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "model/attention.h"
 
 namespace xx {
 namespace k = kernels;
@@ -58,10 +59,11 @@ Decoder::Decoder(Transformer<float>& model, int64_t max_len)
     layer->ffn = std::make_unique<FeedForward<float>>(m_, store, p, m.moe.is_moe_layer(l), 1, ws_);
     layers_.push_back(std::move(layer));
   }
-  const int64_t rope = a.mla() ? a.rope_dim : m.head_dim();
+  const int64_t rope = m.rope_width();
   rope_cos_ = Buffer<float>("Decoder::rope_cos", m.seq * (rope / 2));
   rope_sin_ = Buffer<float>("Decoder::rope_sin", m.seq * (rope / 2));
-  k::rope_tables<float>(mat(rope_cos_, m.seq, rope / 2), mat(rope_sin_, m.seq, rope / 2), m.rope_theta);
+  k::rope_tables<float>(mat(rope_cos_, m.seq, rope / 2), mat(rope_sin_, m.seq, rope / 2), rope_frequencies(m));
+  score_scale_ = attention_score_scale<float>(m);
   x_ = Buffer<float>("Decoder::x", C), xn_ = Buffer<float>("Decoder::xn", C);
   rstd_ = Buffer<float>("Decoder::rstd", 1), logits_ = Buffer<float>("Decoder::logits", m.vocab);
   reset();
@@ -115,7 +117,7 @@ std::vector<float> Decoder::step(int32_t token) {
                                          Mat<float>(vc.data() + pos * H * D, H, D), qkv,
                                          Mat<const float>(rope_cos_.data() + pos * (D / 2), 1, D / 2),
                                          Mat<const float>(rope_sin_.data() + pos * (D / 2), 1, D / 2), 1, 1, H);
-      k::mha_decode_attention<float>(o, q, kc, vc, p, len);
+      k::mha_decode_attention<float>(o, q, kc, vc, p, len, score_scale_);
     } else {
       const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, P = a.rope_dim;
       auto q = ws_.mat("decode_q", 1, H * qk);
@@ -124,7 +126,7 @@ std::vector<float> Decoder::step(int32_t token) {
       } else {
         auto qa = ws_.mat("decode_qa", 1, Q), qan = ws_.mat("decode_qan", 1, Q);
         k::linear_forward<float>(qa, k::GemmIn<float>(xn), ly.wq_a.in(Q, C));
-        k::rmsnorm_forward<float>(qan, rstd, qa, ly.q_norm.vec(Q), m.norm_eps);
+        k::rmsnorm_forward<float>(qan, rstd, qa, ly.q_norm.vec(Q), m.latent_eps());
         k::linear_forward<float>(q, k::GemmIn<float>(qan), ly.wq_b.in(H * qk, Q));
       }
       Mat<const float> cos_t(rope_cos_.data(), m.seq, P / 2), sin_t(rope_sin_.data(), m.seq, P / 2);
@@ -133,12 +135,12 @@ std::vector<float> Decoder::step(int32_t token) {
       Mat<float> cc(ly.c.data(), L, R), krc(ly.kr.data(), L, P);
       auto c = ws_.mat("decode_c", 1, R);
       k::linear_forward<float>(c, k::GemmIn<float>(xn), ly.wkv_a.in(R, C));
-      k::rmsnorm_forward<float>(Mat<float>(cc.data() + pos * R, 1, R), rstd, c, ly.kv_norm.vec(R), m.norm_eps);
+      k::rmsnorm_forward<float>(Mat<float>(cc.data() + pos * R, 1, R), rstd, c, ly.kv_norm.vec(R), m.latent_eps());
       Mat<float> kr(krc.data() + pos * P, 1, P);
       k::linear_forward<float>(kr, k::GemmIn<float>(xn), ly.wkv_a.in(P, C, R));
       k::rope_rotate_rows<float>(kr, cos_t, sin_t, pos, 0, P / 2);
       k::mla_decode_attention<float>(o, q, cc, krc, ly.wkv_b.mat(H * (a.qk_nope_dim + vd), R), p,
-                                     ws_.mat("decode_lat", H, 2 * R), len, H, a.qk_nope_dim, P, vd);
+                                     ws_.mat("decode_lat", H, 2 * R), len, H, a.qk_nope_dim, P, vd, score_scale_);
     }
     k::linear_forward<float>(x, k::GemmIn<float>(o), ly.wo.in(C, H * vd), 1.0f);  // x += attention
     k::rmsnorm_forward<float>(xn, rstd, x, ly.ffn_norm.vec(C), m.norm_eps);

@@ -42,6 +42,7 @@ class Decoder {
   std::vector<std::unique_ptr<Layer>> layers_;
   Param<float> embed_, norm_, head_;
   Buffer<float> rope_cos_, rope_sin_;  // (seq, rope/2)
+  float score_scale_ = 0;              // attention_score_scale (model/attention.h), as training uses
   Buffer<float> x_, xn_, rstd_, logits_;
 };
 

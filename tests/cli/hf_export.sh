@@ -3,7 +3,8 @@
 # dense MHA (Llama), MLA with a query latent + MoE with the selection bias (sigmoid, 1 of 2 expert
 # groups: noaux_tc) + MTP depth 2 (DeepSeek-V3), MLA without a query latent + MoE with the auxiliary
 # loss (softmax, 1 of 2 expert groups: group_limited_greedy) on every other layer (moe_layer_freq 2)
-# (DeepSeek-V2), and dense MHA on SentencePiece shards (Llama and its tokenizer). For each, tests/hf_read.py (the
+# + YaRN, its latent norms at 1e-6 and the others at 1e-5 (DeepSeek-V2), and dense MHA on
+# SentencePiece shards (Llama and its tokenizer). For each, tests/hf_read.py (the
 # safetensors format from its definition, no tools/ckpt) maps the HF tensors back (bit for bit the
 # checkpoint's /model), recomputes tools/torch_reference.py's loss from them, runs a forward of its
 # own in the Hugging Face model code's conventions on the HF names and config.json keys, and
@@ -51,10 +52,13 @@ train v3 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA"
   "attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8" \
   "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 route_scale 1.5" \
   "moe on groups 2 topk_groups 1" "mtp depth 2 weight 0.3"
-train v2 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA" \
-  "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8" \
+# YaRN with a ramp inside rope_dim 8 (pairs 0 and 1 kept, 2 and 3 partly divided by 4), the tables
+# times mscale(4, 1) / mscale(4, 0.8) and the scores times mscale(4, 0.8)^2
+YARN="rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8"
+train v2 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 rope_theta 100 norm_eps 1e-5 init_std 0.2" \
+  "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8 latent_eps 1e-6" \
   "moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 route_scale 2" \
-  "moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2"
+  "moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2" "$YARN"
 begin "prepare SentencePiece shards (setup)"
 check "$PREP" --tokenizer bpe --vocab 320 --out "$T/bpe" "$CORPUS" >"$T/prep.out" 2>&1 || fail "$(cat "$T/prep.out")"
 train bpe 4 "model dense vocab 320 dim 32 layers 2 heads 2 ffn 64 seq 16 init_std 0.2" \
@@ -99,13 +103,21 @@ check "$XX" generate -ckpt "$(at_end v3)" -prompt "The fox? " -tokens 1 -tempera
 check [ "$(head -c 8 "$T/v3.logits")" = "# tokens" ] || fail "the logits file has no '# tokens' header"
 read_back v3 --bytes "$CORPUS" --valid 0.1 --expect-bias --logits "$T/v3.logits"
 
-begin "deepseek-v2: MLA without q_lora, MoE softmax with the auxiliary loss, group_limited_greedy, every other layer"
+begin "deepseek-v2: MLA without q_lora, MoE softmax with the auxiliary loss, group_limited_greedy, every other layer, YaRN, latent_eps 1e-6 under norm_eps 1e-5"
 export_hf v2
 check grep -q "DeepseekV2ForCausalLM (model_type deepseek_v2)" "$T/out" || fail "$(cat "$T/out")"
 check grep -q '"aux_loss_alpha": 0.01' "$T/v2.hf/config.json" || fail "aux_loss_alpha: $(grep aux "$T/v2.hf/config.json")"
 check grep -q '"topk_method": "group_limited_greedy"' "$T/v2.hf/config.json" &&
   check grep -q '"moe_layer_freq": 2' "$T/v2.hf/config.json" ||
   fail "routing: $(grep -E 'group|freq' "$T/v2.hf/config.json")"
+check $PY - "$T/v2.hf/config.json" <<'PY' || fail "rope_scaling or rms_norm_eps: $(cat "$T/v2.hf/config.json")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+sys.exit(0 if c["rope_scaling"] == {"type": "yarn", "rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 4, "beta_fast": 0.1, "beta_slow": 0.01,
+                                    "mscale": 1.0, "mscale_all_dim": 0.8}
+         and c["rms_norm_eps"] == 1e-5 and c["max_position_embeddings"] == 16 else 1)
+PY
 read_back v2 --bytes "$CORPUS" --valid 0.1
 
 begin "tokenizer: the deck's SentencePiece model copied, tokenizer_config.json"
@@ -154,6 +166,11 @@ ATT="attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 
 refused mha_moe "moe on" "$DENSE" "moe on dense_layers 1 routed 4 topk 2 ffn 16"
 refused mha_mtp "mtp depth 1" "$DENSE" "mtp depth 1"
 refused mla_eps "model norm_eps 1e-05" "$DEEP" "$ATT"
+check grep -qF "train with \`attention mla ... latent_eps 1e-6\`" "$T/err" ||
+  fail "no word of latent_eps: $(cat "$T/err")"
+refused mla_latent "attention mla latent_eps 1e-05" "$DEEP" "$ATT latent_eps 1e-5"
+refused llama_yarn "rope_scaling yarn mscale_all_dim 1" "$DENSE" \
+  "rope_scaling yarn factor 4 original_seq 8 mscale_all_dim 1"
 begin "--latent-eps-1e-6 exports it anyway, and says what changes"
 $PY "$CKPT" export "$(at_end mla_eps)" --format hf "$T/mla_eps.hf" --latent-eps-1e-6 >"$T/out" 2>&1 ||
   fail "$(cat "$T/out")"

@@ -4,7 +4,8 @@
 # (dense MHA; q/k rows permuted), DeepSeek-V3-shaped (MLA with a query latent, MoE with the sigmoid
 # gate and its selection bias over 2 expert groups of which 1 is kept, MTP depth 2; eh_proj halves
 # swapped) and DeepSeek-V2-shaped (MLA, MoE with the softmax gate and the auxiliary loss,
-# group_limited_greedy, MoE on every other layer). For each:
+# group_limited_greedy, MoE on every other layer, YaRN, latent norms at 1e-6 and the others at
+# 1e-5: rope_scaling and rms_norm_eps read back). For each:
 #   - the imported model's validation loss before its first step equals the exporting run's last one
 #     exactly (the same weights, the same windows);
 #   - export -> import -> export: config.json and every tensor identical (tests/hf_files.py same);
@@ -66,10 +67,11 @@ moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias 
 moe on groups 2 topk_groups 1
 mtp depth 2 weight 0.3
 run 4"
-MODEL[v2]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA
-attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8
+MODEL[v2]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 rope_theta 100 norm_eps 1e-5 init_std 0.2
+attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8 latent_eps 1e-6
 moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 route_scale 2
 moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2
+rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8
 run 4"
 
 for name in llama v3 v2; do
@@ -83,6 +85,11 @@ for name in llama v3 v2; do
   expect_ok 1 -in "$T/$name.imp.deck"
   check grep -q "init hf $T/$name.hf: .* tensors" "$T/out" || fail "no init hf line: $(head -40 "$T/out")"
   check grep -q "^init hf $T/$name.hf expanded yes" "$T/out" || fail "the resolved deck lacks the init line"
+  if [ "$name" = v2 ]; then
+    yarn="rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8"
+    check grep -q "^$yarn\$" "$T/out" || fail "no rope_scaling line: $(grep -i rope "$T/out")"
+    check grep -q "^attention mla .* latent_eps 1e-06$" "$T/out" || fail "no latent_eps: $(grep '^attention' "$T/out")"
+  fi
   want=$(val_at "$name" 4) got=$(val_at "$name.imp" 0)
   check [ -n "$want" ] && check [ "$want" = "$got" ] || fail "val_loss at step 0 $got, the exporting run's $want"
   echo "    val_loss $got (exporting run at step 4: $want)"
@@ -155,8 +162,10 @@ refused_key() {  # refused_key WHAT SOURCE PREFIX HINT EDITS...: a copy of SOURC
   expect_bad 1 "$T/bad.hf/config.json:${line:-1}: " "$hint" -- -in "$T/bad.deck"
   expect_absent "$T/bad/ckpt" "a refused import wrote a checkpoint"
 }
-refused_key "YaRN rope_scaling" v3 rope_scaling "rope scaling (YaRN and the others) is not built yet" \
-  'rope_scaling={"type": "yarn", "factor": 40}'
+refused_key "another rope type" v3 rope_scaling "rope type 'linear': not built" \
+  'rope_scaling={"type": "linear", "factor": 2}'
+refused_key "YaRN unrounded" v2 rope_scaling "'truncate': false" \
+  'rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 4, "truncate": false}'
 refused_key "seq_aux under V2's softmax gate" v2 seq_aux "the sequence-wise balance loss is not built yet" \
   'seq_aux=true'
 refused_key "seq_aux under V3" v3 seq_aux "sequence-wise balance loss" 'seq_aux=true'
@@ -170,7 +179,6 @@ refused_key "another architecture" llama model_type "model_type 'mistral'" 'mode
 refused_key "grouped keys and values" llama num_key_value_heads "grouped keys and values are not built" \
   'num_key_value_heads=1'
 refused_key "moe_layer_freq 0" v2 moe_layer_freq "'moe_layer_freq' is 0 (expected an integer >= 1)" 'moe_layer_freq=0'
-refused_key "latent eps" v2 rms_norm_eps "HF DeepSeek's latent norms always use 1e-6" 'rms_norm_eps=1e-5'
 refused_key "a missing size" llama hidden_size "'hidden_size' is missing" 'hidden_size='
 refused_key "a size of the wrong type" llama hidden_size "'hidden_size' is \"32\"" 'hidden_size="32"'
 

@@ -17,6 +17,7 @@
 #     concatenates [enorm(emb) | hnorm(h)]: the two column halves are swapped.
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -46,19 +47,21 @@ def deck_settings(deck):
 
 
 def model_of(s):
-    """The model, attention, moe and mtp values the export needs."""
+    """The model, attention, moe, mtp and rope_scaling values the export needs."""
     m, a, e = s["model"], s["attention"], s["moe"]
     out = {k: m[k] for k in ("kind", "vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps",
                              "init_std")}
     out["attention"] = {"kind": a["kind"]}
     if a["kind"] == "mla":
-        out["attention"].update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim")})
+        out["attention"].update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim",
+                                                   "latent_eps")})  # latent_eps 0: unset, norm_eps
     out["moe"] = {"mode": e["mode"]}
     if e["mode"] == "on":
         out["moe"].update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
                                              "balance_coef", "route_scale", "groups", "layer_freq")})
         out["moe"]["topk_groups"] = e["topk_groups"] or e["groups"]  # 0: not given, every group
     out["mtp"] = {"depth": s["mtp"]["depth"], "weight": s["mtp"]["weight"]}
+    out["rope_scaling"] = dict(s.get("rope_scaling", {"kind": "off"}))
     return out
 
 
@@ -74,7 +77,8 @@ def is_moe_layer(m, layer):
 
 
 # HF DeepSeek's q_a_layernorm and kv_a_layernorm are built as RMSNorm(rank) with the class default
-# eps 1e-6, whatever rms_norm_eps says (V2 remote and native code, V3 likewise); ours use norm_eps.
+# eps 1e-6, whatever rms_norm_eps says (V2 remote and native code, V3 likewise); ours use the attention
+# line's latent_eps, or norm_eps where it is unset.
 HF_LATENT_NORM_EPS = 1e-6
 
 
@@ -82,9 +86,43 @@ def refuse(option, why):
     raise Refusal(f"deck option '{option}' has no Hugging Face counterpart ({why}); nothing written")
 
 
+def yarn_mscale(s, m):
+    """YaRN's get_mscale (DeepSeek-V2's yarn_get_mscale, transformers' get_mscale)."""
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def hf_rope_scaling(m, llama, notes):
+    """config.json's rope_scaling for the deck's rope_scaling line: None, or YaRN's keys as DeepSeek-V2's
+    and V3's released configs carry them ("type" yarn; "rope_type" too, transformers' word)."""
+    y = m["rope_scaling"]
+    if y["kind"] == "off":
+        return None
+    f, ms, msa = y["factor"], y["mscale"], y["mscale_all_dim"]
+    if llama and yarn_mscale(f, msa) != 1:
+        refuse(f"rope_scaling yarn mscale_all_dim {msa:g}", "with attention mha: Llama's attention does not "
+               "multiply its scores by mscale(factor, mscale_all_dim)^2 as DeepSeek's does (expected "
+               "mscale_all_dim 0)")
+    out = {"type": "yarn", "rope_type": "yarn", "factor": f, "original_max_position_embeddings": y["original_seq"],
+           "beta_fast": y["beta_fast"], "beta_slow": y["beta_slow"], "mscale": ms, "mscale_all_dim": msa}
+    # transformers' YaRN takes the tables' factor as mscale(f, mscale) / mscale(f, mscale_all_dim) only when
+    # both are non-zero, else mscale(f, 1); DeepSeek's code always as the ratio, as we do. Where the two
+    # differ, attention_factor (which transformers reads first, DeepSeek's code never) says ours.
+    ours = yarn_mscale(f, ms) / yarn_mscale(f, msa)
+    if ours != (ours if ms and msa else yarn_mscale(f, 1)):
+        out["attention_factor"] = ours
+        notes.append(f"rope_scaling: attention_factor {ours!r} written, the cos/sin factor of our deck, which "
+                     f"transformers would otherwise take as mscale({f:g}, 1) with mscale {ms:g}, mscale_all_dim "
+                     f"{msa:g}")
+    if m["seq"] != f * y["original_seq"]:
+        notes.append(f"rope_scaling: max_position_embeddings {m['seq']} (seq) is not factor x "
+                     f"original_max_position_embeddings = {f * y['original_seq']:g}; DeepSeek's code and current "
+                     f"transformers use factor {f:g}, transformers 4.48 to 4.5x derive it from that ratio instead")
+    return out
+
+
 def hf_config(m, tokens, latent_eps=False):
     """(model_type, config dict, notes) for the model m (model_of); tokens: bos/eos ids or None.
-    latent_eps: export an MLA model whose norm_eps is not 1e-6 anyway (--latent-eps-1e-6)."""
+    latent_eps: export an MLA model whose latent norms' eps is not 1e-6 anyway (--latent-eps-1e-6)."""
     a, e, t = m["attention"], m["moe"], m["mtp"]
     L, D, C, H = m["layers"], t["depth"], m["dim"], m["heads"]
     moe_on = e["mode"] == "on"
@@ -93,7 +131,8 @@ def hf_config(m, tokens, latent_eps=False):
         "vocab_size": m["vocab"], "hidden_size": C, "intermediate_size": m["ffn"], "num_hidden_layers": L,
         "num_attention_heads": H, "num_key_value_heads": H, "hidden_act": "silu",
         "max_position_embeddings": m["seq"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
-        "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+        "rope_scaling": hf_rope_scaling(m, a["kind"] == "mha", notes), "attention_bias": False,
+        "attention_dropout": 0.0,
         "initializer_range": m["init_std"], "tie_word_embeddings": False, "use_cache": True,
         "bos_token_id": tokens.get("bos"), "eos_token_id": tokens.get("eos"), "pad_token_id": None,
         "torch_dtype": "float32",
@@ -113,13 +152,17 @@ def hf_config(m, tokens, latent_eps=False):
                      "to halves (i, i + head_dim/2) for Llama's rotate_half")
         return "llama", config, notes
 
-    if m["norm_eps"] != HF_LATENT_NORM_EPS and not latent_eps:
-        refuse(f"model norm_eps {m['norm_eps']:g}", f"with attention mla: HF DeepSeek's q_a_layernorm and "
-               f"kv_a_layernorm always use eps {HF_LATENT_NORM_EPS:g}, ours use norm_eps; train with norm_eps "
-               f"1e-6, or pass --latent-eps-1e-6 to accept that change of those two norms")
-    if m["norm_eps"] != HF_LATENT_NORM_EPS:
+    eps = a["latent_eps"] or m["norm_eps"]  # our latent norms'
+    if eps != HF_LATENT_NORM_EPS and not latent_eps:
+        option, ours = ((f"attention mla latent_eps {eps:g}", "its latent_eps") if a["latent_eps"] else
+                        (f"model norm_eps {eps:g}", "norm_eps, as no latent_eps is set"))
+        refuse(option, f"HF DeepSeek's q_a_layernorm and kv_a_layernorm are fixed at eps {HF_LATENT_NORM_EPS:g} "
+               f"whatever rms_norm_eps says; this model's latent norms use {ours}: train with `attention mla ... "
+               f"latent_eps 1e-6` (rms_norm_eps stays norm_eps, for every other norm), or pass --latent-eps-1e-6 "
+               f"to accept that change of those two norms")
+    if eps != HF_LATENT_NORM_EPS:
         notes.append(f"--latent-eps-1e-6: HF's q_a_layernorm and kv_a_layernorm will use eps 1e-6, not the "
-                     f"trained {m['norm_eps']:g} (rms_norm_eps, every other norm, stays {m['norm_eps']:g})")
+                     f"trained {eps:g} (rms_norm_eps, every other norm, stays {m['norm_eps']:g})")
     if moe_on and e["gate"] == "softmax" and e["balance"] == "bias":
         refuse("moe gate softmax balance bias", "DeepSeek-V2's softmax gate has no selection bias and "
                                                 "DeepSeek-V3's bias (e_score_correction_bias) needs gate sigmoid")
