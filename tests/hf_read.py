@@ -13,12 +13,15 @@ evaluation used (rebuilt here from the corpus, as src/train/trainer.cpp's evalua
   3. a forward written here from the Hugging Face model code's conventions (Llama: rotate_half;
      DeepSeek: the rope part de-interleaved, then rotate_half; latent norms with eps 1e-6; the gate
      from scoring_func, topk_method, norm_topk_prob, routed_scaling_factor, e_score_correction_bias;
+     the balance loss from aux_loss_alpha and seq_aux: DeepSeek-V2's MoEGate over the batch or per
+     sequence, DeepSeek-V3's complementary sequence-wise loss (its paper, eq. 17-20) under seq_aux;
      MTP layers num_hidden_layers + d from eh_proj([enorm(emb), hnorm(h)])), on the HF names and
      config.json keys alone, gives the same main, MTP and balance losses (rel <= 1e-5);
   4. its main loss equals the trainer's own val_loss of the last step in metrics.jsonl (computed
      in float32 by the trainer from the same weights on the same windows; rel <= 1e-5);
   5. each convention matters here: the forward without it (Llama's rows not permuted, DeepSeek's
-     rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped) misses.
+     rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped, a
+     sequence-wise balance loss taken over the whole batch) misses.
 
 usage: hf_read.py OUT_DIR CHECKPOINT.h5 METRICS.jsonl (--bytes CORPUS --valid F | --valid-shard FILE)
                   --batch B --eval-batches K [--expect-bias]
@@ -169,11 +172,17 @@ def reference_config(c, mtp_weight):
         cfg["moe"] = {"mode": "off"}
     else:
         sigmoid = c["scoring_func"] == "sigmoid"
+        alpha, seq_aux = c["aux_loss_alpha"], c.get("seq_aux", True)
+        # softmax: V2's loss, per sequence under seq_aux; sigmoid: the bias, with the sequence-wise loss
+        # beside it under seq_aux (a batch-level alpha without seq_aux is balance aux's, kept for reference)
+        aux = not sigmoid or (alpha > 0 and not seq_aux)
         cfg["moe"] = {"mode": "on", "dense_layers": c["first_k_dense_replace"], "shared": c["n_shared_experts"],
                       "routed": c["n_routed_experts"], "topk": c["num_experts_per_tok"],
                       "ffn": c["moe_intermediate_size"], "gate": c["scoring_func"],
-                      "balance": "aux" if c["aux_loss_alpha"] > 0 or not sigmoid else "bias",
-                      "balance_coef": c["aux_loss_alpha"], "route_scale": c["routed_scaling_factor"]}
+                      "balance": "aux" if aux else "bias", "balance_coef": alpha,
+                      "aux_scope": "sequence" if aux and seq_aux else "batch",
+                      "seq_aux": alpha if not aux and seq_aux else 0.0,
+                      "route_scale": c["routed_scaling_factor"]}
     cfg["mtp"] = {"depth": c.get("num_nextn_predict_layers", 0), "weight": mtp_weight}
     return cfg
 
@@ -209,8 +218,9 @@ def sdpa(q, k, v, scale):
 class HF:
     """Llama / DeepSeek-V2 / DeepSeek-V3 forward from config c and tensors w (HF names)."""
 
-    def __init__(self, c, w, deinterleave=True):
+    def __init__(self, c, w, deinterleave=True, one_sequence=False):
         self.c, self.w, self.deinterleave = c, {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}, deinterleave
+        self.one_sequence = one_sequence  # the sequence-wise balance loss over the batch as one sequence
         self.v3 = c["model_type"] == "deepseek_v3"
         self.stats = {"bias_changed": 0, "selections": 0}
 
@@ -260,7 +270,7 @@ class HF:
                            pre + "down_proj")
 
     def moe(self, pre, x):
-        """DeepseekV2MoE / DeepseekV3MoE; returns (out, the V2 batch-level auxiliary loss)."""
+        """DeepseekV2MoE / DeepseekV3MoE; returns (out, the balance loss)."""
         c = self.c
         B, T, C = x.shape
         h = x.reshape(B * T, C)
@@ -300,9 +310,22 @@ class HF:
                 out[token] += weight[token, slot].unsqueeze(-1) * self.mlp(f"{pre}experts.{j}.", h[token])
         out = out + self.mlp(pre + "shared_experts.", h)
         aux = torch.zeros((), dtype=h.dtype)
-        if c.get("aux_loss_alpha", 0) > 0 and not c.get("seq_aux", False):  # DeepSeek-V2's MoEGate, seq_aux off
+        alpha, seq_aux = c.get("aux_loss_alpha", 0), c.get("seq_aux", True)
+        if alpha > 0 and not seq_aux:  # DeepSeek-V2's MoEGate, seq_aux off: the whole batch
             ce = F.one_hot(idx.reshape(-1), num_classes=E).to(h.dtype).mean(0)
-            aux = (scores.mean(0) * ce * E).sum() * c["aux_loss_alpha"]
+            aux = (scores.mean(0) * ce * E).sum() * alpha
+        elif alpha > 0 and not self.v3:  # DeepSeek-V2's MoEGate, seq_aux on: each sequence, then their mean
+            Bs, Ts = (1, B * T) if self.one_sequence else (B, T)
+            hits = torch.zeros(Bs, E, dtype=h.dtype).scatter_add(1, idx.view(Bs, Ts * k),
+                                                                   torch.ones(Bs, Ts * k, dtype=h.dtype))
+            ce = hits / (Ts * k / E)
+            aux = (ce * scores.view(Bs, Ts, E).mean(1)).sum(1).mean() * alpha
+        elif alpha > 0:  # DeepSeek-V3's complementary sequence-wise loss: the paper's eq. 17-20
+            Bs, Ts = (1, B * T) if self.one_sequence else (B, T)
+            share = scores / scores.sum(-1, keepdim=True)  # s' over all routed experts
+            P = share.view(Bs, Ts, E).mean(1)
+            f = F.one_hot(idx.view(Bs, Ts * k), num_classes=E).to(h.dtype).sum(1) * E / (k * Ts)
+            aux = alpha * (f * P).sum(1).mean()
         return out.view(B, T, C), aux
 
     def layer(self, i, x):
@@ -504,6 +527,11 @@ def main():
         check(hf.stats["bias_changed"] > 0, "the selection bias changes some expert choice")
         zero = {k: np.zeros_like(v) for k, v in tensors.items() if k.endswith("e_score_correction_bias")}
         without("e_score_correction_bias", tensors=zero)
+    if c.get("n_routed_experts") and c.get("aux_loss_alpha", 0) > 0 and c.get("seq_aux", True):
+        with torch.no_grad():  # the same loss over the batch as one sequence
+            _, _, whole = HF(c, tensors, one_sequence=True).losses(inputs, targets)
+        check(rel(whole, aux) > RTOL, f"without the split into sequences (the batch as one): aux {whole:.10f} "
+                                      f"(rel {rel(whole, aux):.1e} > {RTOL:g}: detected)")
     L, C = c["num_hidden_layers"], c["hidden_size"]
     for d in range(c.get("num_nextn_predict_layers", 0)):
         eh = tensors[f"model.layers.{L + d}.eh_proj.weight"]

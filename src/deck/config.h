@@ -23,7 +23,8 @@ struct AttentionConfig {
 };
 
 // moe off | on dense_layers K shared S routed E topk k ffn F [gate softmax|sigmoid]
-//              [balance aux|bias] [balance_coef X] [route_scale X]
+//              [balance aux|bias] [balance_coef X] [aux_scope batch|sequence] [seq_aux X] [route_scale X]
+// (aux_scope belongs to balance aux, seq_aux to balance bias)
 struct MoeConfig {
   MoeMode mode = MoeMode::off;
   int dense_layers = 1;            // the first K blocks keep a dense FFN
@@ -34,9 +35,19 @@ struct MoeConfig {
   Gate gate = Gate::softmax;      // softmax (V2) or sigmoid with normalisation (V3)
   Balance balance = Balance::aux;  // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
   double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
+  AuxScope aux_scope = AuxScope::batch;  // aux: the loss over the rank's batch, or per sequence (V2's seq_aux)
+  double seq_aux = 0;              // bias: V3's complementary sequence-wise loss, its alpha (0: none)
   double route_scale = 1.0;        // scales the combine weights
   int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
   double capacity_factor = 0;      // 0: dropless; C: an expert runs at most C x its group's mean load, drops the rest
+  // The balance loss's alpha over the rank's whole batch, and per sequence
+  // (at most one of them is not zero).
+  double batch_loss_coef() const {
+    return balance == Balance::aux && aux_scope == AuxScope::batch ? balance_coef : 0;
+  }
+  double sequence_loss_coef() const {
+    return balance == Balance::aux ? (aux_scope == AuxScope::sequence ? balance_coef : 0) : seq_aux;
+  }
   bool enabled() const { return mode == MoeMode::on; }
   bool is_moe_layer(int layer) const { return enabled() && layer >= dense_layers; }
 };
