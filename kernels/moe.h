@@ -215,20 +215,31 @@ void router_backward_with(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> sc
       });
 }
 
+// The balance loss's gradient at token t's score e, as router_backward_with
+// reads it (plain functors: a kernel's lambda captures them on every backend).
+template <class T>
+struct ScoreGradPerExpert {  // the batch-level loss: the same (E) for every token
+  Vec<const T> grad;
+  KOKKOS_INLINE_FUNCTION T operator()(int64_t, int64_t e) const { return grad(e); }
+};
+template <class T>
+struct ScoreGradPerToken {  // the sequence-wise loss: (N, E), each token its own
+  Mat<const T> grad;
+  KOKKOS_INLINE_FUNCTION T operator()(int64_t t, int64_t e) const { return grad(t, e); }
+};
+
 // The batch-level balance loss: score_grad (E) added to every token's scores.
 template <class T>
 void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Vec<const T> score_grad,
                      GateKind g) {
-  router_backward_with<T>(dlogits, dweights, scores, idx, KOKKOS_LAMBDA(int64_t, int64_t e) { return score_grad(e); },
-                          g);
+  router_backward_with<T>(dlogits, dweights, scores, idx, ScoreGradPerExpert<T>{score_grad}, g);
 }
 
 // The sequence-wise balance loss: score_grad (N, E), its own gradient per token.
 template <class T>
 void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Mat<const T> score_grad,
                      GateKind g) {
-  router_backward_with<T>(dlogits, dweights, scores, idx,
-                          KOKKOS_LAMBDA(int64_t t, int64_t e) { return score_grad(t, e); }, g);
+  router_backward_with<T>(dlogits, dweights, scores, idx, ScoreGradPerToken<T>{score_grad}, g);
 }
 
 // mean (E) = column means of scores (N, E): P_i of the balance loss; each
