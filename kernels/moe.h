@@ -7,7 +7,8 @@
 // Team-shaped (kernels/team.h): the router (a team row per token, its experts
 // in the vector lanes), the positions (a team row per expert), the dispatch
 // and combine (a row per token, channels in its vector lanes), the score
-// means (column sums).
+// means (column sums); the sequence-wise balance loss (counts: a team row
+// per (sequence, expert); means: column sums; backward: a team row per token).
 // Group-limited routing (GateKind::groups > 1; DeepSeek-V2's
 // group_limited_greedy, V3's noaux_tc): the experts fall into G groups of E/G
 // in index order, a token first keeps its best topk_groups groups (softmax:
@@ -274,10 +275,10 @@ void combine_backward(Mat<T> dye, Mat<T> dweights, Mat<const T> dout, Mat<const 
 }
 
 // dlogits (N, E) from the combine-weight gradients dweights (N, k) plus
-// score_grad (E), a gradient added to every token's scores (the balance loss).
-template <class T>
-void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Vec<const T> score_grad,
-                     GateKind g) {
+// score_grad(t, e), a gradient added to token t's score e (the balance loss).
+template <class T, class ScoreGrad>
+void router_backward_with(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx,
+                          ScoreGrad score_grad, GateKind g) {
   const int64_t N = scores.extent(0), E = scores.extent(1), K = idx.extent(1);
   const bool sig = g.sigmoid, normalize = g.normalize;
   const T scale = T(g.route_scale);
@@ -289,7 +290,7 @@ void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores,
           for (int64_t j = 0; j < K; ++j) sum += scores(t, idx(t, j)), dot += dweights(t, j) * scores(t, idx(t, j));
           // ds = score_grad + the selected slot's term (the k experts are distinct)
           const auto ds = [&](int64_t e) {
-            T d = score_grad(e);
+            T d = score_grad(t, e);
             for (int64_t j = 0; j < K; ++j)
               if (idx(t, j) == e)
                 d += normalize ? scale * (dweights(t, j) / sum - dot / (sum * sum)) : scale * dweights(t, j);
@@ -307,6 +308,33 @@ void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores,
       });
 }
 
+// The balance loss's gradient at token t's score e, as router_backward_with
+// reads it (plain functors: a kernel's lambda captures them on every backend).
+template <class T>
+struct ScoreGradPerExpert {  // the batch-level loss: the same (E) for every token
+  Vec<const T> grad;
+  KOKKOS_INLINE_FUNCTION T operator()(int64_t, int64_t e) const { return grad(e); }
+};
+template <class T>
+struct ScoreGradPerToken {  // the sequence-wise loss: (N, E), each token its own
+  Mat<const T> grad;
+  KOKKOS_INLINE_FUNCTION T operator()(int64_t t, int64_t e) const { return grad(t, e); }
+};
+
+// The batch-level balance loss: score_grad (E) added to every token's scores.
+template <class T>
+void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Vec<const T> score_grad,
+                     GateKind g) {
+  router_backward_with<T>(dlogits, dweights, scores, idx, ScoreGradPerExpert<T>{score_grad}, g);
+}
+
+// The sequence-wise balance loss: score_grad (N, E), its own gradient per token.
+template <class T>
+void router_backward(Mat<T> dlogits, Mat<const T> dweights, Mat<const T> scores, Index2 idx, Mat<const T> score_grad,
+                     GateKind g) {
+  router_backward_with<T>(dlogits, dweights, scores, idx, ScoreGradPerToken<T>{score_grad}, g);
+}
+
 // mean (E) = column means of scores (N, E): P_i of the balance loss; each
 // expert's tokens summed in order
 template <class T>
@@ -316,6 +344,83 @@ void score_means(Vec<T> mean, Mat<const T> scores) {
       "moe::score_means", column_sum_policy<T>(E), KOKKOS_LAMBDA(const TeamMember& m) {
         column_sums(
             m, N, E, [&](int64_t t, int64_t e) { return scores(t, e); }, [&](int64_t e, T s) { mean(e) = s / T(N); });
+      });
+}
+
+// ---------------------------------------------------------------------------
+// The sequence-wise balance loss (DeepSeek-V2's seq_aux, DeepSeek-V3's
+// complementary loss). The N = B*T rows are B sequences of T tokens (row
+// b*T + t). Per sequence b and routed expert e, with k experts per token,
+//   f(b, e) = E / (k T) * (the tokens of b whose k chosen include e)
+//   P(b, e) = 1/T * sum_t s'(t, e),  s' = s / sum_j s_j under the sigmoid
+//             gate (softmax scores already sum to one: s' = s)
+//   L = alpha / B * sum_b sum_e f(b, e) P(b, e)
+// f holds counts: the gradient reaches the scores through P alone. The host
+// forms L and coef(b, e) = alpha * f(b, e) / B (times the loss scale) from
+// counts and means; the backward turns coef into every token's score gradient.
+
+// counts (B, E) = how many of sequence b's tokens chose expert e, from idx
+// (N, k): a team row per (sequence, expert), its lanes count the sequence's slots.
+inline void sequence_expert_counts(Index2 counts, Index2 idx) {
+  const int64_t N = idx.extent(0), K = idx.extent(1), B = counts.extent(0), E = counts.extent(1);
+  const int64_t slots = N / B * K;   // a sequence's slots: [b * slots, (b + 1) * slots)
+  const int32_t* slot = idx.data();  // (N*k)
+  Kokkos::parallel_for(
+      "moe::sequence_counts", row_policy(B * E), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, B * E, [&](int64_t be) {
+          const int64_t b = be / E, e = be % E;
+          const int32_t c = row_sum(m, slots, [&](int64_t s) { return int32_t(slot[b * slots + s] == e); });
+          row_single(m, [&] { counts(b, e) = c; });
+        });
+      });
+}
+
+// mean (B, E) = P(b, e) from scores (N, E); normalize: each token's scores
+// divided by their sum first (sums (N) keeps those sums). Each (sequence,
+// expert) sums its tokens in order.
+template <class T>
+void sequence_score_means(Mat<T> mean, Vec<T> sums, Mat<const T> scores, bool normalize) {
+  const int64_t N = scores.extent(0), E = scores.extent(1), B = mean.extent(0), seq = N / B;
+  if (normalize)
+    Kokkos::parallel_for(
+        "moe::score_sums", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+          for_rows(m, N, [&](int64_t t) {
+            const T s = row_sum_ordered(m, E, [&](int64_t e) { return scores(t, e); });
+            row_single(m, [&] { sums(t) = s; });
+          });
+        });
+  // the B*E (sequence, expert) pairs as columns c = b*E + e, each over its seq tokens
+  Kokkos::parallel_for(
+      "moe::sequence_score_means", column_sum_policy<T>(B * E), KOKKOS_LAMBDA(const TeamMember& m) {
+        column_sums(
+            m, seq, B * E,
+            [&](int64_t t, int64_t c) {
+              const int64_t row = (c / E) * seq + t;
+              return normalize ? scores(row, c % E) / sums(row) : scores(row, c % E);
+            },
+            [&](int64_t c, T s) { mean(c / E, c % E) = s / T(seq); });
+      });
+}
+
+// score_grad (N, E) = dL/ds of every token's scores, from coef (B, E), with
+// seq = N / B tokens per sequence and S_t = sum_j s(t, j):
+//   softmax (s' = s):    coef(b, e) / seq
+//   normalize (sigmoid): (coef(b, e) / S_t - sum_i coef(b, i) s(t, i) / S_t^2) / seq
+template <class T>
+void sequence_balance_backward(Mat<T> score_grad, Mat<const T> coef, Mat<const T> scores, bool normalize) {
+  const int64_t N = scores.extent(0), E = scores.extent(1), B = coef.extent(0), seq = N / B;
+  Kokkos::parallel_for(
+      "moe::sequence_balance_backward", row_policy(N), KOKKOS_LAMBDA(const TeamMember& m) {
+        for_rows(m, N, [&](int64_t t) {
+          const int64_t b = t / seq;
+          if (!normalize) {
+            row_for(m, E, [&](int64_t e) { score_grad(t, e) = coef(b, e) / T(seq); });
+            return;
+          }
+          const T sum = row_sum_ordered(m, E, [&](int64_t e) { return scores(t, e); });
+          const T dot = row_sum_ordered(m, E, [&](int64_t e) { return coef(b, e) * scores(t, e); });
+          row_for(m, E, [&](int64_t e) { score_grad(t, e) = (coef(b, e) - dot / sum) / (sum * T(seq)); });
+        });
       });
 }
 

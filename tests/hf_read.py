@@ -16,14 +16,17 @@ evaluation used (rebuilt here from the corpus, as src/train/trainer.cpp's evalua
      norms with eps 1e-6, the others with rms_norm_eps; the gate from scoring_func, topk_method
      (V2's group_limited_greedy and V3's noaux_tc keep topk_group of n_group expert groups),
      norm_topk_prob, routed_scaling_factor, e_score_correction_bias; MoE layers by
-     first_k_dense_replace and moe_layer_freq; MTP layers num_hidden_layers + d from
+     first_k_dense_replace and moe_layer_freq; the balance loss from aux_loss_alpha and seq_aux:
+     DeepSeek-V2's MoEGate over the batch or per sequence, DeepSeek-V3's complementary
+     sequence-wise loss (its paper, eq. 17-20) under seq_aux; MTP layers num_hidden_layers + d from
      eh_proj([enorm(emb), hnorm(h)])), on the HF names and config.json keys alone, gives the same
      main, MTP and balance losses (rel <= 1e-5);
   4. its main loss equals the trainer's own val_loss of the last step in metrics.jsonl (computed
      in float32 by the trainer from the same weights on the same windows; rel <= 1e-5);
   5. each convention matters here: the forward without it (Llama's rows not permuted, DeepSeek's
      rope not de-interleaved, the selection bias left out, eh_proj's halves not swapped, routing
-     without groups where config.json has them, YaRN left out) misses.
+     without groups where config.json has them, YaRN left out, a sequence-wise balance loss taken
+     over the whole batch) misses.
 
 usage: hf_read.py OUT_DIR CHECKPOINT.h5 METRICS.jsonl (--bytes CORPUS --valid F | --valid-shard FILE)
                   --batch B --eval-batches K [--expect-bias]
@@ -179,12 +182,17 @@ def reference_config(c, mtp_weight):
         cfg["moe"] = {"mode": "off"}
     else:
         sigmoid = c["scoring_func"] == "sigmoid"
+        alpha, seq_aux = c["aux_loss_alpha"], c.get("seq_aux", True)
+        # softmax: V2's loss, per sequence under seq_aux; sigmoid: the bias, with the sequence-wise loss
+        # beside it under seq_aux (a batch-level alpha without seq_aux is balance aux's, kept for reference)
+        aux = not sigmoid or (alpha > 0 and not seq_aux)
         cfg["moe"] = {"mode": "on", "dense_layers": c["first_k_dense_replace"], "shared": c["n_shared_experts"],
                       "routed": c["n_routed_experts"], "topk": c["num_experts_per_tok"],
                       "ffn": c["moe_intermediate_size"], "gate": c["scoring_func"],
-                      "balance": "aux" if c["aux_loss_alpha"] > 0 or not sigmoid else "bias",
-                      "balance_coef": c["aux_loss_alpha"], "route_scale": c["routed_scaling_factor"],
-                      "layer_freq": c.get("moe_layer_freq", 1)}
+                      "balance": "aux" if aux else "bias", "balance_coef": alpha,
+                      "aux_scope": "sequence" if aux and seq_aux else "batch",
+                      "seq_aux": alpha if not aux and seq_aux else 0.0,
+                      "route_scale": c["routed_scaling_factor"], "layer_freq": c.get("moe_layer_freq", 1)}
         # greedy ignores n_group and topk_group; group_limited_greedy and noaux_tc route inside them
         grouped = c["topk_method"] in ("group_limited_greedy", "noaux_tc")
         cfg["moe"].update(groups=c["n_group"] if grouped else 1, topk_groups=c["topk_group"] if grouped else 1)
@@ -265,10 +273,11 @@ def sdpa(q, k, v, scale):
 class HF:
     """Llama / DeepSeek-V2 / DeepSeek-V3 forward from config c and tensors w (HF names)."""
 
-    def __init__(self, c, w, deinterleave=True, groups=True, yarn=True):
+    def __init__(self, c, w, deinterleave=True, groups=True, yarn=True, one_sequence=False):
         self.c, self.w, self.deinterleave = c, {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}, deinterleave
         self.groups = groups  # False: route with a plain top-k over every expert (the check that groups matter)
         self.yarn = yarn
+        self.one_sequence = one_sequence  # the sequence-wise balance loss over the batch as one sequence
         self.v3 = c["model_type"] == "deepseek_v3"
         self.stats = {"bias_changed": 0, "selections": 0}
 
@@ -329,7 +338,7 @@ class HF:
         return keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
 
     def moe(self, pre, x):
-        """DeepseekV2MoE / DeepseekV3MoE; returns (out, the V2 batch-level auxiliary loss)."""
+        """DeepseekV2MoE / DeepseekV3MoE; returns (out, the balance loss)."""
         c = self.c
         B, T, C = x.shape
         h = x.reshape(B * T, C)
@@ -372,9 +381,22 @@ class HF:
                 out[token] += weight[token, slot].unsqueeze(-1) * self.mlp(f"{pre}experts.{j}.", h[token])
         out = out + self.mlp(pre + "shared_experts.", h)
         aux = torch.zeros((), dtype=h.dtype)
-        if c.get("aux_loss_alpha", 0) > 0 and not c.get("seq_aux", False):  # DeepSeek-V2's MoEGate, seq_aux off
+        alpha, seq_aux = c.get("aux_loss_alpha", 0), c.get("seq_aux", True)
+        if alpha > 0 and not seq_aux:  # DeepSeek-V2's MoEGate, seq_aux off: the whole batch
             ce = F.one_hot(idx.reshape(-1), num_classes=E).to(h.dtype).mean(0)
-            aux = (scores.mean(0) * ce * E).sum() * c["aux_loss_alpha"]
+            aux = (scores.mean(0) * ce * E).sum() * alpha
+        elif alpha > 0 and not self.v3:  # DeepSeek-V2's MoEGate, seq_aux on: each sequence, then their mean
+            Bs, Ts = (1, B * T) if self.one_sequence else (B, T)
+            hits = torch.zeros(Bs, E, dtype=h.dtype).scatter_add(1, idx.view(Bs, Ts * k),
+                                                                   torch.ones(Bs, Ts * k, dtype=h.dtype))
+            ce = hits / (Ts * k / E)
+            aux = (ce * scores.view(Bs, Ts, E).mean(1)).sum(1).mean() * alpha
+        elif alpha > 0:  # DeepSeek-V3's complementary sequence-wise loss: the paper's eq. 17-20
+            Bs, Ts = (1, B * T) if self.one_sequence else (B, T)
+            share = scores / scores.sum(-1, keepdim=True)  # s' over all routed experts
+            P = share.view(Bs, Ts, E).mean(1)
+            f = F.one_hot(idx.view(Bs, Ts * k), num_classes=E).to(h.dtype).sum(1) * E / (k * Ts)
+            aux = alpha * (f * P).sum(1).mean()
         return out.view(B, T, C), aux
 
     def layer(self, i, x):
@@ -582,6 +604,11 @@ def main():
     if c.get("n_routed_experts") and c["topk_method"] != "greedy" and c["topk_group"] < c["n_group"]:
         without(f"group-limited routing ({c['topk_method']}, {c['topk_group']} of {c['n_group']} groups; a plain "
                 f"top-k of every expert)", groups=False)
+    if c.get("n_routed_experts") and c.get("aux_loss_alpha", 0) > 0 and c.get("seq_aux", True):
+        with torch.no_grad():  # the same loss over the batch as one sequence
+            _, _, whole = HF(c, tensors, one_sequence=True).losses(inputs, targets)
+        check(rel(whole, aux) > RTOL, f"without the split into sequences (the batch as one): aux {whole:.10f} "
+                                      f"(rel {rel(whole, aux):.1e} > {RTOL:g}: detected)")
     L, C = c["num_hidden_layers"], c["hidden_size"]
     for d in range(c.get("num_nextn_predict_layers", 0)):
         eh = tensors[f"model.layers.{L + d}.eh_proj.weight"]

@@ -1,10 +1,11 @@
 // Writes what the PyTorch reference (tools/torch_reference.py) checks us
 // against: a checkpoint of a randomly initialised model of one named
 // architecture (through the real checkpoint writer, deck lines and MoE
-// selection biases included), and for one fixed batch our loss and every
-// gradient.
+// selection biases included), and for one fixed batch our loss, its balance
+// part (aux) and every gradient.
 //   parity_dump OUT_DIR CONFIG [PRECISION]  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
-// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups | mla_yarn | dense_yarn
+// CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups | mla_yarn |
+//         dense_yarn | moe_seq_aux | moe_bias_seq_aux
 // PRECISION: fp32 (default) | bf16 | fp16: what the GEMM operands are; the
 // deck attribute says so, and the reference widens its tolerances to it.
 #include <hdf5.h>
@@ -36,6 +37,15 @@ const std::string kMoeAux =
 const std::string kMoeBias =
     "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
     "route_scale 1.5";
+// The sequence-wise balance loss: V2's (softmax, in place of the batch-level
+// loss; alpha large enough that the loss and the gate gradients see it) and
+// V3's beside the selection bias (with MTP, whose blocks route too).
+const std::string kMoeSeqAux =
+    "moe on dense_layers 1 shared 1 routed 8 topk 2 ffn 32 gate softmax balance aux balance_coef 0.1 "
+    "aux_scope sequence";
+const std::string kMoeBiasSeqAux =
+    "moe on dense_layers 1 shared 2 routed 8 topk 2 ffn 32 gate sigmoid balance bias balance_coef 0.001 "
+    "seq_aux 0.01 route_scale 1.5";
 const std::string kMtp = "mtp depth 2 weight 0.3";
 // Group-limited routing. Softmax (V2's group_limited_greedy, a group ranked by
 // its largest score): only a top-k wider than the kept groups can differ from
@@ -79,6 +89,8 @@ const std::map<std::string, std::vector<std::string>> kConfigs = {
     {"moe_bias_groups", {kModelDeepseek, kMla, kMoeBiasGroups}},
     {"mla_yarn", {kModelDeepseek, kMlaYarn, kYarnRamp}},
     {"dense_yarn", {kModelDenseYarn, kYarnDefaults}},
+    {"moe_seq_aux", {kModelDeepseek, kMla, kMoeSeqAux}},
+    {"moe_bias_seq_aux", {kModelDeepseek, kMla, kMoeBiasSeqAux, kMtp}},
 };
 
 void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {
@@ -180,6 +192,7 @@ int main(int argc, char** argv) {
     write_dataset(f, "inputs", H5T_NATIVE_INT32, tok_dims, in.data());
     write_dataset(f, "targets", H5T_NATIVE_INT32, tok_dims, tgt.data());
     write_dataset(f, "loss", H5T_NATIVE_DOUBLE, {1}, &loss);
+    write_dataset(f, "aux", H5T_NATIVE_DOUBLE, {1}, &parts.aux);  // the balance loss alone
     hid_t g = H5Gcreate2(f, "grads", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     for (const auto& t : model.layout().tensors())
       write_dataset(g, t.name, H5T_NATIVE_FLOAT, std::vector<hsize_t>(t.shape.begin(), t.shape.end()),

@@ -644,3 +644,37 @@ TEST_CASE("deck: a repeated line of one kind changes what it names; init hf stan
   CHECK(hf.phases[0].config.init.expanded);
   CHECK(build(t, kBase + "run 2\n").phases[0].config.init.kind == "random");
 }
+
+TEST_CASE("deck: moe aux_scope belongs to balance aux, seq_aux to balance bias; the loss coefficients they resolve to",
+          "[deck]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  const std::string moe = "moe on routed 4 topk 2 ffn 8 ";  // line 3, after kBase's two
+  auto moe_of = [&](const std::string& words) {
+    return build(t, kBase + moe + words + "\nrun 2\n").phases[0].config.model.moe;
+  };
+  // the defaults: today's batch-level loss, alpha = balance_coef; no sequence-wise loss
+  const MoeConfig plain = moe_of("");
+  CHECK((plain.aux_scope == AuxScope::batch && plain.seq_aux == 0));
+  CHECK((plain.batch_loss_coef() == 0.001 && plain.sequence_loss_coef() == 0));
+  const MoeConfig v2 = moe_of("balance aux balance_coef 0.003 aux_scope sequence");
+  CHECK((v2.batch_loss_coef() == 0 && v2.sequence_loss_coef() == 0.003));
+  const MoeConfig v3 = moe_of("gate sigmoid balance bias balance_coef 0.02 seq_aux 0.0001");
+  CHECK((v3.batch_loss_coef() == 0 && v3.sequence_loss_coef() == 0.0001));
+  const MoeConfig bias = moe_of("gate sigmoid balance bias");
+  CHECK((bias.batch_loss_coef() == 0 && bias.sequence_loss_coef() == 0));
+  // each keyword with the other mode: one error naming the line and which belongs to which
+  CHECK(error_of(t, kBase + moe + "balance bias aux_scope sequence\nrun 2\n") ==
+        file + ":3: 'aux_scope' sequence with balance bias (expected balance aux: aux_scope belongs to balance aux; "
+               "balance bias takes the sequence-wise loss as seq_aux X)");
+  CHECK(error_of(t, kBase + moe + "balance aux seq_aux 0.01\nrun 2\n") ==
+        file + ":3: 'seq_aux' 0.01 with balance aux (expected balance bias: seq_aux belongs to balance bias; balance "
+               "aux takes the sequence-wise loss as aux_scope sequence)");
+  CHECK_THAT(error_of(t, kBase + moe + "aux_scope token\nrun 2\n"),
+             Catch::StartsWith(file + ":3: bad value 'token' for 'aux_scope' (expected one of: batch, sequence)"));
+  CHECK_THAT(error_of(t, kBase + moe + "balance bias seq_aux -1\nrun 2\n"),
+             Catch::StartsWith(file + ":3: value -1 for 'seq_aux' is out of range (expected >= 0)"));
+  // a repeated line keeps what it does not name: switching to bias under aux_scope sequence is refused there
+  CHECK_THAT(error_of(t, kBase + moe + "aux_scope sequence\nmoe on balance bias\nrun 2\n"),
+             Catch::StartsWith(file + ":4: 'aux_scope' sequence with balance bias"));
+}

@@ -143,8 +143,10 @@ TEST_CASE("each expert's averaged gradient equals ep 1's", "[mpi][ep]") {
   const auto corpus = make_corpus(dir);
   RunOptions options;
   options.quiet = true;
-  // sync accumulate 2: two micro-batches summed before the reduction
-  for (const std::string extra : {"", "sync accumulate 2 bucket_mb 0.01\n"}) {
+  // sync accumulate 2: two micro-batches summed before the reduction; with the
+  // balance loss per sequence, whose sequences are each rank's own rows
+  for (const std::string extra : {"", "sync accumulate 2 bucket_mb 0.01\n",
+                                  "sync accumulate 2 bucket_mb 0.01\nmoe on aux_scope sequence balance_coef 0.1\n"}) {
     INFO("extra: " << extra);
     Trainer one(MPI_COMM_WORLD, make_program(dir, "one", deck(corpus, dir + "/one", 1, "softmax", 1, extra)), options);
     one.train_step();

@@ -77,29 +77,19 @@ int line_of(const json& config, const std::string& key) {
 
 }  // namespace
 
-TEST_CASE("hf config: DeepSeek-V2-Lite's YaRN and eps are read; without seq_aux it is our V2-Lite deck",
+TEST_CASE("hf config: DeepSeek-V2-Lite as published is our V2-Lite deck: its YaRN, eps and seq_aux read",
           "[hf][hf_config]") {
   TempDir t;
   json c = v2_lite();
   std::string dir = write_config(t, c);
-  // past rope_scaling and rms_norm_eps: a key of the routing, which is not built yet
-  const std::string refusal = error_of([&] { hf_model_lines(dir, 0, "deck:1"); });
-  CHECK_THAT(refusal, Catch::Contains("(init hf at deck:1)") && !Catch::Contains("rope_scaling") &&
-                          !Catch::Contains("rms_norm_eps"));
-  bool routing = false;
-  for (const char* key : {"seq_aux", "n_group", "topk_method", "moe_layer_freq"})
-    routing |= refusal.rfind(dir + "/config.json:" + std::to_string(line_of(c, key)) + ": ", 0) == 0;
-  CHECK(routing);
-  c["seq_aux"] = false;
-  dir = write_config(t, c);
   // input/deepseek-v2-lite.deck's model, with config.json's own context and init_std, its latent norms at
-  // HF's 1e-6 and its YaRN
+  // HF's 1e-6, its sequence-wise balance loss (seq_aux true) and its YaRN
   CHECK(lines_text(hf_model_lines(dir, 4096, "deck:1")) ==
         "model deepseek vocab 102400 dim 2048 layers 27 heads 16 ffn 10944 seq 4096 rope_theta 10000 norm_eps 1e-06 "
         "init_std 0.02\n"
         "attention mla kv_lora_rank 512 q_lora_rank 0 qk_nope_dim 128 rope_dim 64 v_dim 128 latent_eps 1e-06\n"
         "moe on dense_layers 1 shared 2 routed 64 topk 6 ffn 1408 gate softmax balance aux balance_coef 0.001 "
-        "route_scale 1 groups 1 topk_groups 1 layer_freq 1\n"
+        "aux_scope sequence route_scale 1 groups 1 topk_groups 1 layer_freq 1\n"
         "mtp depth 0\n"
         "rope_scaling yarn factor 40 original_seq 4096 beta_fast 32 beta_slow 1 mscale 0.707 mscale_all_dim 0.707\n");
   // rms_norm_eps is every other norm's: any value > 0
@@ -213,7 +203,7 @@ TEST_CASE("hf config: V3's gate, groups and MTP; every refusal names its key", "
   std::string dir = write_config(t, c);
   // V3's groups (8, 4 kept) are group-limited routing, now built
   const auto lines = hf_model_lines(dir, 128, "deck:1");
-  CHECK_THAT(lines_text(lines), Catch::Contains("gate sigmoid balance bias balance_coef 0.001 route_scale 2.5 "
+  CHECK_THAT(lines_text(lines), Catch::Contains("gate sigmoid balance bias balance_coef 0.001 seq_aux 0 route_scale 2.5 "
                                                 "groups 8 topk_groups 4 layer_freq 1") &&
                                     Catch::Contains("mtp depth 1") && Catch::Contains("seq 128"));
   for (const auto& l : lines)
@@ -267,7 +257,7 @@ TEST_CASE("hf config: group-limited routing and moe_layer_freq onto the moe line
     return std::string();
   };
   CHECK(moe_line(c) == "moe on dense_layers 1 shared 2 routed 160 topk 6 ffn 1408 gate softmax balance aux "
-                       "balance_coef 0.001 route_scale 16 groups 8 topk_groups 3 layer_freq 1\n");
+                       "balance_coef 0.001 aux_scope batch route_scale 16 groups 8 topk_groups 3 layer_freq 1\n");
   // plain greedy ignores n_group and topk_group, as HF's gate does
   json greedy = c;
   greedy["topk_method"] = "greedy";
@@ -372,6 +362,58 @@ TEST_CASE("hf config: config.json's YaRN is the model's: repeated, not changed; 
                                "/config.json's rope_scaling.factor (it gives factor 40)"));
   CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nrope_scaling off\ndata bytes x.txt\nrun 1\n"); }),
              Catch::StartsWith(deck_file + ":2: 'rope_scaling off' changes the rope_scaling config.json describes"));
+}
+
+TEST_CASE("hf config: seq_aux is the sequence-wise balance loss under either gate, aux_loss_alpha its alpha",
+          "[hf][hf_config]") {
+  TempDir t;
+  // V2-Lite and a V3-shaped config as published (seq_aux true): what refuses them is not seq_aux
+  json v2 = v2_lite();
+  json v3 = v2_lite();
+  v3.update(json{{"model_type", "deepseek_v3"}, {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"},
+                 {"norm_topk_prob", true}, {"n_group", 8}, {"topk_group", 4}, {"num_nextn_predict_layers", 1},
+                 {"routed_scaling_factor", 2.5}});
+  for (const json* published : {&v2, &v3}) {
+    const std::string error = error_of([&] { hf_model_lines(write_config(t, *published), 0, "deck:1"); });
+    CAPTURE(error);
+    CHECK(error.find("seq_aux") == std::string::npos);
+    CHECK(error.find("sequence-wise") == std::string::npos);
+  }
+  // the moe line each gate's seq_aux and aux_loss_alpha give (the other keys' refusals set aside)
+  auto moe_line = [&](json c, bool seq_aux, double alpha) {
+    c.erase("rope_scaling"), c["topk_group"] = c["n_group"];
+    c["seq_aux"] = seq_aux, c["aux_loss_alpha"] = alpha;
+    for (const auto& l : hf_model_lines(write_config(t, c), 64, "deck:1"))
+      if (l.command == "moe") return lines_text({l});
+    return std::string();
+  };
+  const std::string v2_experts = "moe on dense_layers 1 shared 2 routed 64 topk 6 ffn 1408 ";
+  const std::string v2_routing = " groups 1 topk_groups 1 layer_freq 1\n", v3_routing = " groups 8 topk_groups 8 layer_freq 1\n";
+  CHECK(moe_line(v2, true, 0.003) ==
+        v2_experts + "gate softmax balance aux balance_coef 0.003 aux_scope sequence route_scale 1" + v2_routing);
+  CHECK(moe_line(v2, false, 0.003) ==
+        v2_experts + "gate softmax balance aux balance_coef 0.003 aux_scope batch route_scale 1" + v2_routing);
+  CHECK(moe_line(v3, true, 0.0001) ==
+        v2_experts + "gate sigmoid balance bias balance_coef 0.001 seq_aux 0.0001 route_scale 2.5" + v3_routing);
+  CHECK(moe_line(v3, false, 0.0001) ==
+        v2_experts + "gate sigmoid balance bias balance_coef 0.001 seq_aux 0 route_scale 2.5" + v3_routing);
+
+  // expanded into a deck: the loss it resolves to, and a later line may not change it
+  json c = v2;
+  c.erase("rope_scaling"), c["aux_loss_alpha"] = 0.003;
+  const std::string dir = write_config(t, c);
+  auto expand = [&](const std::string& text) { return expand_hf_init(read_deck(t.write("ft.deck", text), {})); };
+  const MoeConfig m =
+      build_program(expand("init hf " + dir + "\ndata bytes x.txt\nrun 1\n"), false).phases[0].config.model.moe;
+  CHECK((m.aux_scope == AuxScope::sequence && m.batch_loss_coef() == 0 && m.sequence_loss_coef() == 0.003));
+  CHECK_THAT(error_of([&] { expand("init hf " + dir + "\nmoe on aux_scope batch\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::StartsWith(t.file("ft.deck") + ":2: moe aux_scope batch contradicts " + dir +
+                               "/config.json's seq_aux (it gives aux_scope sequence)"));
+  c["scoring_func"] = "sigmoid", c["topk_method"] = "noaux_tc", c["norm_topk_prob"] = true;
+  const std::string v3_dir = write_config(t, c);
+  CHECK_THAT(error_of([&] { expand("init hf " + v3_dir + "\nmoe on seq_aux 0.5\ndata bytes x.txt\nrun 1\n"); }),
+             Catch::StartsWith(t.file("ft.deck") + ":2: moe seq_aux 0.5 contradicts " + v3_dir +
+                               "/config.json's aux_loss_alpha (it gives seq_aux 0.003)"));
 }
 
 namespace {

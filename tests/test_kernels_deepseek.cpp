@@ -507,6 +507,112 @@ TEST_CASE("router backward matches finite differences with the selection held fi
   REQUIRE(selection_changed == 0);
 }
 
+TEST_CASE("sequence balance loss: counts and means as defined, the backward matches finite differences",
+          "[kernels]") {
+  // B sequences of S tokens; the loss is written here from its definition on
+  // the host (DeepSeek-V2 seq_aux, DeepSeek-V3's complementary loss), the
+  // kernels' counts and means are checked against it, and their backward
+  // through router_backward against its finite differences.
+  const int64_t B = 3, S = 5, N = B * S, E = 6, K = 2;
+  const double alpha = 0.7;
+  const bool sigmoid = GENERATE(false, true);
+  CAPTURE(sigmoid);
+  const k::GateKind g{sigmoid, sigmoid, 1.5};
+  std::vector<double> hl(N * E);
+  std::mt19937_64 gen(161);
+  std::uniform_real_distribution<double> noise(-0.05, 0.05);
+  for (int64_t t = 0; t < N; ++t) {  // ranks 0.6 apart: a perturbation of 1e-5 keeps the top-k
+    std::vector<int> rank(E);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), gen);
+    for (int64_t e = 0; e < E; ++e) hl[t * E + e] = 0.6 * rank[e] - 1.5 + noise(gen);
+  }
+  auto logits = buffer_of(hl);
+  auto bias = float_buffer_of(std::vector<float>(E, 0.0f));
+  Buffer<double> scores("scores", N * E), w("w", N * K), dlogits("dlogits", N * E), dscores("dscores", N * E);
+  Buffer<double> mean("mean", B * E), sums("sums", N), coef("coef", B * E);
+  k::Index2 idx("idx", N, K), counts("counts", B, E);
+  std::vector<int32_t> idx0;
+  int selection_changed = 0;
+  double rscale = 0;
+  const auto r = random_buffer(N * K, 162);
+  std::vector<double> want_counts(B * E), want_mean(B * E);
+  // L = alpha / B sum_b sum_e f(b, e) P(b, e), from the host's scores and choices
+  auto balance = [&](const std::vector<double>& hs, const std::vector<int32_t>& hi) {
+    double L = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < E; ++e) {
+        double chosen = 0, p = 0;
+        for (int64_t t = b * S; t < (b + 1) * S; ++t) {
+          double row = 0;
+          for (int64_t j = 0; j < E; ++j) row += hs[t * E + j];
+          p += sigmoid ? hs[t * E + e] / row : hs[t * E + e];
+          for (int64_t j = 0; j < K; ++j) chosen += hi[t * K + j] == e;
+        }
+        want_counts[b * E + e] = chosen, want_mean[b * E + e] = p / double(S);
+        L += alpha / double(B) * (double(E) / double(K * S) * chosen) * (p / double(S));
+      }
+    return L;
+  };
+  auto loss = [&] {
+    k::router_scores_forward<double>(M(scores, N, E), M(logits, N, E), g);
+    k::router_topk<double>(idx, M(w, N, K), M(scores, N, E), Vec<const float>(bias.data(), E), g);
+    if (!idx0.empty() && host(idx) != idx0) ++selection_changed;
+    double wr = 0;
+    const auto hw = host(w), hr = host(r);
+    for (int64_t i = 0; i < N * K; ++i) wr += hw[i] * hr[i];
+    return rscale * wr + balance(host(scores), host(idx));
+  };
+  const double L0 = loss();
+  idx0 = host(idx);
+  REQUIRE(L0 > 0);
+
+  // forward: the kernels' counts and means are the definition's
+  k::sequence_expert_counts(counts, idx);
+  k::sequence_score_means<double>(M(mean, B, E), V(sums), M(scores, N, E), sigmoid);
+  const auto hc = host(counts);
+  const auto hm = host(mean);
+  for (int64_t i = 0; i < B * E; ++i) {
+    CAPTURE(i);
+    REQUIRE(hc[i] == want_counts[i]);
+    REQUIRE(hm[i] == Approx(want_mean[i]).epsilon(1e-14));
+  }
+  // every sequence's counts add up to its S tokens x k, and the three differ
+  for (int64_t b = 0; b < B; ++b) REQUIRE(std::accumulate(hc.begin() + b * E, hc.begin() + (b + 1) * E, 0) == S * K);
+  REQUIRE((!std::equal(hc.begin(), hc.begin() + E, hc.begin() + E) ||
+           !std::equal(hc.begin() + E, hc.begin() + 2 * E, hc.begin() + 2 * E)));
+
+  // backward: coef = alpha f / B per (sequence, expert), into every token's scores, to the logits
+  std::vector<double> hcoef(B * E);
+  for (int64_t i = 0; i < B * E; ++i) hcoef[i] = alpha * double(E) / double(K * S) * hc[i] / double(B);
+  fill_from(coef, hcoef);
+  for (double scale_r : {0.0, 1.0}) {  // the balance loss alone, then with the combine weights' gradient
+    CAPTURE(scale_r);
+    rscale = scale_r;
+    loss();  // the scores and choices at the unperturbed logits again (check_gradient left the last perturbed)
+    Buffer<double> dw("dw", N * K);
+    Kokkos::deep_copy(dw, r);
+    k::scale_inplace<double>(V(dw), scale_r);
+    Kokkos::deep_copy(dscores, 9.0), Kokkos::deep_copy(dlogits, 9.0);  // all written (=)
+    k::sequence_balance_backward<double>(M(dscores, N, E), M(coef, B, E), M(scores, N, E), sigmoid);
+    k::router_backward<double>(M(dlogits, N, E), M(dw, N, K), M(scores, N, E), idx, Mat<const double>(M(dscores, N, E)),
+                               g);
+    check_gradient("sequence balance dlogits", logits, dlogits, loss, 1000);
+  }
+  REQUIRE(selection_changed == 0);
+
+  // router_backward's per-token gradient is its per-expert one where every token's row is the same
+  auto sg = random_buffer(E, 163);
+  Buffer<double> rows("rows", N * E), d_vec("d_vec", N * E), d_mat("d_mat", N * E);
+  std::vector<double> hsg = host(sg), hrows(N * E);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) hrows[t * E + e] = hsg[e];
+  fill_from(rows, hrows);
+  k::router_backward<double>(M(d_vec, N, E), M(r, N, K), M(scores, N, E), idx, V(sg), g);
+  k::router_backward<double>(M(d_mat, N, E), M(r, N, K), M(scores, N, E), idx, Mat<const double>(M(rows, N, E)), g);
+  REQUIRE(host(d_vec) == host(d_mat));
+}
+
 // ---------------------------------------------------------------------------
 // concat_columns, cross entropy with ignored targets, shift_tokens
 

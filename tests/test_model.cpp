@@ -56,10 +56,12 @@ ModelConfig architecture(const std::string& name) {
   m.moe.dense_layers = 1, m.moe.shared = 1, m.moe.routed = 4, m.moe.topk = 2, m.moe.ffn = 6;
   m.moe.balance_coef = 0.01;  // large enough to show in the gradient
   if (name == "moe-softmax-aux") return m;
+  if (name == "moe-softmax-seq-aux") return m.moe.aux_scope = AuxScope::sequence, m;  // V2's seq_aux: per sequence
   m.moe.gate = Gate::sigmoid, m.moe.balance = Balance::bias, m.moe.route_scale = 1.5;
   if (name == "moe-sigmoid-bias") return m;
   m.mtp.depth = 2, m.mtp.weight = 0.5;
   if (name == "deepseek-mtp") return m;  // MLA + MoE + MTP
+  if (name == "deepseek-mtp-seq-aux") return m.moe.seq_aux = 0.05, m;  // V3's sequence-wise loss, MTP's blocks too
   m.moe.capacity_factor = 0.75;  // "moe-capacity": 12 rows x top-2 over 4 experts, at most 5 each: some dropped
   return m;
 }
@@ -67,7 +69,7 @@ ModelConfig architecture(const std::string& name) {
 TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const std::string arch =
       GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "mla-yarn", "moe-softmax-aux", "moe-sigmoid-bias",
-               "deepseek-mtp", "moe-capacity");
+               "deepseek-mtp", "moe-capacity", "moe-softmax-seq-aux", "deepseek-mtp-seq-aux");
   CAPTURE(arch);
   const auto cfg = architecture(arch);
   const int B = 2;
@@ -78,7 +80,7 @@ TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const auto loss0 = model.forward(tin, ttgt);
   REQUIRE(std::isfinite(loss0.total));
   if (cfg.mtp.depth > 0) REQUIRE(loss0.mtp > 0);
-  if (cfg.moe.enabled() && cfg.moe.balance == Balance::aux) REQUIRE(loss0.aux > 0);
+  if (cfg.moe.enabled() && (cfg.moe.batch_loss_coef() > 0 || cfg.moe.sequence_loss_coef() > 0)) REQUIRE(loss0.aux > 0);
   int64_t dropped = 0;  // capacity_factor: dropped rows reach neither the output nor the expert's gradient
   for (auto& [prefix, ffn] : model.moe_layers()) dropped += ffn->dropped_rows();
   REQUIRE((dropped > 0) == (cfg.moe.capacity_factor > 0));

@@ -4,8 +4,9 @@
 Covers the whole architecture: MHA or multi-head latent attention (MLA, with
 or without the query latent, its latent norms at their own eps), dense SwiGLU
 or DeepSeekMoE feed-forward (softmax gate with the expert-level auxiliary
-balance loss, or sigmoid gate with normalised weights and selection biases;
-group-limited routing; MoE on every layer_freq-th block), multi-token
+balance loss over the batch or per sequence, or sigmoid gate with normalised
+weights and selection biases, with or without the sequence-wise loss beside
+them; group-limited routing; MoE on every layer_freq-th block), multi-token
 prediction, and the plain rotary embedding or DeepSeek-V2's YaRN.
 
 Reads the architecture from the checkpoint's deck attribute (the `model`,
@@ -14,7 +15,11 @@ MoE selection biases from /buffers/<prefix>ffn.gate_bias (zero when absent),
 recomputes the total loss (main + weight * mtp + aux) and every gradient for
 the batch in GRADS (written by tests/parity_dump), and compares:
   loss:      |ours - torch| / |torch|             <= 1e-5
+  aux:       the balance loss alone, the same way (exactly zero where torch's is)
   gradients: ||ours - torch|| / ||torch||, per tensor <= 1e-4
+A sequence-wise balance loss must also differ from the same loss taken over
+the whole batch as one sequence by more than ten times the loss bound: else
+the fixture could not tell the two apart.
 Our side runs in float32, so both bounds leave room for float32 rounding only.
 A checkpoint whose deck says `precision bf16` (or fp16) had 16-bit GEMM
 operands: the bounds are then the type's (TOLERANCES below, and why).
@@ -77,7 +82,7 @@ def model_of(c):
     moe = {"mode": e["mode"]}
     if e["mode"] == "on":
         moe.update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
-                                      "balance_coef", "route_scale", "groups", "layer_freq")})
+                                      "balance_coef", "aux_scope", "seq_aux", "route_scale", "groups", "layer_freq")})
         moe["topk_groups"] = e["topk_groups"] or e["groups"]  # 0: not given, every group
     cfg["attention"], cfg["moe"], cfg["mtp"] = att, moe, {"depth": c["mtp"]["depth"], "weight": c["mtp"]["weight"]}
     return cfg
@@ -98,6 +103,8 @@ def describe(cfg):
         if m["layer_freq"] > 1:
             blocks = [l for l in range(cfg["layers"] + t["depth"]) if is_moe_layer(cfg, l)]
             parts.append(f"layer_freq {m['layer_freq']}: MoE blocks {blocks} of {cfg['layers'] + t['depth']}")
+        if sequence_alpha(m) > 0:
+            parts.append(f"sequence-wise balance loss alpha {sequence_alpha(m):g}")
     if t["depth"] > 0:
         parts.append(f"mtp depth {t['depth']} weight {t['weight']:g}")
     y = cfg.get("rope_scaling", {"kind": "off"})
@@ -282,12 +289,39 @@ def moe_ffn(p, buffers, pre, h, cfg, stats):
         q = f"{pre}ffn.experts.{e}."
         out = out + combine[:, e:e + 1] * swiglu(x, p[q + "w1"], p[q + "w3"], p[q + "w2"])
     aux = torch.zeros((), dtype=x.dtype)
-    if m["balance"] == "aux":
+    if m["balance"] == "aux" and m.get("aux_scope", "batch") == "batch":
         with torch.no_grad():
             chosen = torch.zeros(N, E, dtype=x.dtype).scatter(1, idx, 1.0)
             f = E / (k * N) * chosen.sum(0)  # a constant: no gradient
         aux = m["balance_coef"] * (f * s.mean(0)).sum()
+    alpha = sequence_alpha(m)
+    if alpha > 0:  # in place of the batch-level loss (aux_scope sequence), or beside the bias
+        with torch.no_grad():
+            chosen = torch.zeros(N, E, dtype=x.dtype).scatter(1, idx, 1.0)
+            one = sequence_balance_loss(s, chosen, 1, N, k, alpha, m["gate"] == "sigmoid")
+            stats["aux_one_sequence"] = stats.get("aux_one_sequence", 0.0) + one.item()
+        aux = sequence_balance_loss(s, chosen, B, T, k, alpha, m["gate"] == "sigmoid")
     return out.view(B, T, C), aux
+
+
+def sequence_alpha(m):
+    """The sequence-wise balance loss's alpha: balance aux with aux_scope sequence (DeepSeek-V2's
+    seq_aux), or balance bias's seq_aux (DeepSeek-V3's complementary loss); 0: none."""
+    if m["balance"] == "aux":
+        return m["balance_coef"] if m.get("aux_scope", "batch") == "sequence" else 0.0
+    return m.get("seq_aux", 0.0)
+
+
+def sequence_balance_loss(s, chosen, B, T, k, alpha, sigmoid):
+    """alpha * mean over the B sequences of sum_i f_i P_i, for scores s and the 0/1 choices `chosen`
+    (B*T, E) of B sequences of T tokens: f_i = E / (k T) * (the sequence's tokens that chose i), a
+    constant; P_i = the sequence's mean of s'_i, s' the scores normalised over all experts under
+    the sigmoid gate (a softmax already sums to one)."""
+    E = s.shape[-1]
+    s_norm = s / s.sum(-1, keepdim=True) if sigmoid else s
+    f = E / (k * T) * chosen.view(B, T, E).sum(1)  # (B, E)
+    P = s_norm.view(B, T, E).mean(1)  # (B, E)
+    return alpha * (f * P).sum(-1).mean()
 
 
 def block(p, buffers, pre, x, cfg, is_moe, stats, moe=moe_ffn):
@@ -362,6 +396,7 @@ def main():
         inputs = torch.tensor(np.asarray(gr["inputs"]), dtype=torch.long)
         targets = torch.tensor(np.asarray(gr["targets"]), dtype=torch.long)
         ours_loss = float(np.asarray(gr["loss"])[0])
+        ours_aux = float(np.asarray(gr["aux"])[0]) if "aux" in gr else None
         ours = {name: np.asarray(gr["grads"][name], dtype=np.float64) for name in gr["grads"]}
     stats = {}
     loss, parts = loss_fn(params, buffers, cfg, inputs, targets, stats)
@@ -383,6 +418,19 @@ def main():
               f"{stats['groups_changed']} of {stats['selections']} selections{'' if acted else '   FAILED'}")
     print(f"# {'tensor':<22} {'rel_err':>10} {'max_abs_err':>12}   (limit loss {LOSS_RTOL:g}, grads {GRAD_RTOL:g})")
     print(f"  {'loss':<22} {rel:>10.2e} {abs(ours_loss - loss.item()):>12.2e}   ours {ours_loss:.8f} torch {loss.item():.8f}")
+    if ours_aux is not None:
+        aux = parts["aux"]
+        rel_aux = abs(ours_aux - aux) / abs(aux) if aux != 0 else (0.0 if ours_aux == 0 else math.inf)
+        ok &= rel_aux <= LOSS_RTOL
+        print(f"  {'aux':<22} {rel_aux:>10.2e} {abs(ours_aux - aux):>12.2e}   ours {ours_aux:.8f} torch {aux:.8f}"
+              f"{'' if rel_aux <= LOSS_RTOL else '   FAILED'}")
+    if "aux_one_sequence" in stats:
+        # the same loss over the batch as one sequence: the fixture tells the two apart
+        one, aux = stats["aux_one_sequence"], parts["aux"]
+        apart = abs(aux - one) / abs(aux)
+        ok &= apart > 10 * LOSS_RTOL
+        print(f"# sequence-wise aux {aux:.8f}; over the batch as one sequence {one:.8f}: apart by {apart:.2e} "
+              f"(must exceed {10 * LOSS_RTOL:g}){'' if apart > 10 * LOSS_RTOL else '   FAILED'}")
     if set(ours) != set(params):
         print("tensor names differ:", sorted(set(ours) ^ set(params)))
         ok = False

@@ -43,6 +43,11 @@ constexpr auto mode_words(Gate) { return std::array{"softmax"sv, "sigmoid"sv}; }
 enum class Balance { aux, bias };  // V2: auxiliary loss; V3: auxiliary-loss-free bias
 constexpr auto mode_words(Balance) { return std::array{"aux"sv, "bias"sv}; }
 
+// balance aux: the expert-level loss over the rank's whole batch (V2's
+// seq_aux false) or per sequence, averaged over the sequences (seq_aux true)
+enum class AuxScope { batch, sequence };
+constexpr auto mode_words(AuxScope) { return std::array{"batch"sv, "sequence"sv}; }
+
 // init: where the weights of a fresh run come from (random: the seed; hf: a
 // Hugging Face directory, src/hf/import.h)
 enum class InitKind { random, hf };

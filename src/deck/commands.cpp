@@ -376,6 +376,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
           integer("routed", &moe.routed, at_least(1)), integer("topk", &moe.topk, at_least(1)),
           integer("ffn", &moe.ffn, at_least(1)), choice("gate", &moe.gate),
           choice("balance", &moe.balance), real("balance_coef", &moe.balance_coef, at_least(0)),
+          choice("aux_scope", &moe.aux_scope), real("seq_aux", &moe.seq_aux, at_least(0)),
           real("route_scale", &moe.route_scale, above(0)), integer("ep", &moe.ep, at_least(1)),
           real("capacity_factor", &moe.capacity_factor, at_least(0)),
           integer("groups", &moe.groups, at_least(1)),
@@ -388,9 +389,17 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
              input_error("{}: 'routed' {} is not divisible by 'ep' {} (expected routed % ep == 0: each rank of an "
                          "expert-parallel group holds routed / ep experts)", where, moe.routed, moe.ep);
            check_expert_groups(moe, where);
+           // each balance mode has its own sequence-wise loss keyword
+           if (moe.balance == Balance::bias && moe.aux_scope != AuxScope::batch)
+             input_error("{}: 'aux_scope' {} with balance bias (expected balance aux: aux_scope belongs to balance "
+                         "aux; balance bias takes the sequence-wise loss as seq_aux X)", where, moe.aux_scope);
+           if (moe.balance == Balance::aux && moe.seq_aux != 0)
+             input_error("{}: 'seq_aux' {} with balance aux (expected balance bias: seq_aux belongs to balance "
+                         "bias; balance aux takes the sequence-wise loss as aux_scope sequence)", where, moe.seq_aux);
          }}},
        "moe off | on [dense_layers K] [shared S] routed E topk k ffn F [gate softmax|sigmoid] [balance aux|bias] "
-       "[balance_coef X] [route_scale X] [ep N] [capacity_factor C] [groups G] [topk_groups g] [layer_freq N]",
+       "[balance_coef X] [aux_scope batch|sequence] [seq_aux X] [route_scale X] [ep N] [capacity_factor C] "
+       "[groups G] [topk_groups g] [layer_freq N]",
        Scope::job},
       {"mtp",
        nullptr,

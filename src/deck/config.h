@@ -31,8 +31,9 @@ struct AttentionConfig {
 constexpr int kMaxExpertGroups = 64;
 
 // moe off | on dense_layers K shared S routed E topk k ffn F [gate softmax|sigmoid]
-//              [balance aux|bias] [balance_coef X] [route_scale X] [groups G] [topk_groups g]
-//              [layer_freq N] [ep N] [capacity_factor C]
+//              [balance aux|bias] [balance_coef X] [aux_scope batch|sequence] [seq_aux X] [route_scale X]
+//              [groups G] [topk_groups g] [layer_freq N] [ep N] [capacity_factor C]
+// (aux_scope belongs to balance aux, seq_aux to balance bias)
 // groups: group-limited routing (DeepSeek-V2's group_limited_greedy, V3's
 // noaux_tc): the routed experts fall into G groups of E/G in index order; a
 // token keeps its best g groups (softmax: by their largest score; sigmoid: by
@@ -49,12 +50,22 @@ struct MoeConfig {
   Gate gate = Gate::softmax;      // softmax (V2) or sigmoid with normalisation (V3)
   Balance balance = Balance::aux;  // aux: expert-level auxiliary loss (V2); bias: auxiliary-loss-free (V3)
   double balance_coef = 0.001;     // aux: loss coefficient alpha; bias: update step gamma
+  AuxScope aux_scope = AuxScope::batch;  // aux: the loss over the rank's batch, or per sequence (V2's seq_aux)
+  double seq_aux = 0;              // bias: V3's complementary sequence-wise loss, its alpha (0: none)
   double route_scale = 1.0;        // scales the combine weights
   int ep = 1;                      // expert parallelism: the routed experts spread over groups of ep ranks
   double capacity_factor = 0;      // 0: dropless; C: an expert runs at most C x its group's mean load, drops the rest
   int groups = 1;                  // G expert groups for group-limited routing; 1: no grouping
   int topk_groups = 0;             // g groups a token routes to; 0 (not given): all G (kept_groups)
   int layer_freq = 1;              // MoE on every N-th block past dense_layers (HF's moe_layer_freq)
+  // The balance loss's alpha over the rank's whole batch, and per sequence
+  // (at most one of them is not zero).
+  double batch_loss_coef() const {
+    return balance == Balance::aux && aux_scope == AuxScope::batch ? balance_coef : 0;
+  }
+  double sequence_loss_coef() const {
+    return balance == Balance::aux ? (aux_scope == AuxScope::sequence ? balance_coef : 0) : seq_aux;
+  }
   bool enabled() const { return mode == MoeMode::on; }
   int kept_groups() const { return topk_groups > 0 ? topk_groups : groups; }
   // The one rule for which blocks are MoE (HF's: layer_idx >= first_k_dense_replace

@@ -350,14 +350,13 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
                                  "the chosen scores, as DeepSeek-V3 (expected true)");
     const double alpha = k.number("aux_loss_alpha", 0.001, false);
     const bool seq_aux = k.flag("seq_aux", true);
-    // The balance loss HF's code trains with: V2's greedy gate adds alpha x the
-    // expert-level loss (sequence-wise under seq_aux); V3's code has none.
-    if (seq_aux && alpha > 0 && scoring == "softmax")
-      k.refuse("seq_aux", fmt::format("seq_aux true with aux_loss_alpha {}: the sequence-wise balance loss is not "
-                                      "built yet (expected seq_aux false; it is issue 17/18's next part)", num(alpha)));
-    if (seq_aux && scoring == "sigmoid")
-      k.refuse("seq_aux", "seq_aux true: DeepSeek-V3 trained with a sequence-wise balance loss beside its bias, "
-                          "which is not built yet (expected seq_aux false; issue 17/18's next part)");
+    // The balance loss: V2's greedy gate trains with alpha x the expert-level
+    // loss, per sequence under seq_aux (aux_scope sequence), else over the
+    // batch; V3 with its bias, and under seq_aux the complementary
+    // sequence-wise loss beside it, alpha aux_loss_alpha (seq_aux).
+    const HfKeyword sequence_loss =
+        scoring == "sigmoid" ? HfKeyword{"seq_aux", num(seq_aux ? alpha : 0.0), seq_aux ? "aux_loss_alpha" : "seq_aux"}
+                             : HfKeyword{"aux_scope", seq_aux ? "sequence" : "batch", "seq_aux"};
     moe.kind = "on";
     moe.keywords = {{"dense_layers", num(k.integer("first_k_dense_replace", 0, 0)), "first_k_dense_replace"},
                     {"shared", num(shared), "n_shared_experts"},
@@ -369,6 +368,7 @@ std::vector<HfLine> deepseek_lines(Keys& k, bool v3, int seq) {
                     // V3's bias step is a training setting, not in config.json (its paper: 0.001)
                     {"balance_coef", num(scoring == "sigmoid" ? 0.001 : alpha),
                      scoring == "sigmoid" ? "" : "aux_loss_alpha"},
+                    sequence_loss,
                     {"route_scale", num(k.number("routed_scaling_factor", 1.0)), "routed_scaling_factor"},
                     {"groups", num(grouped ? groups : 1), grouped ? "n_group" : "topk_method"},
                     {"topk_groups", num(grouped ? chosen : 1), grouped ? "topk_group" : "topk_method"},

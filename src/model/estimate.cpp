@@ -48,6 +48,7 @@ static Kept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
   k.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
   k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
+  if (e.sequence_loss_coef() > 0) k.other += 2 * B * E;                         // the sequence-wise loss: counts, coef
   k.half += N * K * C;                                                           // expert in (the rows sent)
   k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
   k.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a

@@ -35,7 +35,12 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     gate_kind_ = {e.gate == Gate::sigmoid, e.gate == Gate::sigmoid, e.route_scale};
     static_assert(kMaxExpertGroups <= k::kMaxRouterGroups, "the deck admits more groups than the router keeps");
     gate_kind_.groups = e.groups, gate_kind_.topk_groups = e.kept_groups();
-    aux_coef_ = e.balance == Balance::aux ? e.balance_coef : 0;
+    aux_coef_ = e.batch_loss_coef();
+    seq_coef_ = e.sequence_loss_coef(), B_ = batch;
+    if (seq_coef_ > 0) {
+      seq_counts_ = k::Index2("Moe::sequence_counts", B_, E_);
+      seq_coef_grad_ = activation<T>("router_sequence_coef", B_, E_);
+    }
     logits_ = activation<T>("router_logits", N_, E_);
     scores_ = activation<T>("router_scores", N_, E_);
     weights_ = activation<T>("router_weights", N_, K_);
@@ -145,11 +150,35 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
     }
   }
   Kokkos::deep_copy(score_grad_, grad);
+  if (seq_coef_ > 0) sequence_balance_forward();
+}
+
+// The sequence-wise balance loss over this rank's B sequences, rows b*T ..
+// b*T + T-1 as the batch lays them out (routed here, before any expert
+// exchange; an MTP block's rows alike): L = alpha / B sum_b sum_i f(b, i) P(b, i)
+// (kernels/moe.h). The backward seeds sequence b's scores with its coefficients.
+template <class T>
+void FeedForward<T>::sequence_balance_forward() {
+  const int64_t seq = m_.seq;
+  auto mean = ws_.mat("moe_sequence_mean", B_, E_);
+  k::sequence_expert_counts(seq_counts_, idx_);
+  k::sequence_score_means<T>(mean, ws_.vec("moe_score_sums", N_), mat(scores_, N_, E_), gate_kind_.sigmoid);
+  auto hmean = host_copy(mean);
+  auto hcounts = host_copy(seq_counts_);
+  auto coef = host_staging(seq_coef_grad_);
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t x = 0; x < E_; ++x) {
+      const double f = double(E_) / double(K_ * seq) * hcounts(b, x);
+      aux_loss_ += seq_coef_ / double(B_) * f * double(hmean(b, x));
+      coef(b * E_ + x) = T(loss_scale_ * seq_coef_ * f / double(B_));
+    }
+  Kokkos::deep_copy(seq_coef_grad_, coef);
 }
 
 template <class T>
 void FeedForward<T>::scale_balance_gradient(double factor) {
   if (moe_) k::scale_inplace<T>(Vec<T>(score_grad_.data(), E_), T(factor));
+  if (seq_coef_ > 0) k::scale_inplace<T>(Vec<T>(seq_coef_grad_.data(), B_ * E_), T(factor));
 }
 
 template <class T>
@@ -174,7 +203,13 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   else Kokkos::deep_copy(dxn, dx_routed);
   // the router: combine weights and balance loss back to the gate logits
   auto dlogits = ws_.mat("moe_dlogits", N_, E_);
-  k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
+  if (seq_coef_ > 0) {  // the sequence-wise balance loss: a gradient of its own per token
+    auto dscores = ws_.mat("moe_dscores", N_, E_);
+    k::sequence_balance_backward<T>(dscores, mat(seq_coef_grad_, B_, E_), mat(scores_, N_, E_), gate_kind_.sigmoid);
+    k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Mat<const T>(dscores), gate_kind_);
+  } else {
+    k::router_backward<T>(dlogits, dw, mat(scores_, N_, E_), idx_, Vec<const T>(score_grad_.data(), E_), gate_kind_);
+  }
   k::linear_backward<T>(dxn, gate_.dmat(E_, C_), dlogits, xn, gate_.mat(E_, C_), T(1));
 }
 

@@ -22,7 +22,7 @@ class FeedForward {
   void backward(Mat<T> dxn, Mat<const T> dout, In xn);  // dxn = d/dxn
 
   bool is_moe() const { return moe_; }
-  double aux_loss() const { return aux_loss_; }                 // balance loss of the last forward (aux mode)
+  double aux_loss() const { return aux_loss_; }  // balance loss of the last forward (batch- or sequence-wise)
   void set_loss_scale(double s) { loss_scale_ = s; }          // the aux gradient is seeded with coef * scale
   void scale_balance_gradient(double factor);                  // lossagg: after the forward, before the backward
   const std::vector<int32_t>& expert_counts() const { return counts_host_; }  // tokens per routed expert, last forward
@@ -49,6 +49,8 @@ class FeedForward {
   int64_t dropped_rows() const { return dropped_; }
 
  private:
+  // The sequence-wise balance loss: its value into aux_loss_, its coefficients into seq_coef_grad_.
+  void sequence_balance_forward();
   void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
                       KeptActivation<T>& a);
   void swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2, int64_t width,
@@ -99,7 +101,14 @@ class FeedForward {
   // through the workspace: moe_held_out, moe_held_dy)
   KeptActivation<T> ox_, oh_, oa_;
   double aux_loss_ = 0;
-  double aux_coef_ = 0;    // balance aux: its coefficient alpha; 0 under balance bias (resolved at construction)
+  double aux_coef_ = 0;    // balance aux over the batch: its alpha; else 0 (resolved at construction)
+  // aux_scope sequence, or balance bias seq_aux X: the sequence-wise loss's alpha (0: none; resolved at
+  // construction), the rank's B sequences, each sequence's counts (B, E) and
+  // coefficients alpha f(b, e) / B x loss scale (B, E), seeded in the forward
+  double seq_coef_ = 0;
+  int64_t B_ = 0;
+  kernels::Index2 seq_counts_;
+  Buffer<T> seq_coef_grad_;
   double loss_scale_ = 1;  // mixed precision: loss scaling (Transformer::set_loss_scale)
 };
 

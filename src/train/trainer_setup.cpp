@@ -147,7 +147,8 @@ void Trainer::build_model(bool fresh) {
   for (const auto& p : program_.phases)
     if (p.config.lossagg.kind != LossAggKind::off && !lossagg_) {
       const auto& m = cfg_.model;
-      const bool aux = m.moe.balance == Balance::aux && m.moe.balance_coef > 0 && !model_->moe_layers().empty();
+      const bool aux =
+          (m.moe.batch_loss_coef() > 0 || m.moe.sequence_loss_coef() > 0) && !model_->moe_layers().empty();
       lossagg_ = std::make_unique<LossAggregator>(comm_, std::array<bool, LossAggregator::kKinds>{
                                                              true, m.mtp.depth > 0, aux});  // main, mtp, aux
     }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tools/ckpt export FILE --format hf OUT_DIR on the binary's own checkpoints of four small models:
 # dense MHA (Llama), MLA with a query latent + MoE with the selection bias (sigmoid, 1 of 2 expert
-# groups: noaux_tc) + MTP depth 2 (DeepSeek-V3), MLA without a query latent + MoE with the auxiliary
-# loss (softmax, 1 of 2 expert groups: group_limited_greedy) on every other layer (moe_layer_freq 2)
-# + YaRN, its latent norms at 1e-6 and the others at 1e-5 (DeepSeek-V2), and dense MHA on
-# SentencePiece shards (Llama and its tokenizer). For each, tests/hf_read.py (the
+# groups: noaux_tc) and the sequence-wise balance loss beside it (seq_aux) + MTP depth 2
+# (DeepSeek-V3), MLA without a query latent + MoE with the auxiliary loss (softmax, 1 of 2 expert
+# groups: group_limited_greedy) on every other layer (moe_layer_freq 2) + YaRN, its latent norms at
+# 1e-6 and the others at 1e-5 (DeepSeek-V2), and dense MHA on SentencePiece shards (Llama and its
+# tokenizer). For each, tests/hf_read.py (the
 # safetensors format from its definition, no tools/ckpt) maps the HF tensors back (bit for bit the
 # checkpoint's /model), recomputes tools/torch_reference.py's loss from them, runs a forward of its
 # own in the Hugging Face model code's conventions on the HF names and config.json keys, and
@@ -50,7 +51,7 @@ MLA="norm_eps 1e-6 init_std 0.2"
 train llama 4 "model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 init_std 0.2"
 train v3 4 "model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA" \
   "attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8" \
-  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 route_scale 1.5" \
+  "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 seq_aux 0.01 route_scale 1.5" \
   "moe on groups 2 topk_groups 1" "mtp depth 2 weight 0.3"
 # YaRN with a ramp inside rope_dim 8 (pairs 0 and 1 kept, 2 and 3 partly divided by 4), the tables
 # times mscale(4, 1) / mscale(4, 0.8) and the scores times mscale(4, 0.8)^2
@@ -80,7 +81,7 @@ read_back() {  # read_back NAME DATA_ARGS...
   shift
   check $PY "$READ" "$T/$name.hf" "$(at_end "$name")" "$T/$name/metrics.jsonl" "$@" --batch 2 --eval-batches 2 \
     >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|Error|error' "$T/read.out" | head -5)"
-  sed 's/^/    /' "$T/read.out" | grep -E 'val_loss|without|bias changed|logits|^    (OK|FAILED)'
+  sed 's/^/    /' "$T/read.out" | grep -E 'val_loss|forward aux|without|bias changed|logits|^    (OK|FAILED)'
 }
 
 begin "llama: export, names, row permutation, loss"
@@ -91,12 +92,14 @@ check [ ! -e "$T/llama.hf/tokenizer.model" ] || fail "a byte-level model got a t
 check [ "$(ls "$T/llama.hf" | tr '\n' ' ')" = "config.json model.safetensors " ] || fail "files: $(ls "$T/llama.hf")"
 read_back llama --bytes "$CORPUS" --valid 0.1
 
-begin "deepseek-v3: MLA with q_lora, MoE sigmoid with the selection bias, 1 of 2 expert groups, MTP depth 2"
+begin "deepseek-v3: MLA with q_lora, MoE sigmoid with the selection bias and seq_aux, 1 of 2 expert groups, MTP depth 2"
 export_hf v3
 check grep -q "DeepseekV3ForCausalLM (model_type deepseek_v3)" "$T/out" || fail "$(cat "$T/out")"
 check grep -q '"num_nextn_predict_layers": 2' "$T/v3.hf/config.json" || fail "$(cat "$T/v3.hf/config.json")"
 check grep -q '"n_group": 2,' "$T/v3.hf/config.json" && check grep -q '"topk_group": 1,' "$T/v3.hf/config.json" ||
   fail "groups: $(grep group "$T/v3.hf/config.json")"
+check grep -q '"seq_aux": true' "$T/v3.hf/config.json" && check grep -q '"aux_loss_alpha": 0.01' "$T/v3.hf/config.json" ||
+  fail "seq_aux 0.01: $(grep aux "$T/v3.hf/config.json")"
 begin "v3: generate -logits (the decoder, on the GPU in tools/device/checks.sh) against the HF-convention forward"
 check "$XX" generate -ckpt "$(at_end v3)" -prompt "The fox? " -tokens 1 -temperature 0 \
   -logits "$T/v3.logits" >"$T/gen.out" 2>&1 || fail "generate -logits: $(tail -3 "$T/gen.out")"
@@ -106,7 +109,8 @@ read_back v3 --bytes "$CORPUS" --valid 0.1 --expect-bias --logits "$T/v3.logits"
 begin "deepseek-v2: MLA without q_lora, MoE softmax with the auxiliary loss, group_limited_greedy, every other layer, YaRN, latent_eps 1e-6 under norm_eps 1e-5"
 export_hf v2
 check grep -q "DeepseekV2ForCausalLM (model_type deepseek_v2)" "$T/out" || fail "$(cat "$T/out")"
-check grep -q '"aux_loss_alpha": 0.01' "$T/v2.hf/config.json" || fail "aux_loss_alpha: $(grep aux "$T/v2.hf/config.json")"
+check grep -q '"aux_loss_alpha": 0.01' "$T/v2.hf/config.json" && check grep -q '"seq_aux": false' "$T/v2.hf/config.json" ||
+  fail "aux_loss_alpha: $(grep aux "$T/v2.hf/config.json")"
 check grep -q '"topk_method": "group_limited_greedy"' "$T/v2.hf/config.json" &&
   check grep -q '"moe_layer_freq": 2' "$T/v2.hf/config.json" ||
   fail "routing: $(grep -E 'group|freq' "$T/v2.hf/config.json")"

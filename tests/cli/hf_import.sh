@@ -2,13 +2,15 @@
 # `init hf DIR` (src/hf/config.h, src/hf/import.h) on Hugging Face directories written by
 # `tools/ckpt export --format hf` from the binary's own checkpoints of three small models: Llama
 # (dense MHA; q/k rows permuted), DeepSeek-V3-shaped (MLA with a query latent, MoE with the sigmoid
-# gate and its selection bias over 2 expert groups of which 1 is kept, MTP depth 2; eh_proj halves
-# swapped) and DeepSeek-V2-shaped (MLA, MoE with the softmax gate and the auxiliary loss,
-# group_limited_greedy, MoE on every other layer, YaRN, latent norms at 1e-6 and the others at
-# 1e-5: rope_scaling and rms_norm_eps read back). For each:
+# gate, its selection bias over 2 expert groups of which 1 is kept and the sequence-wise balance loss
+# beside it (seq_aux), MTP depth 2; eh_proj halves swapped) and DeepSeek-V2-shaped (MLA, MoE with the
+# softmax gate and the auxiliary loss per sequence (seq_aux), group_limited_greedy, MoE on every
+# other layer, YaRN, latent norms at 1e-6 and the others at 1e-5: rope_scaling and rms_norm_eps read
+# back). For each:
 #   - the imported model's validation loss before its first step equals the exporting run's last one
 #     exactly (the same weights, the same windows);
 #   - export -> import -> export: config.json and every tensor identical (tests/hf_files.py same);
+#     V2's re-export read by tests/hf_read.py: its balance loss per sequence in HF's conventions is ours;
 #   - the V3 one at 2 ranks under ep 2 + shard optimizer, and at 4 under ep 2 + shard params, reads
 #     only its own experts and pieces and gives the same loss and the same step-0 checkpoint;
 #   - -resume auto wins over init once the run has its own checkpoint.
@@ -63,13 +65,13 @@ MODEL[llama]="model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 init_s
 run 4"
 MODEL[v3]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA
 attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8
-moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 route_scale 1.5
+moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02 seq_aux 0.01 route_scale 1.5
 moe on groups 2 topk_groups 1
 mtp depth 2 weight 0.3
 run 4"
 MODEL[v2]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 rope_theta 100 norm_eps 1e-5 init_std 0.2
 attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8 latent_eps 1e-6
-moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 route_scale 2
+moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux balance_coef 0.01 aux_scope sequence route_scale 2
 moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2
 rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8
 run 4"
@@ -99,6 +101,13 @@ for name in llama v3 v2; do
   check $PY "$FILES" same "$T/$name.hf" "$T/$name.hf2" >"$T/same.out" 2>&1 || fail "$(cat "$T/same.out")"
   sed 's/^/    /' "$T/same.out"
 done
+
+begin "v2: the re-export's balance loss per sequence (seq_aux) in HF's conventions is torch_reference's"
+check grep -q '"seq_aux": true' "$T/v2.hf2/config.json" || fail "$(grep seq_aux "$T/v2.hf2/config.json")"
+head -1 "$T/v2.imp/metrics.jsonl" >"$T/step0.jsonl"  # the step-0 validation record
+check $PY "$READ" "$T/v2.hf2" "$(step_file v2.imp 0)" "$T/step0.jsonl" --bytes "$CORPUS" --valid 0.1 \
+  --batch 2 --eval-batches 2 >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|rror' "$T/read.out" | head -5)"
+grep -E 'forward aux|sequences|^(OK|FAILED)' "$T/read.out" | sed 's/^/    /'
 
 begin "v3 at 2 ranks (ep 2, shard optimizer) and 4 (ep 2, shard params): the same step-0 checkpoint"
 for spec in "2 optimizer" "4 params"; do
@@ -166,9 +175,6 @@ refused_key "another rope type" v3 rope_scaling "rope type 'linear': not built" 
   'rope_scaling={"type": "linear", "factor": 2}'
 refused_key "YaRN unrounded" v2 rope_scaling "'truncate': false" \
   'rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 4, "truncate": false}'
-refused_key "seq_aux under V2's softmax gate" v2 seq_aux "the sequence-wise balance loss is not built yet" \
-  'seq_aux=true'
-refused_key "seq_aux under V3" v3 seq_aux "sequence-wise balance loss" 'seq_aux=true'
 refused_key "expert groups that do not divide the experts" v3 n_group "n_group 3 does not divide n_routed_experts 4" \
   'n_group=3'
 refused_key "tied embeddings" llama tie_word_embeddings "tied embeddings are not built yet" \

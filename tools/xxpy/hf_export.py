@@ -58,7 +58,8 @@ def model_of(s):
     out["moe"] = {"mode": e["mode"]}
     if e["mode"] == "on":
         out["moe"].update({k: e[k] for k in ("dense_layers", "shared", "routed", "topk", "ffn", "gate", "balance",
-                                             "balance_coef", "route_scale", "groups", "layer_freq")})
+                                             "balance_coef", "aux_scope", "seq_aux", "route_scale", "groups",
+                                             "layer_freq")})
         out["moe"]["topk_groups"] = e["topk_groups"] or e["groups"]  # 0: not given, every group
     out["mtp"] = {"depth": s["mtp"]["depth"], "weight": s["mtp"]["weight"]}
     out["rope_scaling"] = dict(s.get("rope_scaling", {"kind": "off"}))
@@ -182,10 +183,14 @@ def hf_config(m, tokens, latent_eps=False):
               "scoring_func": "sigmoid" if v3 else "softmax", "topk_method": "noaux_tc" if v3 else "greedy",
               "norm_topk_prob": v3}
     if moe_on:
+        # the balance loss: balance aux's alpha over the batch (seq_aux false) or per sequence (aux_scope
+        # sequence: seq_aux true); beside the bias, the sequence-wise loss's alpha (seq_aux X > 0: true)
+        aux = e["balance"] == "aux"
         config.update(n_shared_experts=e["shared"], n_routed_experts=e["routed"], num_experts_per_tok=e["topk"],
                       moe_intermediate_size=e["ffn"], first_k_dense_replace=e["dense_layers"],
                       routed_scaling_factor=e["route_scale"],
-                      aux_loss_alpha=e["balance_coef"] if e["balance"] == "aux" else 0.0,
+                      aux_loss_alpha=e["balance_coef"] if aux else e["seq_aux"],
+                      seq_aux=e["aux_scope"] == "sequence" if aux else e["seq_aux"] > 0,
                       # group-limited routing: V3's noaux_tc always groups; V2's softmax gate as
                       # group_limited_greedy (plain greedy ignores n_group and topk_group)
                       n_group=e["groups"], topk_group=e["topk_groups"], moe_layer_freq=e["layer_freq"],
@@ -196,9 +201,13 @@ def hf_config(m, tokens, latent_eps=False):
         if e["balance"] == "bias":
             notes.append("moe: the selection biases (/buffers/*.ffn.gate_bias) are mlp.gate.e_score_correction_bias"
                          f"; balance_coef {e['balance_coef']:g} (their update step) is training only")
+            if e["seq_aux"] > 0:
+                notes.append(f"moe: seq_aux {e['seq_aux']:g}, the sequence-wise loss beside the bias: seq_aux true, "
+                             "aux_loss_alpha (HF's V3 code computes no balance loss: training only)")
         elif v3:
             notes.append("moe: balance aux under gate sigmoid: e_score_correction_bias is zero; HF's V3 code "
-                         "computes no auxiliary loss (aux_loss_alpha is kept for reference)")
+                         "computes no auxiliary loss (aux_loss_alpha is kept for reference; init hf reads "
+                         "gate sigmoid as balance bias)")
     else:  # every layer, MTP's included, keeps the dense FFN: all below first_k_dense_replace
         config.update(n_shared_experts=None, n_routed_experts=None, num_experts_per_tok=None,
                       moe_intermediate_size=None, first_k_dense_replace=L + D, routed_scaling_factor=1.0,
