@@ -5,7 +5,7 @@
 # (DeepSeek-V3), MLA without a query latent + MoE with the auxiliary loss (softmax, 1 of 2 expert
 # groups: group_limited_greedy) on every other layer (moe_layer_freq 2) + YaRN, its latent norms at
 # 1e-6 and the others at 1e-5 (DeepSeek-V2), and dense MHA on SentencePiece shards (Llama and its
-# tokenizer). For each, tests/hf_read.py (the
+# tokenizer), and the shipped input/deepseek-tiny.deck with no flags. For each, tests/hf_read.py (the
 # safetensors format from its definition, no tools/ckpt) maps the HF tensors back (bit for bit the
 # checkpoint's /model), recomputes tools/torch_reference.py's loss from them, runs a forward of its
 # own in the Hugging Face model code's conventions on the HF names and config.json keys, and
@@ -123,6 +123,27 @@ sys.exit(0 if c["rope_scaling"] == {"type": "yarn", "rope_type": "yarn", "factor
          and c["rms_norm_eps"] == 1e-5 and c["max_position_embeddings"] == 16 else 1)
 PY
 read_back v2 --bytes "$CORPUS" --valid 0.1
+
+# The issue that asked for faithful defaults: the shipped DeepSeek deck trained and exported as a new
+# user would, with no flags (it once failed on its latent eps, then on MTP under a softmax gate).
+begin "the shipped input/deepseek-tiny.deck (V3's choices): trained 3 steps, exported with no flags, read back"
+SHIPPED="$HERE/../../input/deepseek-tiny.deck"
+expect_ok 1 -in "$SHIPPED" -var data "$CORPUS" -var seq 16 -var steps 3 -var log_every 1 -var eval_every 3 \
+  -var ckpt_every 3 -var run_dir "$T/shipped"
+export_hf shipped
+check grep -q "DeepseekV3ForCausalLM (model_type deepseek_v3)" "$T/out" || fail "$(cat "$T/out")"
+check $PY - "$T/shipped.hf/config.json" <<'PY' || fail "not V3's choices: $(cat "$T/shipped.hf/config.json")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+want = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 4, "topk_group": 2, "seq_aux": True,
+        "aux_loss_alpha": 1e-4, "num_nextn_predict_layers": 1}
+bad = {k: c.get(k) for k, v in want.items() if c.get(k) != v}
+print(f"    config.json: {bad or 'as DeepSeek-V3 chooses'}")
+sys.exit(1 if bad else 0)
+PY
+check $PY "$READ" "$T/shipped.hf" "$(at_end shipped)" "$T/shipped/metrics.jsonl" --bytes "$CORPUS" --valid 0.05 \
+  --batch 8 --eval-batches 8 >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|Error|error' "$T/read.out" | head -5)"
+grep -E "trainer's val_loss" "$T/read.out" | sed 's/^/    /'
 
 begin "tokenizer: the deck's SentencePiece model copied, tokenizer_config.json"
 export_hf bpe

@@ -141,7 +141,7 @@ src_deck="$(dirname "$0")/../../input/deepseek-tiny.deck"
 for ((i = 1; i <= 800; ++i)); do printf 'Line %d: the quick brown fox jumps over the lazy dog, again.\n' "$i"; done >"$T/big.txt"
 {
   echo "seed 1"
-  grep -E '^(model|attention|moe|mtp) ' "$src_deck" | sed -e 's/\${balance}/aux/' -e 's/\${gate}/softmax/' -e 's/\${ep}/1/' -e 's/\${seq}/128/'
+  grep -E '^(variable (gate|balance|seq_aux|groups|topk_groups|ep|seq) |model |attention |moe |mtp )' "$src_deck"
   echo "data bytes $T/big.txt valid 0.05 batch 2 workers 1"
   echo "peak_gflops 50"
   echo 'output dir ${run_dir} log_every 1 tensorboard off'
