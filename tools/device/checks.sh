@@ -14,6 +14,8 @@
 #             against the CPU build's 2-rank losses
 #   hf        a DeepSeek-V3-shaped run exported (tools/ckpt export --format hf), loaded by this
 #             machine's transformers (AutoModelForCausalLM): its logits against ours (1e-4)
+#   hf_import transformers' own DeepseekV3ForCausalLM and tokenizer (save_pretrained), imported by
+#             init hf: the same token ids on a multilingual prompt and the same logits (1e-4)
 #   unit      the unit tests that run kernels, GEMMs and the decoder on the GPU
 #   (speed_tf32, the TF32 half of speed, comes here: the stages that decide a goal go first)
 #   sanitize  compute-sanitizer memcheck on one step, if time is left
@@ -266,6 +268,54 @@ EOF
     [ $rc -eq 0 ] || { show_tail "$logs/hf_generate.log" 5; show_tail "$logs/hf_export.log" 5; }
     verdict $rc "transformers' DeepseekV3ForCausalLM on our export gives our logits ($((SECONDS - t0)) s)"
   fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The other direction, as a user's download: transformers writes its own DeepseekV3ForCausalLM (a
+# tiny random config; 4 expert groups of which 2 are kept, a random selection bias; plain rope and
+# YaRN) with the tokenizer saved beside it (tests/data/hf_tokenizer's, DeepSeek-V3's configuration);
+# `init hf` imports it, `generate -tokenizer DIR/tokenizer.json` encodes a multilingual prompt
+# (English, Chinese, rare CJK, Korean, mathematics, emoji, Go, Rust, odd separators, special tokens)
+# and writes the logits at every position: transformers' ids and logits must be ours.
+if stage hf_import 100; then
+  t0=$SECONDS
+  d="$logs/client"
+  mkdir -p "$d"
+  head -c 200000 data/fortunes.txt >"$d/corpus.txt"
+  "$PY" - tests/data/hf_tokenizer/multilingual.txt "$d/prompt.txt" <<'PY'
+import sys
+paragraphs = open(sys.argv[1], encoding="utf-8").read().split("\n\n")
+open(sys.argv[2], "w", encoding="utf-8").write("\n\n".join(paragraphs[i] for i in (1, 6, 9, 12, 18, 19, 31, 34, 40, 41)))
+PY
+  rc=0
+  for variant in plain yarn; do
+    m="$d/$variant"
+    if ! timeout 60 "$PY" "$here/hf_client.py" make "$m" tests/data/hf_tokenizer/tokenizer.json \
+      $([ $variant = yarn ] && echo --yarn) >"$logs/client_$variant.log" 2>&1; then
+      show_tail "$logs/client_$variant.log" 8; rc=1; continue
+    fi
+    grep -v Warning "$logs/client_$variant.log" | tail -1 | sed 's/^/    /'
+    printf '%s\n' "seed 1" "init hf $m seq 2048" "data bytes $d/corpus.txt valid 0.1 batch 1 workers 1" \
+      "optimizer adamw lr 1e-3" "output dir $m.run log_every 1" "eval every 0" "checkpoint every 1" "run 1" >"$m.deck"
+    limited "$XX" -in "$m.deck" >"$logs/client_${variant}_import.log" 2>&1 &&
+      limited "$XX" generate -ckpt "$m.run/ckpt/step_00000000.h5" -tokenizer "$m/tokenizer.json" \
+        -prompt "$(cat "$d/prompt.txt")" -tokens 1 -temperature 0 -logits "$m.ours.txt" \
+        >"$logs/client_${variant}_generate.log" 2>&1 &&
+      timeout 60 "$PY" "$here/hf_client.py" ids "$m" "$m.ours.txt" "$d/prompt.txt" >"$logs/client_${variant}_ids.log" 2>&1
+    r=$?
+    grep -E '^(ids|decode)' "$logs/client_${variant}_ids.log" 2>/dev/null | sed "s/^/    $variant /"
+    if [ $r -eq 0 ]; then
+      timeout "$((LIMIT > 40 ? 40 : LIMIT))" "$PY" "$here/hf_logits.py" "$m" "$m.ours.txt" \
+        >"$logs/client_${variant}_logits.log" 2>&1
+      r=$?
+      grep -v Warning "$logs/client_${variant}_logits.log" | tail -2 | sed "s/^/    $variant /"
+    else
+      show_tail "$logs/client_${variant}_import.log" 5; show_tail "$logs/client_${variant}_generate.log" 5
+      show_tail "$logs/client_${variant}_ids.log" 5
+    fi
+    [ $r -eq 0 ] || rc=1
+  done
+  verdict $rc "transformers' own DeepseekV3ForCausalLM and tokenizer, imported: the same ids and logits ($((SECONDS - t0)) s)"
 fi
 
 # ---------------------------------------------------------------------------------------------
