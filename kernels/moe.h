@@ -57,10 +57,11 @@ void router_scores_forward(Mat<T> scores, Mat<const T> logits, GateKind g) {
 
 // The first K items of [0, n) in the order (value descending, index
 // ascending) among those open(i) admits, K at most their number: pick(j, i)
-// for the j-th, on every lane. value(i) is never NaN. As router_topk's loop:
-// slot j takes the item that follows slot j - 1's in the order (a max over
-// the open items after it, then the first open item holding that max), and
-// every lane keeps the previous pick, so no lane reads what another wrote.
+// for the j-th, on every lane. value(i) is never NaN. The one selection loop
+// of both routers (router_topk, router_topk_grouped): slot j takes the item
+// that follows slot j - 1's in the order (a max over the open items after it,
+// then the first open item holding that max), and every lane keeps the
+// previous pick, so no lane reads what another wrote.
 template <class T, class Member, class Value, class Open, class Pick>
 KOKKOS_FORCEINLINE_FUNCTION void pick_in_order(const Member& m, int64_t n, int64_t K, const Value& value,
                                                const Open& open, const Pick& pick) {
@@ -138,11 +139,10 @@ void router_topk_grouped(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<co
 
 // idx (N, k): the k experts with the largest score + bias (ties: lower index;
 // a NaN ranks as -inf); weights (N, k): their combine weights (bias never
-// enters a weight). Slot j takes the expert that follows slot j - 1's in the
-// order (value descending, index ascending): a max over the experts after
-// it, then the first expert holding that max. Every lane keeps the previous
-// pick, so no lane reads what another wrote. With g.groups > 1, only inside
-// the token's best groups (router_topk_grouped).
+// enters a weight). The selection is pick_in_order over every expert: slot j
+// takes the expert that follows slot j - 1's in the order (value descending,
+// index ascending). With g.groups > 1, only inside the token's best groups
+// (router_topk_grouped).
 template <class T>
 void router_topk(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const float> bias, GateKind g) {
   if (g.groups > 1) return router_topk_grouped<T>(idx, weights, scores, bias, g);
@@ -156,23 +156,14 @@ void router_topk(Index2 idx, Mat<T> weights, Mat<const T> scores, Vec<const floa
             const T v = scores(t, e) + T(bias(e));
             return v == v ? v : -kmath::infinity<T>();
           };
-          T prev_v = kmath::infinity<T>(), sum = 0;
-          int64_t prev_e = -1;
-          const auto after_prev = [&](int64_t e, T v) { return v < prev_v || (v == prev_v && e > prev_e); };
-          for (int64_t j = 0; j < K; ++j) {
-            const T top = row_max(m, E, [&](int64_t e) {
-              const T v = value(e);
-              return after_prev(e, v) ? v : -kmath::infinity<T>();
-            });
-            const int64_t best = row_first(m, E, [&](int64_t e) {
-              const T v = value(e);
-              return v == top && after_prev(e, v);
-            });
-            prev_v = top, prev_e = best;
-            const T s = scores(t, best);
-            sum += s;
-            row_single(m, [&] { idx(t, j) = int32_t(best), weights(t, j) = s; });
-          }
+          T sum = 0;
+          pick_in_order<T>(
+              m, E, K, value, [](int64_t) { return true; },
+              [&](int64_t j, int64_t best) {
+                const T s = scores(t, best);
+                sum += s;
+                row_single(m, [&] { idx(t, j) = int32_t(best), weights(t, j) = s; });
+              });
           row_single(m, [&] {  // the lane that wrote the weights rescales them
             for (int64_t j = 0; j < K; ++j) weights(t, j) = (normalize ? weights(t, j) / sum : weights(t, j)) * scale;
           });

@@ -3,11 +3,15 @@
 in eager PyTorch (float32, one thread per rank) and prints tokens/s.
 
 The model is tools/torch_reference.py's (MHA or MLA, dense SwiGLU or
-DeepSeekMoE, multi-token prediction), read from the same deck, run in float32,
-with one change: the MoE feed-forward here routes, as eager implementations
-usually do (loop over the experts, gather the tokens routed to each, compute,
-scatter-add with the gate weights), where the reference runs every expert on
-every token. Attention is the reference's masked softmax (torch 1.13 has no
+DeepSeekMoE: group-limited routing, MoE on every layer_freq-th block, the
+balance loss over the batch or per sequence; multi-token prediction), read
+from the same deck, run in float32, with one change: the MoE feed-forward here
+routes, as eager implementations usually do (loop over the experts, gather the
+tokens routed to each, compute, scatter-add with the gate weights), where the
+reference runs every expert on every token. tests/torch_train_check.py checks
+this model against xuanxue's loss and gradients on the parity fixtures'
+weights. Refused by name: a schedule other than cosine, moe capacity_factor
+(token dropping). Attention is the reference's masked softmax (torch 1.13 has no
 scaled_dot_product_attention).
 
 What matches xuanxue (from the deck): parameter names, shapes and count; the
@@ -71,6 +75,10 @@ def train_config(phases):
     d, o, s = c["data"], c["optimizer"], c["schedule"]
     if s["kind"] != "cosine":
         raise SystemExit(f"torch_train: schedule {s['kind']}: only cosine is implemented here (expected schedule cosine)")
+    e = c["moe"]
+    if e["mode"] == "on" and e["capacity_factor"] > 0:
+        raise SystemExit(f"torch_train: moe capacity_factor {e['capacity_factor']:g}: dropping tokens past an "
+                         "expert's capacity is not implemented here (expected no capacity_factor: dropless)")
     return {"seed": c["seed"], "data": d["path"], "batch": d["batch"], "valid": float(d["valid"]),
             "lr": o["lr"], "beta1": o["beta1"], "beta2": o["beta2"], "eps": o["eps"],
             "weight_decay": o["weight_decay"], "clip": o["clip"], "warmup": s["warmup"], "min_lr": s["min_lr"],
@@ -134,16 +142,15 @@ def layout(cfg, init_std):
             q = f"{p}ffn.experts.{e}."
             t.extend([(q + "w1", (Fm, C), init_std), (q + "w3", (Fm, C), init_std), (q + "w2", (C, Fm), out_std)])
 
-    moe_on = m["mode"] == "on"
     t.append(("embed", (V, C), init_std))
     for l in range(L):
-        block(f"layers.{l}.", moe_on and l >= m["dense_layers"])
+        block(f"layers.{l}.", ref.is_moe_layer(cfg, l))  # past dense_layers, every layer_freq-th block
     t.append(("norm", (C,), None))
     t.append(("head", (V, C), init_std))
     for d in range(cfg["mtp"]["depth"]):
         p = f"mtp.{d}."
         t.extend([(p + "hnorm", (C,), None), (p + "enorm", (C,), None), (p + "proj", (C, 2 * C), init_std)])
-        block(p, moe_on)
+        block(p, ref.is_moe_layer(cfg, L + d))  # MTP module d is block L + d
         t.append((p + "norm", (C,), None))
     return t
 
@@ -152,11 +159,38 @@ def layout(cfg, init_std):
 # the routed MoE (replaces the reference's every-expert-on-every-token one)
 
 
+def select_experts(key, m):
+    """idx (N, k): the k experts of the largest key (N, E) = score + bias.
+    Group-limited (groups G > 1, DeepSeek-V2's group_limited_greedy, V3's
+    noaux_tc): the experts are G groups of E/G in index order; a group's value
+    is its largest key (softmax gate) or the sum of its two largest (sigmoid);
+    the topk_groups groups of the largest values stay and the k come from
+    them, as tools/torch_reference.py select_experts and kernels/moe.h
+    router_topk_grouped define it. Written as eager users write it (HF's
+    DeepSeek codes): top-k of the group values, the other groups masked, top-k.
+    Ties go wherever torch.topk puts them (xuanxue: the lower index)."""
+    N, E = key.shape
+    G, k = m["groups"], m["topk"]
+    if G > 1:
+        grouped = key.view(N, G, E // G)
+        if m["gate"] == "sigmoid":
+            group_value = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+        else:
+            group_value = grouped.max(dim=-1).values  # (N, G)
+        kept = group_value.topk(m["topk_groups"], dim=-1).indices  # (N, g)
+        mask = torch.zeros(N, G, dtype=torch.bool).scatter(1, kept, True)
+        key = key.masked_fill(~mask.repeat_interleave(E // G, dim=1), float("-inf"))
+    return key.topk(k, dim=-1).indices
+
+
 def routed_moe(p, buffers, pre, h, cfg, stats):
     """DeepSeekMoE on h (B, T, C): top-k of the gate (plus the selection bias,
-    if any), weights from the gate alone; shared experts on every token; each
-    routed expert on the tokens routed to it (one gather of the tokens sorted by
-    expert, a loop over the experts, one scatter-add). Returns (out, aux)."""
+    if any; inside the token's best expert groups under groups G > 1), weights
+    from the gate alone; shared experts on every token; each routed expert on
+    the tokens routed to it (one gather of the tokens sorted by expert, a loop
+    over the experts, one scatter-add). Returns (out, aux): the balance loss
+    over the batch (balance aux, aux_scope batch) or per sequence (aux_scope
+    sequence, or balance bias's seq_aux; torch_reference.sequence_balance_loss)."""
     m = cfg["moe"]
     B, T, C = h.shape
     E, k = m["routed"], m["topk"]
@@ -166,7 +200,7 @@ def routed_moe(p, buffers, pre, h, cfg, stats):
     s = torch.sigmoid(logits) if m["gate"] == "sigmoid" else torch.softmax(logits, dim=-1)
     bias = buffers.get(pre + "ffn.gate_bias")
     with torch.no_grad():
-        idx = (s if bias is None else s + bias).topk(k, dim=-1).indices  # (N, k)
+        idx = select_experts(s if bias is None else s + bias, m)  # (N, k)
     w = torch.gather(s, 1, idx)  # (N, k)
     if m["gate"] == "sigmoid":
         w = w / w.sum(-1, keepdim=True)
@@ -187,9 +221,14 @@ def routed_moe(p, buffers, pre, h, cfg, stats):
     if m["shared"] > 0:
         out = out + ref.swiglu(x, p[pre + "ffn.shared.w1"], p[pre + "ffn.shared.w3"], p[pre + "ffn.shared.w2"])
     aux = torch.zeros((), dtype=x.dtype)
-    if m["balance"] == "aux":
+    if m["balance"] == "aux" and m["aux_scope"] == "batch":
         f = (E / (k * N)) * counts.to(x.dtype)  # a constant: no gradient
         aux = m["balance_coef"] * (f * s.mean(0)).sum()
+    alpha = ref.sequence_alpha(m)  # aux_scope sequence's balance_coef, or balance bias's seq_aux; 0: none
+    if alpha > 0:
+        with torch.no_grad():
+            chosen = torch.zeros(N, E, dtype=x.dtype).scatter(1, idx, 1.0)  # (N, E) 0/1, a constant
+        aux = ref.sequence_balance_loss(s, chosen, B, T, k, alpha, m["gate"] == "sigmoid")
     stats.setdefault("load", {})[pre] = counts
     return out.view(B, T, C), aux
 
