@@ -10,6 +10,8 @@
   dequantized OUT EXPORT    every tensor of EXPORT (an F32 export of what xuanxue imported from OUT) equals
                             OUT's dequantized: fp8 x its block's scale, in float32, and bf16 widened; exactly
   edit DIR KEY=JSON...      sets (or, with KEY=, deletes) top-level config.json keys
+  add-head DIR same|other   adds lm_head.weight to a tied DIR: model.embed_tokens.weight's bytes (same), or
+                            them with one value changed (other)
 """
 import json
 import os
@@ -173,6 +175,17 @@ def edit(directory, pairs):
     json.dump(config, open(path, "w"), indent=2)
 
 
+def add_head(directory, how):
+    path = os.path.join(directory, "model.safetensors")
+    tensors = read(path)
+    dtype, shape, raw = tensors["model.embed_tokens.weight"]
+    if how == "other":
+        values = np.frombuffer(raw, dtype=DTYPES[dtype]).copy()
+        values[-1] += 1
+        raw = values.tobytes()
+    write(path, [(n, d, sh, r) for n, (d, sh, r) in tensors.items()] + [("lm_head.weight", dtype, shape, raw)])
+
+
 def main(argv):
     if argv[:1] == ["same"] and len(argv) == 3:
         return same(argv[1], argv[2])
@@ -180,6 +193,8 @@ def main(argv):
         return fp8(argv[1], argv[2], int(argv[3]), int(argv[4])) or 0
     if argv[:1] == ["dequantized"] and len(argv) == 3:
         return dequantized(argv[1], argv[2])
+    if argv[:1] == ["add-head"] and len(argv) == 3 and argv[2] in ("same", "other"):
+        return add_head(argv[1], argv[2]) or 0
     if argv[:1] == ["edit"] and len(argv) >= 3:
         return edit(argv[1], argv[2:]) or 0
     print(__doc__, file=sys.stderr)

@@ -148,11 +148,17 @@ def to_ours(t, c):
     p["embed"] = t["model.embed_tokens.weight"]
     for i in range(L):
         block(f"model.layers.{i}.", f"layers.{i}.", i)
-    p["norm"], p["head"] = t["model.norm.weight"], t["lm_head.weight"]
+    p["norm"] = t["model.norm.weight"]
+    tied = c.get("tie_word_embeddings", False)  # transformers reads embed_tokens as the head; no lm_head
+    if tied:
+        check("lm_head.weight" not in t, "tie_word_embeddings true: no lm_head.weight, embed_tokens is the head")
+    else:
+        p["head"] = t["lm_head.weight"]
+    head = p["embed"] if tied else p["head"]
     for d in range(D):
         hf, ours = f"model.layers.{L + d}.", f"mtp.{d}."
         check(np.array_equal(t[hf + "embed_tokens.weight"], p["embed"]) and
-              np.array_equal(t[hf + "shared_head.head.weight"], p["head"]),
+              np.array_equal(t[hf + "shared_head.head.weight"], head),
               f"{hf}embed_tokens and shared_head.head are the shared embedding and head")
         p[ours + "enorm"], p[ours + "hnorm"] = t[hf + "enorm.weight"], t[hf + "hnorm.weight"]
         eh = t[hf + "eh_proj.weight"]  # [enorm(emb) | hnorm(h)] -> ours [hnorm(h) | enorm(emb)]
@@ -166,7 +172,8 @@ def reference_config(c, mtp_weight):
     """tools/torch_reference.py's configuration, from config.json's keys."""
     cfg = {"kind": None, "vocab": c["vocab_size"], "dim": c["hidden_size"], "layers": c["num_hidden_layers"],
            "heads": c["num_attention_heads"], "ffn": c["intermediate_size"], "seq": c["max_position_embeddings"],
-           "rope_theta": c["rope_theta"], "norm_eps": c["rms_norm_eps"]}
+           "rope_theta": c["rope_theta"], "norm_eps": c["rms_norm_eps"],
+           "tie_embeddings": c.get("tie_word_embeddings", False)}
     if c["model_type"] == "llama":
         cfg["attention"] = {"kind": "mha"}
     else:
@@ -421,7 +428,9 @@ class HF:
         for i in range(c["num_hidden_layers"]):
             x, a = self.layer(i, x)
             aux = aux + a
-        return hf_rmsnorm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T, x, aux
+        # tie_word_embeddings: transformers' tie_weights makes lm_head the embedding's own tensor
+        head = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
+        return hf_rmsnorm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ head.T, x, aux
 
     def losses(self, inputs, targets):
         """(main, mtp mean over depths, aux); MTP as DeepSeek-V3 defines it: depth d at position t

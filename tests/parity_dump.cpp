@@ -5,7 +5,7 @@
 // part (aux) and every gradient.
 //   parity_dump OUT_DIR CONFIG [PRECISION]  ->  OUT_DIR/ckpt/step_00000000.h5, OUT_DIR/grads.h5
 // CONFIG: dense | mla | mla_qlora | moe_aux | moe_bias | deepseek | moe_groups | moe_bias_groups | mla_yarn |
-//         dense_yarn | moe_seq_aux | moe_bias_seq_aux
+//         dense_yarn | moe_seq_aux | moe_bias_seq_aux | tied | deepseek_tied
 // PRECISION: fp32 (default) | bf16 | fp16: what the GEMM operands are; the
 // deck attribute says so, and the reference widens its tolerances to it.
 #include <hdf5.h>
@@ -77,6 +77,10 @@ const std::string kModelDenseYarn =
     "model dense vocab 256 dim 64 layers 2 heads 4 ffn 96 seq 80 rope_theta 50 norm_eps 1e-5";
 const std::string kYarnDefaults = "rope_scaling yarn factor 4 original_seq 64";
 
+// Tied embeddings: the head is the embedding (its gradient sums both uses);
+// dense, and DeepSeek with MoE and MTP, whose depths share that head too.
+const std::string kTied = " tie_embeddings yes";
+
 // The architecture lines of each configuration, in deck syntax.
 const std::map<std::string, std::vector<std::string>> kConfigs = {
     {"dense", {kModelDense}},
@@ -91,6 +95,8 @@ const std::map<std::string, std::vector<std::string>> kConfigs = {
     {"dense_yarn", {kModelDenseYarn, kYarnDefaults}},
     {"moe_seq_aux", {kModelDeepseek, kMla, kMoeSeqAux}},
     {"moe_bias_seq_aux", {kModelDeepseek, kMla, kMoeBiasSeqAux, kMtp}},
+    {"tied", {kModelDense + kTied}},
+    {"deepseek_tied", {kModelDeepseek + kTied, kMla, kMoeAux, kMtp}},
 };
 
 void write_dataset(hid_t loc, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {

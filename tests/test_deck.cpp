@@ -258,6 +258,28 @@ TEST_CASE("deck: rope_scaling off | yarn, DeepSeek's defaults, and attention mla
              Catch::StartsWith(file + ":3: unexpected word 'latent_eps' after 'attention mha'"));
 }
 
+TEST_CASE("deck: model ... tie_embeddings yes|no, default no", "[deck][tied]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  const std::string model = "model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8";
+  CHECK_FALSE(build(t, kBase + "run 1\n").phases[0].config.model.tie_embeddings);
+  CHECK(build(t, model + " tie_embeddings yes\ndata bytes x\nrun 1\n").phases[0].config.model.tie_embeddings);
+  CHECK_FALSE(build(t, model + " tie_embeddings no\ndata bytes x\nrun 1\n").phases[0].config.model.tie_embeddings);
+  CHECK(build(t, "model deepseek vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8 tie_embeddings yes\ndata bytes x\n"
+                 "attention mla kv_lora_rank 8 qk_nope_dim 4 rope_dim 4 v_dim 4\nrun 1\n")
+            .phases[0].config.model.tie_embeddings);
+  // bad input: DECK:LINE, what was expected
+  CHECK_THAT(error_of(t, model + " tie_embeddings maybe\ndata bytes x\nrun 1\n"),
+             Catch::StartsWith(file + ":1: bad value 'maybe' for 'tie_embeddings' (expected yes or no)"));
+  CHECK_THAT(error_of(t, model + " tie_embeddings\ndata bytes x\nrun 1\n"),
+             Catch::StartsWith(file + ":1: keyword 'tie_embeddings' needs a value (expected yes or no)"));
+  CHECK_THAT(error_of(t, model + " tied_embeddings yes\ndata bytes x\nrun 1\n"),
+             Catch::Contains("did you mean 'tie_embeddings'?"));
+  // per-job: a later phase may not change it
+  CHECK_THAT(error_of(t, kBase + "run 1\n" + model + " tie_embeddings yes\nrun 1\n"),
+             Catch::StartsWith(file + ":4:"));
+}
+
 TEST_CASE("deck: reals parse strictly and accept exponents", "[deck]") {
   TempDir t;
   const auto p = build(t, kBase + "optimizer adamw lr 1e-3 eps 1E-10\nrun 1\n");

@@ -86,7 +86,7 @@ TEST_CASE("hf config: DeepSeek-V2-Lite as published is our V2-Lite deck: its YaR
   // HF's 1e-6, its sequence-wise balance loss (seq_aux true) and its YaRN
   CHECK(lines_text(hf_model_lines(dir, 4096, "deck:1")) ==
         "model deepseek vocab 102400 dim 2048 layers 27 heads 16 ffn 10944 seq 4096 rope_theta 10000 norm_eps 1e-06 "
-        "init_std 0.02\n"
+        "init_std 0.02 tie_embeddings no\n"
         "attention mla kv_lora_rank 512 q_lora_rank 0 qk_nope_dim 128 rope_dim 64 v_dim 128 latent_eps 1e-06\n"
         "moe on dense_layers 1 shared 2 routed 64 topk 6 ffn 1408 gate softmax balance aux balance_coef 0.001 "
         "aux_scope sequence route_scale 1 groups 1 topk_groups 1 layer_freq 1\n"
@@ -184,7 +184,8 @@ TEST_CASE("hf config: rope_scaling yarn onto its line, DeepSeek's defaults; what
                 {"rms_norm_eps", 1e-5},
                 {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 64}}}};
   CHECK(lines_text(hf_model_lines(write_config(t, llama), 0, "deck:1")) ==
-        "model dense vocab 64 dim 32 layers 2 heads 2 ffn 64 seq 256 rope_theta 10000 norm_eps 1e-05 init_std 0.02\n"
+        "model dense vocab 64 dim 32 layers 2 heads 2 ffn 64 seq 256 rope_theta 10000 norm_eps 1e-05 init_std 0.02 "
+        "tie_embeddings no\n"
         "attention mha\nmoe off\nmtp depth 0\n"
         "rope_scaling yarn factor 4 original_seq 64 beta_fast 32 beta_slow 1 mscale 1 mscale_all_dim 0\n");
   llama["rope_scaling"]["mscale_all_dim"] = 1.0;
@@ -581,7 +582,7 @@ TEST_CASE("hf config: the published DeepSeek-V2-Lite and V3 config.json (tests/d
   const std::string v3 = data + "deepseek-v3";
   CHECK(lines_text(hf_model_lines(v3, 4096, "deck:1")) ==
         "model deepseek vocab 129280 dim 7168 layers 61 heads 128 ffn 18432 seq 4096 rope_theta 10000 norm_eps 1e-06 "
-        "init_std 0.02\n"
+        "init_std 0.02 tie_embeddings no\n"
         "attention mla kv_lora_rank 512 q_lora_rank 1536 qk_nope_dim 128 rope_dim 64 v_dim 128 latent_eps 1e-06\n"
         "moe on dense_layers 3 shared 1 routed 256 topk 8 ffn 2048 gate sigmoid balance bias balance_coef 0.001 "
         "seq_aux 0.001 route_scale 2.5 groups 8 topk_groups 4 layer_freq 1\n"

@@ -40,6 +40,10 @@ Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
 
 // The architectures the FD check covers: dense MHA, and DeepSeek's pieces.
 ModelConfig architecture(const std::string& name) {
+  if (name.ends_with("-tied")) {  // the embedding is the head too
+    ModelConfig m = architecture(name.substr(0, name.size() - 5));
+    return m.tie_embeddings = true, m;
+  }
   auto m = tiny_model();
   if (name == "dense") return m;
   m.kind = ModelKind::deepseek;
@@ -69,7 +73,8 @@ ModelConfig architecture(const std::string& name) {
 TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const std::string arch =
       GENERATE(as<std::string>{}, "dense", "mla", "mla-qlora", "mla-yarn", "moe-softmax-aux", "moe-sigmoid-bias",
-               "deepseek-mtp", "moe-capacity", "moe-softmax-seq-aux", "deepseek-mtp-seq-aux");
+               "deepseek-mtp", "moe-capacity", "moe-softmax-seq-aux", "deepseek-mtp-seq-aux", "dense-tied",
+               "deepseek-mtp-tied");
   CAPTURE(arch);
   const auto cfg = architecture(arch);
   const int B = 2;
@@ -142,6 +147,73 @@ TEST_CASE("parameter layout names every tensor with its real shape", "[model]") 
   // 12 C^2 + 3 C F per block... here: 4 C^2 attention + 3 C F feed-forward, plus the head.
   REQUIRE(layout.matmul_per_token() == 4 * (4 * 128 * 128 + 3 * 128 * 384) + 256 * 128);
   REQUIRE(layout.active_per_token() == layout.total() - 256 * 128);
+}
+
+TEST_CASE("tied embeddings: one tensor, no head, the plan's counts and units", "[model][tied]") {
+  ModelConfig m;
+  m.vocab = 256, m.dim = 128, m.layers = 4, m.heads = 4, m.ffn = 384, m.seq = 128;
+  const ParamLayout untied(m);
+  m.tie_embeddings = true;
+  const ParamLayout tied(m);
+  CHECK((untied.head_name() == "head" && !untied.tied()));
+  CHECK((tied.head_name() == "embed" && tied.tied() && !tied.has("head")));
+  CHECK(tied.total() == untied.total() - 256 * 128);
+  CHECK(tied.tensors().size() == untied.tensors().size() - 1);
+  // The same FLOPs (the head still multiplies), and the table counts as active: every token's logits read it.
+  CHECK(tied.matmul_per_token() == untied.matmul_per_token());
+  CHECK(tied.active_per_token() == tied.total());
+  CHECK(tied.at("embed").matmul);
+  const auto units = tied.weight_units();
+  REQUIRE(units.size() == size_t(m.layers + 2));
+  CHECK((units.front().name == "embed" && units.back().name == "norm" && units.back().end == tied.total()));
+  CHECK(untied.weight_units().back().name == "norm + head");
+  CHECK(estimate_memory(m, 8).params == tied.full_total());
+  m.mtp.depth = 2;  // MTP's depths share the one head: the same FLOPs, V*C fewer parameters
+  const ParamLayout tied_mtp(m);
+  m.tie_embeddings = false;
+  CHECK(tied_mtp.matmul_per_token() == ParamLayout(m).matmul_per_token());
+  CHECK(ParamLayout(m).total() - tied_mtp.total() == 256 * 128);
+}
+
+TEST_CASE("tied embeddings: an untied model whose head equals its embedding computes the same; the gradients sum",
+          "[model][tied]") {
+  for (const std::string arch : {"dense", "deepseek-mtp"}) {
+    CAPTURE(arch);
+    ModelConfig m = architecture(arch);
+    const int B = 2;
+    Transformer<double> untied(m, B);
+    m.tie_embeddings = true;
+    Transformer<double> tied(m, B);
+    untied.init(7);
+    // The tied model's tensors, each from the untied one's (the head is gone, the MTP modules moved up).
+    auto from = xx::host_copy(untied.params());
+    auto to = xx::host_staging(tied.params());
+    for (const auto& t : tied.layout().tensors())
+      std::copy_n(from.data() + untied.layout().at(t.name).offset, t.size, to.data() + t.offset);
+    Kokkos::deep_copy(tied.params(), to);
+    Kokkos::deep_copy(untied.param("head"), untied.param("embed"));
+    auto in = tokens(B * m.seq, m.vocab, 3), tgt = tokens(B * m.seq, m.vocab, 4);
+    Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
+    const double a = untied.forward(tin, ttgt).total, b = tied.forward(tin, ttgt).total;
+    CHECK(a == b);
+    untied.zero_grads(), tied.zero_grads();
+    untied.backward(tin, ttgt), tied.backward(tin, ttgt);
+    auto gu = xx::host_copy(untied.grads()), gt = xx::host_copy(tied.grads());
+    const auto& e = tied.layout().at("embed");
+    const int64_t ue = untied.layout().at("embed").offset, uh = untied.layout().at("head").offset;
+    double worst = 0, norm = 0;
+    for (int64_t i = 0; i < e.size; ++i) {
+      const double want = gu(ue + i) + gu(uh + i);
+      worst = std::max(worst, std::abs(gt(e.offset + i) - want)), norm = std::max(norm, std::abs(want));
+    }
+    CHECK(worst <= 1e-12 * norm);
+    for (const auto& t : tied.layout().tensors()) {
+      if (t.name == "embed") continue;
+      CAPTURE(t.name);
+      CHECK(std::equal(gt.data() + t.offset, gt.data() + t.offset + t.size,
+                       gu.data() + untied.layout().at(t.name).offset));
+    }
+  }
 }
 
 TEST_CASE("the missing-gradient check names tensors that got no gradient", "[model]") {

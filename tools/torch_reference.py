@@ -70,6 +70,7 @@ def model_of(c):
     m, a, e = c["model"], c["attention"], c["moe"]
     cfg = {k: m[k] for k in ("vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps")}
     cfg["kind"] = m["kind"]
+    cfg["tie_embeddings"] = m.get("tie_embeddings", False)  # one tensor 'embed' is the embedding and the head
     att = {"kind": a["kind"]}
     if a["kind"] == "mla":
         att.update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim")})
@@ -91,6 +92,8 @@ def model_of(c):
 def describe(cfg):
     a, m, t = cfg["attention"], cfg["moe"], cfg["mtp"]
     parts = [f"{cfg['kind']} dim {cfg['dim']} layers {cfg['layers']} heads {cfg['heads']}"]
+    if cfg.get("tie_embeddings"):
+        parts.append("tied embeddings (the head is 'embed')")
     if a["kind"] == "mla":
         parts.append(f"mla R {a['kv_lora_rank']} Q {a['q_lora_rank']} nope {a['qk_nope_dim']} "
                      f"rope {a['rope_dim']} v {a['v_dim']}")
@@ -339,18 +342,22 @@ def block(p, buffers, pre, x, cfg, is_moe, stats, moe=moe_ffn):
     return x + y, aux
 
 
-def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
+def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn, head=None):
     """Total loss = main + mtp_weight * mtp + aux, and its parts. Runs in the
-    dtype of the parameters (float64 here, float32 in tools/lab/torch_train.py)."""
+    dtype of the parameters (float64 here, float32 in tools/lab/torch_train.py).
+    The head (main and every MTP depth) is p["head"], or p["embed"] itself
+    when the embeddings are tied; `head` overrides it."""
     B, T = inputs.shape
     V, eps = cfg["vocab"], cfg["norm_eps"]
     dtype = p["embed"].dtype
+    if head is None:
+        head = p["embed"] if cfg.get("tie_embeddings") else p["head"]
     aux = torch.zeros((), dtype=dtype)
     x = p["embed"][inputs]
     for l in range(cfg["layers"]):
         x, a = block(p, buffers, f"layers.{l}.", x, cfg, is_moe_layer(cfg, l), stats, moe)
         aux = aux + a
-    logits = rmsnorm(x, p["norm"], eps) @ p["head"].T
+    logits = rmsnorm(x, p["norm"], eps) @ head.T
     main = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(-1))
 
     # multi-token prediction: depth d at position t reads token u_{t+d+1}
@@ -368,7 +375,7 @@ def loss_fn(p, buffers, cfg, inputs, targets, stats, moe=moe_ffn):
         x0 = x0 @ p[pre + "proj"].T
         h, a = block(p, buffers, pre, x0, cfg, is_moe_layer(cfg, cfg["layers"] + d), stats, moe)
         aux = aux + a
-        lg = rmsnorm(h, p[pre + "norm"], eps) @ p["head"].T
+        lg = rmsnorm(h, p[pre + "norm"], eps) @ head.T
         if T - d - 1 > 0:
             mtp = mtp + F.cross_entropy(lg.reshape(B * T, V), label.reshape(-1), ignore_index=-100)
     if D > 0:
@@ -431,6 +438,17 @@ def main():
         ok &= apart > 10 * LOSS_RTOL
         print(f"# sequence-wise aux {aux:.8f}; over the batch as one sequence {one:.8f}: apart by {apart:.2e} "
               f"(must exceed {10 * LOSS_RTOL:g}){'' if apart > 10 * LOSS_RTOL else '   FAILED'}")
+    if cfg.get("tie_embeddings"):
+        # the head's share of the embedding's gradient: without it (the head
+        # detached, the lookups alone) the fixture must fail
+        ok &= "head" not in params
+        lookups = {n: t.detach().clone().requires_grad_(n == "embed") for n, t in params.items()}
+        loss_fn(lookups, buffers, cfg, inputs, targets, {}, head=lookups["embed"].detach())[0].backward()
+        ref = params["embed"].grad.numpy()
+        apart = np.linalg.norm(lookups["embed"].grad.numpy() - ref) / np.linalg.norm(ref)
+        ok &= apart > 10 * GRAD_RTOL
+        print(f"# tied: the head's share is {apart:.2e} of the embedding's gradient (must exceed {10 * GRAD_RTOL:g}); "
+              f"'head' {'absent' if 'head' not in params else 'present   FAILED'}")
     if set(ours) != set(params):
         print("tensor names differ:", sorted(set(ours) ^ set(params)))
         ok = False

@@ -89,6 +89,14 @@ CheckpointData read_checkpoint(const std::string& path, const Frame& frame,
   for (const char* g : {"model", "optimizer/m", "optimizer/v", "train"})
     if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(file, g, H5P_DEFAULT) <= 0)
       input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, g);
+  // Tied and untied models differ by a tensor: no conversion, the deck says which it trains.
+  const bool tied = H5Aexists(file, "tied_embeddings") > 0 &&
+                    read_attr<int>(file, "tied_embeddings", H5T_NATIVE_INT, path) == 1;
+  if (tied != ties_embeddings(frame))
+    input_error("{}: its model {} (attribute tied_embeddings {}), the deck's {} (expected the deck's model line "
+                "with tie_embeddings {}, as the run that wrote it)", path,
+                tied ? "ties its embeddings: 'embed' is also the head" : "has its own head tensor 'head'", int(tied),
+                tied ? "has its own head" : "ties its embeddings", tied ? "yes" : "no");
   // A delta: its chain's base file first (every check of that file applies),
   // then each tensor's change since it.
   const ChainLink link = chain_link(file, path);

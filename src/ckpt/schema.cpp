@@ -1,4 +1,5 @@
 #include "ckpt/schema.h"
+#include <algorithm>
 #include <optional>
 #include <type_traits>
 #include <variant>
@@ -6,6 +7,13 @@
 
 namespace xx {
 using h5::H5;
+
+bool ties_embeddings(const std::vector<FrameTensor>& frame) {
+  auto has = [&](const char* name) {
+    return std::any_of(frame.begin(), frame.end(), [&](const FrameTensor& t) { return t.name == name; });
+  };
+  return has("embed") && !has("head");
+}
 
 namespace {
 
@@ -34,7 +42,7 @@ uint32_t crc_of(const std::vector<T>& v) {
   return crc32c(v.data(), v.size() * sizeof(T));
 }
 
-// The root attributes: format, deck, state index, mode, codec, chain.
+// The root attributes: format, deck, tying, state index, mode, codec, chain.
 void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   const auto& data = enc.data;
   const auto& format = enc.format;
@@ -43,6 +51,7 @@ void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   w.string_attr(file, "format", "xuanxue-checkpoint");
   w.attr(file, "format_version", H5T_NATIVE_INT, kCheckpointVersion);
   w.string_attr(file, "deck", data.deck);
+  w.attr(file, "tied_embeddings", H5T_NATIVE_INT, int(ties_embeddings(enc.tensors)));
   if (!data.state_index.empty()) w.string_attr(file, "state_index", data.state_index);
   w.string_attr(file, "mode", std::string(mode_name(enc.has_ranks ? format.mode : CheckpointMode::full)));
   w.string_attr(file, "codec", diff ? codec : "none");

@@ -21,6 +21,12 @@ struct RankParts {
 // The whole file through `w`; WriteFailed on a failure.
 void write_file(H5Writer& w, const EncodedCheckpoint& enc, int world, const RankParts& ranks);
 
+// Whether a frame's model ties its embeddings (model ... tie_embeddings yes):
+// it has an 'embed' tensor and no 'head' (the embedding is the head). The
+// root attribute tied_embeddings (1 or 0; absent in older files: 0) records
+// it; reading refuses a file whose tying differs from the deck's frame.
+bool ties_embeddings(const std::vector<FrameTensor>& frame);
+
 // /train's attributes (group `train` of file `path`) as TrainState; those
 // absent from older files keep their defaults.
 TrainState read_train_state(hid_t train, const std::string& path);

@@ -293,7 +293,7 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
                     integer("layers", &c.model.layers, at_least(1)), integer("heads", &c.model.heads, at_least(1)),
                     integer("ffn", &c.model.ffn, at_least(1)), integer("seq", &c.model.seq, at_least(2)),
                     real("rope_theta", &c.model.rope_theta, above(0)), real("norm_eps", &c.model.norm_eps, above(0)),
-                    real("init_std", &c.model.init_std, above(0))},
+                    real("init_std", &c.model.init_std, above(0)), yes_no("tie_embeddings", &c.model.tie_embeddings)},
                    {"vocab", "dim", "layers", "heads", "ffn", "seq"},
                    [&c, dense](const std::string& where) {
                      if (dense) check_model(c.model, where);
@@ -336,7 +336,8 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        mode_ref(&c.model.kind),
        "kind",
        {model_variant("dense"), model_variant("deepseek")},
-       "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X]", Scope::job},
+       "model dense|deepseek vocab V dim C layers L heads H ffn F seq T [rope_theta X] [norm_eps X] [init_std X] "
+       "[tie_embeddings yes|no]", Scope::job},
       {"attention",
        mode_ref(&a.kind),
        "kind",

@@ -130,6 +130,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
+  // tie_embeddings yes: one (V, C) tensor is the embedding and the LM head
+  // (HF's tie_word_embeddings); the head's gradient sums into it. no: the head
+  // is its own tensor. ParamLayout::head_name says which the head reads.
+  bool tie_embeddings = false;
   AttentionConfig attention;
   MoeConfig moe;
   MtpConfig mtp;

@@ -232,12 +232,11 @@ HfLine model_line(Keys& k, const std::string& kind, int seq, double rope_theta) 
   k.get("num_key_value_heads");
   if (const std::string act = k.word("hidden_act", "silu"); act != "silu")
     k.refuse("hidden_act", fmt::format("hidden_act '{}' (expected silu: xuanxue's FFNs are SwiGLU)", act));
-  for (const char* key : {"attention_bias", "mlp_bias", "tie_word_embeddings"})
+  for (const char* key : {"attention_bias", "mlp_bias"})
     if (k.flag(key, false))
-      k.refuse(key, fmt::format("'{}' is true: {} (expected false)", key,
-                                std::string(key) == "tie_word_embeddings"
-                                    ? "tied embeddings are not built yet (xuanxue's head is its own tensor)"
-                                    : "xuanxue's projections have no bias"));
+      k.refuse(key, fmt::format("'{}' is true: xuanxue's projections have no bias (expected false)", key));
+  // Llama's and DeepSeek's configs default to untied (transformers' PretrainedConfig would say true).
+  const bool tied = k.flag("tie_word_embeddings", false);
   if (k.number("attention_dropout", 0.0, false) != 0)
     k.refuse("attention_dropout", "attention_dropout is not 0: xuanxue has no dropout (expected 0)");
   const int context = seq > 0 ? seq : k.integer("max_position_embeddings", {}, 2);
@@ -251,7 +250,9 @@ HfLine model_line(Keys& k, const std::string& kind, int seq, double rope_theta) 
                 {"rope_theta", num(rope_theta), "rope_theta"},
                 {"norm_eps", num(k.number("rms_norm_eps", 1e-6)), "rms_norm_eps"},
                 // the weights come from the files; kept so that an export says what the model's did
-                {"init_std", num(k.number("initializer_range", 0.02)), "initializer_range"}};
+                {"init_std", num(k.number("initializer_range", 0.02)), "initializer_range"},
+                // tied: the weights hold model.embed_tokens.weight alone (or lm_head.weight equal to it)
+                {"tie_embeddings", tied ? "yes" : "no", "tie_word_embeddings"}};
   return m;
 }
 

@@ -1,6 +1,7 @@
 // A Hugging Face checkpoint read as xuanxue's tensors (interface in import.h).
 #include "hf/import.h"
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <stdexcept>
 #include <fmt/format.h>
@@ -137,6 +138,7 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& model, const Fra
       used.insert(name);
     }
   }
+  if (model.tie_embeddings && files_.contains("lm_head.weight")) check_tied_head(used);
   // Left over: the MTP layers' copies of the shared embedding and head, the
   // rotary tables old checkpoints keep, and width-0 shared experts are not
   // weights of ours; anything else means the files hold another model.
@@ -151,6 +153,33 @@ HfWeights::HfWeights(const std::string& dir, const ModelConfig& model, const Fra
     if (t->count == 0) continue;
     input_error("{}: tensor '{}' has no place in the model config.json describes (expected only that model's "
                 "weights)", file->path(), name);
+  }
+}
+
+// Tied (tie_word_embeddings true): a file may still hold lm_head.weight, as
+// some writers save both names of the one tensor; it must be the embedding,
+// value for value (and an FP8 one's block scales too). Read a row at a time.
+void HfWeights::check_tied_head(std::set<std::string>& used) const {
+  const std::string embed = "model.embed_tokens.weight", head = "lm_head.weight";
+  for (const std::string suffix : {"", "_scale_inv"}) {
+    if (!files_.contains(head + suffix) && !files_.contains(embed + suffix)) continue;
+    const auto [hf, h] = files_.find(head + suffix);
+    const auto [ef, e] = files_.find(embed + suffix);
+    if (h->shape != e->shape || h->dtype_name != e->dtype_name)
+      input_error("{}: tensor '{}' is {} {}, '{}' {} {} (expected tie_word_embeddings true to mean one tensor: "
+                  "lm_head.weight absent, or equal to model.embed_tokens.weight)", hf->path(), head + suffix,
+                  h->dtype_name, shape_text(h->shape), embed + suffix, e->dtype_name, shape_text(e->shape));
+    const int64_t cols = h->shape.empty() ? 1 : h->shape.back(), rows = h->count / std::max<int64_t>(1, cols);
+    std::vector<float> a(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      hf->read(*h, r * cols, cols, a.data()), ef->read(*e, r * cols, cols, b.data());
+      hf->release(*h, r * cols, cols), ef->release(*e, r * cols, cols);
+      if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0)
+        input_error("{}: tensor '{}' differs from '{}' in row {} (expected tie_word_embeddings true to mean one "
+                    "tensor: lm_head.weight absent, or equal to model.embed_tokens.weight)", hf->path(), head + suffix,
+                    embed + suffix, r);
+    }
+    used.insert(head + suffix);
   }
 }
 

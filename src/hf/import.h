@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 #include "core/placement.h"
@@ -55,6 +56,7 @@ class HfWeights {
   };
   void read_row(const Source& s, int64_t row, int64_t col, int64_t count, float* out) const;
   std::string bias_name(const std::string& prefix) const;
+  void check_tied_head(std::set<std::string>& used) const;
 
   ModelConfig model_;
   SafetensorsSet files_;

@@ -33,7 +33,7 @@ Decoder::Decoder(Transformer<float>& model, int64_t max_len)
                                 k::Precision::fp32};  // the fp32 master weights, whatever the training precision
   const auto& a = m.attention;
   const int64_t C = m.dim, H = m.heads, L = max_len_;
-  embed_ = store("embed"), norm_ = store("norm"), head_ = store("head");
+  embed_ = store("embed"), norm_ = store("norm"), head_ = store(model.layout().head_name());
   for (int l = 0; l < m.layers; ++l) {
     auto layer = std::make_unique<Layer>();
     const std::string p = "layers." + std::to_string(l) + ".";

@@ -193,7 +193,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   b.sync_buffers = 4.0 * sync_elements(c, layout, ranks, b.sync_what);
   b.exchange = 4.0 * est.exchange_elements;
   b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
-  b.held_units = c.model.mtp.depth > 0 ? 4 : 2;
+  b.held_units = c.model.mtp.depth > 0 ? 4 : c.model.tie_embeddings ? 3 : 2;  // tied: the embedding is the head
   b.deck_level = c.shard.level;
   for (const auto& [begin, end] : layout.fp32_read_runs()) b.fp32_read += end - begin;
   return b;
@@ -294,9 +294,11 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   std::string out;
   out += fmt::format("# dry run: nothing allocated\n");
   out += fmt::format("  parameters total        {:>16} ({})\n", est.params, format_count(double(est.params)));
-  out += fmt::format("  parameters per token    {:>16} ({} active: all but the embedding table and the\n"
-                     "                                            routed experts a token does not pick)\n",
-                     est.active, format_count(double(est.active)));
+  out += fmt::format("  parameters per token    {:>16} ({} active: all but the {}\n"
+                     "                                            routed experts a token does not pick{})\n",
+                     est.active, format_count(double(est.active)),
+                     c.model.tie_embeddings ? "" : "embedding table and the",
+                     c.model.tie_embeddings ? "; the tied embedding is the head" : "");
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(c.model, layout));
   if (ep == 1) {
     out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", c.data.batch,
@@ -389,7 +391,9 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      "gathered: {} units at once (the one computing, the next{}) "
                      "in fp32{}: {} L x {} B\n",
                      b.copy_bytes ? fmt::format(" + {} S", b.copy_bytes) : "", 2 * kShardBucketsInFlight, b.held_units,
-                     b.held_units > 2 ? ", the embedding and head held through the forward for MTP" : "",
+                     b.held_units == 4   ? ", the embedding and head held through the forward for MTP"
+                     : b.held_units == 3 ? ", the embedding held through the forward: it is the head"
+                                         : "",
                      b.copy_bytes ? " with their 16-bit copy" : "", b.held_units, 4 + b.copy_bytes);
   if (!b.sync_what.empty())
     out += fmt::format("  communication also holds the sync strategy's {} of {} (phase at {}), whole at every level\n",

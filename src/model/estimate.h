@@ -57,7 +57,7 @@ struct PlanBasis {
   int64_t experts = 0;          // X: of P, this rank's routed experts (E/N of each MoE layer's; 0 without ep)
   int64_t shard = 0;            // ceil((P - X) / W) + ceil(X / D): what an owner keeps of a sharded buffer
   int64_t largest_layer = 0;    // parameters of the largest layer (the unit params gathers at once)
-  std::string largest_name;     // its name: embed, layers.K, norm + head, mtp.D
+  std::string largest_name;     // its name: embed, layers.K, norm + head (tied: norm), mtp.D
   int copy_bytes = 0;           // per weight, the GEMMs' 16-bit copy: 0 under fp32 (they read the master)
   double bucket_bytes = 0;      // sync's bucket_mb, at most the whole gradient
   double activations = 0;       // bytes; the same at every level (the batch per rank does not change)
@@ -66,7 +66,7 @@ struct PlanBasis {
   double sync_buffers = 0;      // bytes the phase's sync strategy keeps beside the model, whole at every level
   std::string sync_what;        // what those are ("" when none)
   std::string phase;            // the phase planned ("DECK:LINE" of its run)
-  int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held)
+  int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held; 3 tied)
   ShardLevel deck_level = ShardLevel::off;  // the deck's shard level
   int64_t fp32_read = 0;        // M: weights the model reads in fp32 (embedding, norms, router gates)
 };

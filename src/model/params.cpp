@@ -6,18 +6,21 @@
 
 namespace xx {
 
-ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank) : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank) {
+ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank)
+    : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank), head_(m.tie_embeddings ? "embed" : "head") {
   if (ep_ > 1) experts_per_rank_ = m.moe.routed / ep_;
   const int64_t C = m.dim, V = m.vocab;
-  add("embed", {V, C}, -1, false, m.init_std, false);
+  // Tied (model ... tie_embeddings yes): the embedding is also the head, a matrix product.
+  add("embed", {V, C}, -1, false, m.init_std, m.tie_embeddings);
   tensors_.back().reads_fp32 = true;  // a lookup
+  if (m.tie_embeddings) active_ += V * C;  // every token's logits read all of it
   for (int l = 0; l < m.layers; ++l) {
     layer_begin_.push_back(total_);
     add_block("layers." + std::to_string(l) + ".", m, l, m.moe.is_moe_layer(l));
   }
   layer_begin_.push_back(total_);
   add("norm", {C}, -1, true, 0, false);
-  add("head", {V, C}, -1, false, m.init_std, true);
+  if (!m.tie_embeddings) add("head", {V, C}, -1, false, m.init_std, true);
   matmul_active_ += m.mtp.depth * V * C;  // the shared head also serves every MTP depth
   for (int d = 0; d < m.mtp.depth; ++d) {
     const std::string p = "mtp." + std::to_string(d) + ".";
@@ -37,7 +40,7 @@ std::vector<WeightUnit> ParamLayout::weight_units() const {
     size_t j = i;
     while (j < tensors_.size() && tensors_[j].layer == tensors_[i].layer) ++j;
     const int l = tensors_[i].layer;
-    const std::string name = l < 0 ? (tensors_[i].name == "embed" ? "embed" : "norm + head")
+    const std::string name = l < 0 ? (tensors_[i].name == "embed" ? "embed" : j - i > 1 ? "norm + head" : "norm")
                              : l < L ? "layers." + std::to_string(l) : "mtp." + std::to_string(l - L);
     units.push_back({name, tensors_[i].offset, tensors_[j - 1].offset + tensors_[j - 1].size});
     i = j;

@@ -32,9 +32,10 @@ struct TensorInfo {
 };
 
 // What shard params gathers at once: the embedding, each block, the final
-// norm with the head, each MTP module (runs of tensors of one layer).
+// norm with the head (tied: the norm alone; the head is the embedding's
+// unit), each MTP module (runs of tensors of one layer).
 struct WeightUnit {
-  std::string name;  // embed, layers.K, norm + head, mtp.D
+  std::string name;  // embed, layers.K, norm + head (tied: norm), mtp.D
   int64_t begin = 0, end = 0;
 };
 
@@ -59,14 +60,19 @@ class ParamLayout {
   void to_full(const float* mine, float* full) const;
   void from_full(const float* full, float* mine) const;
   const TensorInfo& at(const std::string& name) const;  // throws std::out_of_range
+  // The tensor the LM head (main and every MTP depth) multiplies by: "head",
+  // or "embed" when tied (model ... tie_embeddings yes): one tensor, whose
+  // gradient sums the lookup's and the head's.
+  const std::string& head_name() const { return head_; }
+  bool tied() const { return head_ == "embed"; }
   bool has(const std::string& name) const;
   // Offset where block l's tensors begin; layer_begin(L) is where the final norm begins.
   int64_t layer_begin(int layer) const { return layer_begin_[layer]; }
   // The units in buffer order: 0 the embedding, 1 + l block l, L + 1 the
-  // final norm and head, L + 2 + d MTP module d.
+  // final norm and head (tied: the norm), L + 2 + d MTP module d.
   std::vector<WeightUnit> weight_units() const;
-  // Parameters a token uses: all but the embedding table (a lookup) and the
-  // routed experts it does not pick.
+  // Parameters a token uses: all but the embedding table (a lookup; tied, it
+  // is the head and counts) and the routed experts it does not pick.
   int64_t active_per_token() const { return active_; }
   // Multiply-accumulates per token in matrix products, forward (the head
   // counts once per output it feeds: main and each MTP depth).
@@ -80,6 +86,7 @@ class ParamLayout {
   std::vector<int64_t> layer_begin_;
   int64_t total_ = 0, full_total_ = 0, active_ = 0, matmul_active_ = 0;
   int ep_ = 1, ep_rank_ = 0, experts_per_rank_ = 1;
+  std::string head_;
 };
 
 // The whole model's frame of a layout that holds every tensor (one process:

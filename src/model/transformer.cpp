@@ -81,7 +81,8 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   units_ = layout_.weight_units();
   embed_ = store("embed");
   norm_ = store("norm");
-  head_ = store("head");
+  head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
+  hold_embed_ = cfg_.mtp.depth > 0 || layout_.tied();
   for (int l = 0; l < cfg_.layers; ++l)
     blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
                                                  cfg_.moe.is_moe_layer(l), batch, ws_));
@@ -227,9 +228,9 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
   const int D = int(mtp_.size());
-  use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up too
+  use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
   k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  if (D == 0) let_go(0);
+  if (!hold_embed_) let_go(0);
   for (int l = 0; l < L; ++l) {
     use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
     blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
@@ -268,7 +269,7 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
     let_go(mtp_unit(int(d)));
   }
   let_go(final_unit());
-  if (D > 0) let_go(0);
+  if (hold_embed_) let_go(0);
   if (!mtp_.empty()) loss.mtp /= double(mtp_.size());
   for (auto& [name, f] : moe_layers()) loss.aux += f->aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
@@ -286,6 +287,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
     for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
   // main head and final norm; dlogits overwrite the logits in place
   const int D = int(mtp_.size());
+  if (layout_.tied()) use(0, final_unit());  // the head's weights are the embedding's
   use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
   auto dnorm = ws_.mat("dnorm", N_, C);
   auto dresid = ws_.mat("dresid", N_, C);
@@ -323,6 +325,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
     let_go(mtp_unit(d));
   }
   let_go(final_unit());
+  if (layout_.tied()) let_go(0);  // the lookup's backward below reads no weight
   notify(layout_.layer_begin(L));
 
   for (int l = L - 1; l >= 0; --l) {

@@ -1,8 +1,9 @@
 // The DeepSeek-style decoder: token embedding; L blocks of
 //   x += attention(rmsnorm(x))      (MHA with RoPE, or MLA)
 //   x += ffn(rmsnorm(x))            (dense SwiGLU, or DeepSeekMoE)
-// a final RMSNorm and the LM head (not tied to the embedding); optionally D
-// multi-token-prediction modules sharing the embedding and the head.
+// a final RMSNorm and the LM head (its own tensor, or tied: the embedding,
+// model ... tie_embeddings yes); optionally D multi-token-prediction modules
+// sharing the embedding and the head.
 // Parameters and gradients each live in one flat buffer (model/params.h).
 // Templated on the scalar type: float for training, double for gradient checks.
 #pragma once
@@ -144,7 +145,8 @@ class Transformer {
   Buffer<T> params_, grads_;
   std::shared_ptr<void> grads_memory_;  // host: grads_'s memory (huge_page_memory), which grads_ views
   Workspace<T> ws_;
-  Param<T> embed_, norm_, head_;
+  Param<T> embed_, norm_, head_;  // tied: head_ is embed_ (ParamLayout::head_name)
+  bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
   std::vector<std::unique_ptr<Block<T>>> blocks_;
   std::vector<MtpModule> mtp_;
   std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)

@@ -75,8 +75,16 @@ moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 16 gate softmax balance aux b
 moe on dense_layers 0 groups 2 topk_groups 1 layer_freq 2
 rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8
 run 4"
+# Tied embeddings: 'embed' is the head (tie_word_embeddings true, no lm_head.weight); V3's MTP depth shares it.
+MODEL[llama_tied]="model dense vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 init_std 0.2 tie_embeddings yes
+run 4"
+MODEL[v3_tied]="model deepseek vocab 256 dim 32 layers 2 heads 2 ffn 64 seq 16 $MLA tie_embeddings yes
+attention mla kv_lora_rank 16 q_lora_rank 24 qk_nope_dim 8 rope_dim 8 v_dim 8
+moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 16 gate sigmoid balance bias balance_coef 0.02
+mtp depth 1 weight 0.3
+run 4"
 
-for name in llama v3 v2; do
+for name in llama v3 v2 llama_tied v3_tied; do
   begin "$name: train 4 steps, export"
   deck "$name" "${MODEL[$name]}"
   expect_ok 1 -in "$T/$name.deck"
@@ -87,6 +95,13 @@ for name in llama v3 v2; do
   expect_ok 1 -in "$T/$name.imp.deck"
   check grep -q "init hf $T/$name.hf: .* tensors" "$T/out" || fail "no init hf line: $(head -40 "$T/out")"
   check grep -q "^init hf $T/$name.hf expanded yes" "$T/out" || fail "the resolved deck lacks the init line"
+  tie=no && [[ $name == *_tied ]] && tie=yes
+  check grep -q "^model .* tie_embeddings $tie\$" "$T/out" || fail "model line: $(grep '^model' "$T/out")"
+  check grep -q "\"tie_word_embeddings\": $([ $tie = yes ] && echo true || echo false)" "$T/$name.hf/config.json" ||
+    fail "config.json: $(grep tie_word "$T/$name.hf/config.json")"
+  lm_head=$($PY -c 'import sys; sys.path.insert(0, sys.argv[1]); import hf_files
+print("lm_head.weight" in hf_files.read(sys.argv[2]))' "$HERE/.." "$T/$name.hf/model.safetensors")
+  check [ "$lm_head" = "$([ $tie = yes ] && echo False || echo True)" ] || fail "lm_head.weight written: $lm_head"
   if [ "$name" = v2 ]; then
     yarn="rope_scaling yarn factor 4 original_seq 4 beta_fast 0.1 beta_slow 0.01 mscale 1 mscale_all_dim 0.8"
     check grep -q "^$yarn\$" "$T/out" || fail "no rope_scaling line: $(grep -i rope "$T/out")"
@@ -108,6 +123,35 @@ head -1 "$T/v2.imp/metrics.jsonl" >"$T/step0.jsonl"  # the step-0 validation rec
 check $PY "$READ" "$T/v2.hf2" "$(step_file v2.imp 0)" "$T/step0.jsonl" --bytes "$CORPUS" --valid 0.1 \
   --batch 2 --eval-batches 2 >"$T/read.out" 2>&1 || fail "$(grep -E 'FAIL|rror' "$T/read.out" | head -5)"
 grep -E 'forward aux|sequences|^(OK|FAILED)' "$T/read.out" | sed 's/^/    /'
+
+begin "v3_tied: the HF-convention forward (embed_tokens as the head) gives the trainer's loss and generate's logits"
+check "$XX" generate -ckpt "$(step_file v3_tied.imp 0)" -prompt "The fox? " -tokens 1 -temperature 0 \
+  -logits "$T/v3_tied.logits" >"$T/gen.out" 2>&1 || fail "generate -logits: $(tail -3 "$T/gen.out")"
+head -1 "$T/v3_tied.imp/metrics.jsonl" >"$T/step0.jsonl"
+check $PY "$READ" "$T/v3_tied.hf2" "$(step_file v3_tied.imp 0)" "$T/step0.jsonl" --bytes "$CORPUS" --valid 0.1 \
+  --batch 2 --eval-batches 2 --logits "$T/v3_tied.logits" >"$T/read.out" 2>&1 ||
+  fail "$(grep -E 'FAIL|rror' "$T/read.out" | head -5)"
+grep -E 'lm_head|val_loss|logits|^(OK|FAILED)' "$T/read.out" | sed 's/^/    /'
+
+begin "llama_tied: an lm_head.weight equal to embed_tokens is read as the one tensor; one that differs is refused"
+rm -rf "$T/tied.hf" && cp -r "$T/llama_tied.hf" "$T/tied.hf"
+$PY "$FILES" add-head "$T/tied.hf" same
+deck tied.same "init hf $T/tied.hf" "run 1"
+expect_ok 1 -in "$T/tied.same.deck"
+want=$(val_at llama_tied 4) got=$(val_at tied.same 0)
+check [ "$want" = "$got" ] || fail "val_loss at step 0 $got, the exporting run's $want"
+rm -rf "$T/tied.hf" && cp -r "$T/llama_tied.hf" "$T/tied.hf"
+$PY "$FILES" add-head "$T/tied.hf" other
+deck bad "init hf $T/tied.hf" "run 1"
+expect_bad 2 "$T/tied.hf/model.safetensors: tensor 'lm_head.weight' differs from 'model.embed_tokens.weight' in row 255" \
+  "(expected tie_word_embeddings true to mean one tensor" -- -in "$T/bad.deck"
+begin "tied: a deck line untying an import that ties, and an untied config.json over tied weights, are refused"
+deck bad "init hf $T/llama_tied.hf" "model dense tie_embeddings no" "run 1"
+expect_bad 1 "$T/bad.deck:3:" "tie_embeddings" -- -in "$T/bad.deck"
+rm -rf "$T/tied.hf" && cp -r "$T/llama_tied.hf" "$T/tied.hf"
+$PY "$FILES" edit "$T/tied.hf" 'tie_word_embeddings=false'
+deck bad "init hf $T/tied.hf" "run 1"
+expect_bad 2 "$T/tied.hf/model.safetensors" "lm_head.weight" -- -in "$T/bad.deck"
 
 begin "v3 at 2 ranks (ep 2, shard optimizer) and 4 (ep 2, shard params): the same step-0 checkpoint"
 for spec in "2 optimizer" "4 params"; do
@@ -177,8 +221,8 @@ refused_key "YaRN unrounded" v2 rope_scaling "'truncate': false" \
   'rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 4, "truncate": false}'
 refused_key "expert groups that do not divide the experts" v3 n_group "n_group 3 does not divide n_routed_experts 4" \
   'n_group=3'
-refused_key "tied embeddings" llama tie_word_embeddings "tied embeddings are not built yet" \
-  'tie_word_embeddings=true'
+refused_key "tie_word_embeddings not a boolean" llama tie_word_embeddings "'tie_word_embeddings' is 1 (expected true or false)" \
+  'tie_word_embeddings=1'
 refused_key "an unknown key" llama sliding_window "key 'sliding_window' is not one xuanxue reads" \
   'sliding_window=4096'
 refused_key "another architecture" llama model_type "model_type 'mistral'" 'model_type="mistral"'

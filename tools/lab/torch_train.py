@@ -146,7 +146,8 @@ def layout(cfg, init_std):
     for l in range(L):
         block(f"layers.{l}.", ref.is_moe_layer(cfg, l))  # past dense_layers, every layer_freq-th block
     t.append(("norm", (C,), None))
-    t.append(("head", (V, C), init_std))
+    if not cfg.get("tie_embeddings"):  # tied: 'embed' is the head too
+        t.append(("head", (V, C), init_std))
     for d in range(cfg["mtp"]["depth"]):
         p = f"mtp.{d}."
         t.extend([(p + "hnorm", (C,), None), (p + "enorm", (C,), None), (p + "proj", (C, 2 * C), init_std)])

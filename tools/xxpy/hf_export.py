@@ -51,6 +51,7 @@ def model_of(s):
     m, a, e = s["model"], s["attention"], s["moe"]
     out = {k: m[k] for k in ("kind", "vocab", "dim", "layers", "heads", "ffn", "seq", "rope_theta", "norm_eps",
                              "init_std")}
+    out["tie_embeddings"] = bool(m.get("tie_embeddings", False))  # 'embed' is the head too
     out["attention"] = {"kind": a["kind"]}
     if a["kind"] == "mla":
         out["attention"].update({k: a[k] for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_dim", "rope_dim", "v_dim",
@@ -134,7 +135,7 @@ def hf_config(m, tokens, latent_eps=False):
         "max_position_embeddings": m["seq"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
         "rope_scaling": hf_rope_scaling(m, a["kind"] == "mha", notes), "attention_bias": False,
         "attention_dropout": 0.0,
-        "initializer_range": m["init_std"], "tie_word_embeddings": False, "use_cache": True,
+        "initializer_range": m["init_std"], "tie_word_embeddings": m["tie_embeddings"], "use_cache": True,
         "bos_token_id": tokens.get("bos"), "eos_token_id": tokens.get("eos"), "pad_token_id": None,
         "torch_dtype": "float32",
     }
@@ -214,6 +215,9 @@ def hf_config(m, tokens, latent_eps=False):
                       aux_loss_alpha=0.0)
     if v3:
         config.update(num_nextn_predict_layers=D, rope_interleave=True)
+    if m["tie_embeddings"]:
+        notes.append("tied embeddings: tie_word_embeddings true, no lm_head.weight (model.embed_tokens.weight is "
+                     "the head" + (", and every MTP layer's shared_head.head a copy of it)" if D > 0 else ")"))
     if D > 0:
         layers = f"model.layers.{L}" + (f"..{L + D - 1}" if D > 1 else "")
         notes.append(f"mtp: {layers} (eh_proj column halves swapped to [enorm | hnorm]; "
@@ -306,8 +310,11 @@ def hf_tensors(m, model_type, tensors, buffers):
     for l in range(L):
         block(f"layers.{l}.", f"model.layers.{l}.", is_moe_layer(m, l))
     put("model.norm.weight", get("norm", (C,)))
-    head = get("head", (V, C))
-    put("lm_head.weight", head)
+    if m["tie_embeddings"]:  # one tensor: HF reads model.embed_tokens.weight as the head too, no lm_head
+        head = embed
+    else:
+        head = get("head", (V, C))
+        put("lm_head.weight", head)
     for d in range(D):  # DeepSeek-V3's MTP modules: layer index num_hidden_layers + d
         ours, hf = f"mtp.{d}.", f"model.layers.{L + d}."
         put(hf + "embed_tokens.weight", embed)
