@@ -220,7 +220,7 @@ TEST_CASE("under ep the experts divide by ep, and sharding divides them by their
     }
     PlanBasis without_exchange = b;
     without_exchange.exchange = 0;
-    CHECK(p.communication - plan_level(without_exchange, level).communication == b.exchange);  // at every level
+    CHECK(p.communication - plan_level(without_exchange, level).communication == Approx(b.exchange));  // at every level (a fractional bucket of bytes rounds)
   }
   // The largest unit gathered under params is a MoE block with its own experts only.
   CHECK(b.largest_layer < b1.largest_layer);
