@@ -104,7 +104,7 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   CHECK(opt.optimizer == 8 * S);
   CHECK(opt.weights == Approx(below_params));
   CHECK(opt.gradients == 4 * P);
-  CHECK(opt.communication == gathered);
+  CHECK(opt.communication == gathered + (W > 1 ? 2 * bucket : 0));  // two buckets reducing, in MPI's temporary
   // gradients: also the gradients; in flight the unit written and two buckets reducing, each twice.
   CHECK(grad.gradients == 4 * S);
   CHECK(grad.weights == opt.weights);
@@ -220,7 +220,7 @@ TEST_CASE("under ep the experts divide by ep, and sharding divides them by their
     }
     PlanBasis without_exchange = b;
     without_exchange.exchange = 0;
-    CHECK(p.communication - plan_level(without_exchange, level).communication == b.exchange);  // at every level
+    CHECK(p.communication - plan_level(without_exchange, level).communication == Approx(b.exchange));  // at every level (a fractional bucket of bytes rounds)
   }
   // The largest unit gathered under params is a MoE block with its own experts only.
   CHECK(b.largest_layer < b1.largest_layer);

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <new>
 #include <string>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace xx {
 
@@ -101,6 +104,12 @@ int64_t status_kib(const char* key) {
 }
 
 }  // namespace
+
+void return_free_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
 
 int64_t peak_resident_bytes() { return status_kib("VmHWM:"); }
 int64_t resident_bytes() { return status_kib("VmRSS:"); }

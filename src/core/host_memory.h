@@ -51,6 +51,15 @@ class PageReleaser {
   std::vector<int64_t> pending_;  // bytes of each granule in the buffer not yet done
 };
 
+// After a buffer was freed to grow it (model/store.h): the malloc
+// heap's free pages go back to the kernel (glibc malloc_trim; elsewhere
+// nothing). Once any large block has been freed, glibc serves blocks up to
+// that size from its heap instead of their own mappings (its dynamic mmap
+// threshold: Open MPI's nonblocking all-reduce frees one bucket-sized
+// temporary per bucket), so a buffer regrown step after step would leave the
+// old one's pages resident as a hole.
+void return_free_heap();
+
 int64_t peak_resident_bytes();  // VmHWM from /proc/self/status; -1 when unknown
 int64_t resident_bytes();       // VmRSS, now; -1 when unknown
 

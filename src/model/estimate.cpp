@@ -261,6 +261,10 @@ MemoryPlan plan_level(const PlanBasis& b, ShardLevel level) {
   plan.gradients = owns_grads ? 4 * S : 4 * P;
   plan.optimizer = level == ShardLevel::off ? 8 * P : 8 * S;
   const double F = kShardBucketsInFlight;
+  // optimizer: the buckets reduce in place in the whole gradient buffer, F at
+  // once, each also in the temporary Open MPI's nonblocking all-reduce
+  // allocates for it (measured on every rank, leaves of its tree included).
+  if (level == ShardLevel::optimizer && b.ranks > 1) plan.communication += F * b.bucket_bytes;
   if (level == ShardLevel::gradients) plan.communication += 4 * L + 2 * F * b.bucket_bytes;
   if (level == ShardLevel::params) plan.communication += 4 * L + 2 * F * b.bucket_bytes + b.held_units * L * (4 + c);
   return plan;
@@ -384,6 +388,9 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   else
     out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
            "all-gathered in place after the update\n";
+  if (ranks > 1)
+    out += fmt::format("  optimizer: in flight during the backward, {} buckets reduced in place, each also in MPI's "
+                       "temporary: {} bucket\n", kShardBucketsInFlight, kShardBucketsInFlight);
   out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, the unit written and {} "
                      "buckets reduced, each also in MPI's temporary: 4 L + {} bucket\n",
                      kShardBucketsInFlight, 2 * kShardBucketsInFlight);

@@ -7,6 +7,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include "core/host_memory.h"
 #include "core/views.h"
 #include "kernels/gemm.h"
 #include "model/params.h"
@@ -43,6 +44,18 @@ struct ParamStore {
   }
 };
 
+// (Re)allocates `b` with n elements, its contents not kept. A larger size
+// than it had frees the old buffer first, so the two are never resident at
+// once, and hands the freed heap back (core/host_memory.h): under ep the
+// rows an expert owner runs grow the buffers it keeps them in, step after step.
+template <class U>
+void regrow(Buffer<U>& b, const std::string& label, int64_t n) {
+  const bool had = b.extent(0) > 0;
+  b = Buffer<U>();
+  b = Buffer<U>(label, n);
+  if (had) return_free_heap();
+}
+
 template <class T>
 class Workspace {
  public:
@@ -50,7 +63,7 @@ class Workspace {
   // between users with the same name.
   Mat<T> mat(const std::string& what, int64_t rows, int64_t cols) {
     auto& b = buffers_[what];
-    if (int64_t(b.extent(0)) < rows * cols) b = Buffer<T>("Workspace::" + what, rows * cols);
+    if (int64_t(b.extent(0)) < rows * cols) regrow(b, "Workspace::" + what, rows * cols);
     return Mat<T>(b.data(), rows, cols);
   }
   Vec<T> vec(const std::string& what, int64_t n) { return Vec<T>(mat(what, 1, n).data(), n); }
@@ -104,8 +117,8 @@ class KeptActivation {
  private:
   void allocate(int64_t rows) {
     capacity_ = rows;
-    if (type_ == kernels::Precision::fp32) values_ = Buffer<T>("Activation::" + name_, rows * cols_);
-    else half_ = Buffer<uint16_t>("Activation::" + name_ + "(16-bit)", rows * cols_);
+    if (type_ == kernels::Precision::fp32) regrow(values_, "Activation::" + name_, rows * cols_);
+    else regrow(half_, "Activation::" + name_ + "(16-bit)", rows * cols_);
   }
   std::string what_, name_;
   int64_t rows_ = 0, cols_ = 0, capacity_ = 0;
