@@ -89,6 +89,16 @@ CheckpointData read_checkpoint(const std::string& path, const Frame& frame,
   for (const char* g : {"model", "optimizer/m", "optimizer/v", "train"})
     if (H5Lexists(file, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(file, g, H5P_DEFAULT) <= 0)
       input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, g);
+  {  // the moments' type: fp32 in files written before it was recorded
+    H5 opt(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
+    if (H5Aexists(opt, "moments") > 0) {
+      const std::string word = read_string_attr(opt, "moments", path);
+      const auto type = mode_from_name<Precision>(word);
+      if (!type || *type == Precision::fp16)
+        input_error("{}: /optimizer attribute 'moments' is '{}' (expected fp32 or bf16)", path, word);
+      data.moments = *type;
+    }
+  }
   // A delta: its chain's base file first (every check of that file applies),
   // then each tensor's change since it.
   const ChainLink link = chain_link(file, path);
