@@ -60,7 +60,7 @@ Outcome run(const Program& program, const std::string& resume = "") {
   trainer.run();
   const std::vector<float> whole = trainer.whole_params();
   const uint64_t mine = fingerprint(Buffer<float>(const_cast<float*>(whole.data()), whole.size()));
-  std::vector<uint64_t> all(size_t(mpi_size()));
+  std::vector<uint64_t> all(static_cast<size_t>(mpi_size()));
   MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
   return {trainer.losses(), all, trainer.backends()};
 }
@@ -92,7 +92,7 @@ std::pair<std::string, bool> stored_moments(const std::string& path) {
       H5Gget_objname_by_idx(group, i, name, sizeof(name));
       H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
       H5 space(H5Dget_space(ds), H5Sclose);
-      std::vector<float> v(size_t(H5Sget_simple_extent_npoints(space)));
+      std::vector<float> v(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
       H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
       for (float x : v) {
         uint32_t u = 0;

@@ -140,7 +140,7 @@ TEST_CASE("AdamW moments bf16: fp32 arithmetic, moments kept rounded to nearest 
   const int64_t P = layout.total();
   const OptimizerConfig cfg = tiny_cfg();
   const int steps = 5;
-  std::vector<float> p0(size_t(P));
+  std::vector<float> p0(static_cast<size_t>(P));
   std::vector<std::vector<float>> grads(steps, std::vector<float>(size_t(P)));
   for (int64_t i = 0; i < P; ++i) p0[i] = 0.5f + 0.01f * float(i % 13);
   for (int t = 0; t < steps; ++t)
