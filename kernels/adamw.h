@@ -1,8 +1,12 @@
 // AdamW with decoupled weight decay (Loshchilov & Hutter), fused over one
-// tensor. Moments are fp32 whatever the parameter type.
+// tensor. The arithmetic is fp32 whatever the parameter type; the moments are
+// stored as S (kernels/moments.h): float, or uint16_t bf16 patterns read to
+// fp32 and written back rounded to nearest even. Under bf16 the step uses the
+// fp32 moments it just computed; only what it keeps is rounded.
 #pragma once
 #include "core/views.h"
 #include "kernels/math.h"
+#include "kernels/moments.h"
 #include "kernels/team.h"
 
 namespace xx::kernels {
@@ -15,20 +19,21 @@ struct AdamWStep {
 
 // param, m, v (n) updated from grad (n); chunks of the flat arrays as team
 // rows (kernels/team.h), a vector loop inside each
-template <class T>
-void adamw_update(Vec<T> param, Vec<float> m, Vec<float> v, Vec<const T> grad, AdamWStep s) {
+template <class T, class S>
+void adamw_update(Vec<T> param, Vec<S> m, Vec<S> v, Vec<const T> grad, AdamWStep s) {
+  using M = MomentStore<S>;
   const int64_t n = param.extent(0);
   T* p = param.data();
-  float *pm = m.data(), *pv = v.data();
+  S *pm = m.data(), *pv = v.data();
   const T* g = grad.data();
   Kokkos::parallel_for(
       "adamw::update", flat_policy(n), KOKKOS_LAMBDA(const TeamMember& member) {
         for_flat(member, n, [&](int64_t i) {
           const float gi = float(g[i]) * s.grad_scale;
-          const float mi = s.beta1 * pm[i] + (1.0f - s.beta1) * gi;
-          const float vi = s.beta2 * pv[i] + (1.0f - s.beta2) * gi * gi;
-          pm[i] = mi;
-          pv[i] = vi;
+          const float mi = s.beta1 * M::load(pm[i]) + (1.0f - s.beta1) * gi;
+          const float vi = s.beta2 * M::load(pv[i]) + (1.0f - s.beta2) * gi * gi;
+          pm[i] = M::store(mi);
+          pv[i] = M::store(vi);
           const float mhat = mi / s.bias1, vhat = vi / s.bias2;
           const float pi = float(p[i]);
           p[i] = T(pi - s.lr * (mhat / (kmath::sqrt(vhat) + s.eps) + s.weight_decay * pi));

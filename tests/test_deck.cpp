@@ -192,6 +192,26 @@ TEST_CASE("deck: each error names FILE:LINE", "[deck]") {
   check("model dense vocab 256 dim 16 layers 1 heads 2 ffn 32 seq 8\n\nrun 1\n", 3, "'run' before any 'data' command");
 }
 
+TEST_CASE("deck: optimizer adamw ... moments fp32|bf16, one per job", "[deck][optimizer]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  CHECK(build(t, kBase + "run 1\n").phases[0].config.optimizer.moments == Precision::fp32);  // the default
+  CHECK(build(t, kBase + "optimizer adamw moments fp32\nrun 1\n").phases[0].config.optimizer.moments == Precision::fp32);
+  const Program p = build(t, kBase + "optimizer adamw lr 1e-3 moments bf16\nrun 1\noptimizer adamw lr 1e-4 moments bf16\nrun 1\n");
+  CHECK((p.phases[0].config.optimizer.moments == Precision::bf16 && p.phases[1].config.optimizer.moments == Precision::bf16));
+  // bad input: DECK:LINE, what was expected
+  CHECK_THAT(error_of(t, kBase + "optimizer adamw moments fp16\nrun 1\n"),
+             Catch::StartsWith(file + ":3: bad value 'fp16' for 'moments' (expected one of: fp32, bf16)"));
+  CHECK_THAT(error_of(t, kBase + "optimizer adamw moments int8\nrun 1\n"),
+             Catch::StartsWith(file + ":3: bad value 'int8' for 'moments' (expected one of: fp32, bf16)"));
+  CHECK(error_of(t, kBase + "optimizer adamw moments\nrun 1\n") ==
+        file + ":3: keyword 'moments' needs a value (expected one of: fp32, bf16)");
+  // The storage is chosen once: a later phase may not change it.
+  CHECK_THAT(error_of(t, kBase + "optimizer adamw moments bf16\nrun 1\noptimizer adamw moments fp32\nrun 1\n"),
+             Catch::StartsWith(file + ":6: optimizer moments fp32 (" + file + ":5), unlike the first phase's bf16 "
+                                      "(expected one moments type per job"));
+}
+
 TEST_CASE("deck: compress ... exchange allgather|partitioned", "[deck]") {
   TempDir t;
   const std::string file = (t.dir / "test.deck").string();

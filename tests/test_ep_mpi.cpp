@@ -224,7 +224,7 @@ TEST_CASE("an ep checkpoint holds the whole model and resumes at another ep and 
       data.adam_m.resize(frame_total(whole));
       if (mpi_rank() == 0) data = read_checkpoint(path, whole);
       MPI_Bcast(data.adam_m.data(), int(frame_total(whole)), MPI_FLOAT, 0, comm);
-      auto m = xx::host_copy(trainer.optimizer().m());
+      const std::vector<float> m = trainer.optimizer().m().to_host();
       for (const auto& t : trainer.model().layout().tensors()) {
         INFO(t.name);
         REQUIRE(std::equal(m.data() + t.offset, m.data() + t.offset + t.size, data.adam_m.begin() + t.full_offset));

@@ -131,6 +131,34 @@ TEST_CASE("each sharding level holds what its definition says", "[model][plan]")
   }
 }
 
+TEST_CASE("optimizer ... moments bf16: the moments take 4 bytes per parameter at every level, nothing else moves",
+          "[model][plan]") {
+  TempDir t;
+  const std::string precision = GENERATE("fp32", "bf16");
+  const int W = GENERATE(1, 3, 8);
+  const int ep = GENERATE(1, 2);
+  if (W % ep != 0) return;
+  CAPTURE(precision, W, ep);
+  const PlanBasis f = plan_basis(small_program(t, precision, "", ep), W);
+  const PlanBasis b = plan_basis(small_program(t, precision, "optimizer adamw moments bf16\n", ep), W);
+  CHECK((f.moment_bytes == 8 && b.moment_bytes == 4));
+  const double P = double(b.params), S = double(b.shard);
+  for (const ShardLevel level : kShardLevels) {
+    INFO(mode_name(level));
+    const MemoryPlan p = plan_level(b, level), p32 = plan_level(f, level);
+    const double owned = level == ShardLevel::off ? P : S;
+    CHECK(p.optimizer == 4 * owned);
+    CHECK(p32.optimizer == 8 * owned);
+    CHECK((p.weights == p32.weights && p.gradients == p32.gradients && p.activations == p32.activations &&
+           p.communication == p32.communication));
+  }
+  // The dry run says so: the sharded moments' bytes, and a line naming the type.
+  const std::string report = dry_run_report(small_program(t, precision, "optimizer adamw moments bf16\n", ep), W, {});
+  CHECK_THAT(report, Catch::Contains("AdamW's moments sharded (4 S)"));
+  CHECK_THAT(report, Catch::Contains("AdamW's moments m and v in bf16, 4 bytes per parameter"));
+  CHECK_THAT(dry_run_report(small_program(t, precision, "", ep), W, {}), Catch::Contains("AdamW's moments sharded (8 S)"));
+}
+
 TEST_CASE("the plan counts the sync strategy's buffers, whole at every level", "[model][plan]") {
   TempDir t;
   const Program dense = small_program(t, "fp32");

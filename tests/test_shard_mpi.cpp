@@ -300,7 +300,7 @@ TEST_CASE("under shard, AdamW holds about P/W moments: its pieces of every bucke
                 RunOptions{"", true});
       t.run();  // the moments are in use
       const int64_t P = t.model().layout().total();
-      const int64_t m = t.optimizer().m().extent(0), v = t.optimizer().v().extent(0);
+      const int64_t m = t.optimizer().m().size(), v = t.optimizer().v().size();
       INFO("P " << P << ", W " << W << ", moments on rank " << rank << ": " << m);
       REQUIRE(v == m);
       if (level == "off") {

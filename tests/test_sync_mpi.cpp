@@ -31,8 +31,13 @@ struct Fixture {
   Communicator ops{MPI_COMM_WORLD, DenseTransport::automatic, SparseTransport::mpi};
   ParamLayout layout{tiny_model()};
   const int64_t P = layout.total();
-  Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)}, m{"m", size_t(P)}, v{"v", size_t(P)};
-  Fixture() { fill(params, 0), fill(grads, 0), fill(m, 10), fill(v, 20); }
+  Buffer<float> params{"params", size_t(P)}, grads{"grads", size_t(P)};
+  kernels::Moments m{"m", P, Precision::fp32}, v{"v", P, Precision::fp32};  // AdamW's, as the trainer hands them
+  Fixture() {
+    fill(params, 0), fill(grads, 0);
+    m.in_fp32([&](Buffer<float>& b) { fill(b, 10); });
+    v.in_fp32([&](Buffer<float>& b) { fill(b, 20); });
+  }
   void fill(Buffer<float>& b, int offset) {
     auto h = xx::host_staging(b);
     for (int64_t i = 0; i < P; ++i) h(i) = value(mpi_rank() + offset, i);
@@ -163,7 +168,7 @@ TEST_CASE("sync local K: no gradient traffic; every K steps the parameters becom
   if (mpi_size() == 1) CHECK(sync->consensus_distance() == 0);
   // The phase ends in consensus: AdamW's moments too.
   sync->end_phase(2, stats);
-  const auto m = host(f.m);
+  const auto m = f.m.to_host();
   for (int64_t i = 0; i < f.P; ++i) CHECK(m[i] == Approx(mean_of(i, 10)).epsilon(1e-6));
 }
 
@@ -217,7 +222,8 @@ TEST_CASE("topology clusters: groups agree among themselves; the phase end makes
   sync->reduce_gradients(0, stats);
   CHECK_FALSE(sync->agreement(1).all());  // clusters of 2 over 2 ranks is everyone, but no promise is made
   sync->end_phase(1, stats);
-  const auto p = host(f.params), m = host(f.m);
+  const auto p = host(f.params);
+  const auto m = f.m.to_host();
   for (int64_t i = 0; i < f.P; ++i) {
     CHECK(p[i] == Approx(mean_of(i, 0)).epsilon(1e-6));
     CHECK(m[i] == Approx(mean_of(i, 10)).epsilon(1e-6));

@@ -74,6 +74,10 @@ struct CheckpointData {
   std::map<std::string, std::vector<double>> series;
   TrainState state;
   std::string deck;  // resolved deck text
+  // How the run kept AdamW's moments (deck: optimizer adamw ... moments):
+  // /optimizer attribute moments. The file holds their values in fp32 either
+  // way (a bf16 value widens exactly); a file without it is fp32.
+  Precision moments = Precision::fp32;
   // The training-state registry's datasets in this file, one per line
   // "WHERE NAME" (WHERE: /train, /buffers, /ranks/*), for tools/ckpt; root attribute state_index.
   std::string state_index;

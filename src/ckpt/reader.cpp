@@ -97,6 +97,16 @@ CheckpointData read_checkpoint(const std::string& path, const Frame& frame,
                 "with tie_embeddings {}, as the run that wrote it)", path,
                 tied ? "ties its embeddings: 'embed' is also the head" : "has its own head tensor 'head'", int(tied),
                 tied ? "has its own head" : "ties its embeddings", tied ? "yes" : "no");
+  {  // the moments' type: fp32 in files written before it was recorded
+    H5 opt(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
+    if (H5Aexists(opt, "moments") > 0) {
+      const std::string word = read_string_attr(opt, "moments", path);
+      const auto type = mode_from_name<Precision>(word);
+      if (!type || *type == Precision::fp16)
+        input_error("{}: /optimizer attribute 'moments' is '{}' (expected fp32 or bf16)", path, word);
+      data.moments = *type;
+    }
+  }
   // A delta: its chain's base file first (every check of that file applies),
   // then each tensor's change since it.
   const ChainLink link = chain_link(file, path);

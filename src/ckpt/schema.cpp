@@ -96,6 +96,7 @@ void write_base(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   write_base_group(w, model, enc, 0, data.params);
   H5 opt = w.group(file, "optimizer");
   w.string_attr(opt, "kind", "adamw");
+  w.string_attr(opt, "moments", std::string(mode_name(data.moments)));
   w.sync();
   H5 m = w.group(opt, "m");
   write_base_group(w, m, enc, 1, data.adam_m);

@@ -47,7 +47,7 @@ void GroupSync::world_average(Buffer<float>& buffer, CommStats& stats) {
 void GroupSync::average_optimizer_state(CommStats& stats) {
   if (world_ == 1) return;
   ExecSpace().fence();
-  for (auto& b : buffers_.optimizer_state) world_average(b, stats);
+  for (auto& moments : buffers_.optimizer_state) moments.in_fp32([&](Buffer<float>& b) { world_average(b, stats); });
   ExecSpace().fence();
 }
 

@@ -44,6 +44,7 @@
 #include "core/state.h"
 #include "core/views.h"
 #include "deck/deck.h"
+#include "kernels/moments.h"
 #include "kernels/precision.h"
 
 namespace xx {
@@ -52,7 +53,7 @@ namespace xx {
 struct SyncBuffers {
   MPI_Comm world = MPI_COMM_WORLD;
   Buffer<float> params, grads;
-  std::vector<Buffer<float>> optimizer_state;  // AdamW's moments: averaged where a phase let them differ
+  std::vector<kernels::Moments> optimizer_state;  // AdamW's moments (fp32 or bf16): averaged in fp32 where a phase let them differ
   Communicator* ops = nullptr;
   uint64_t seed = 0;  // draws the clusters
   // Builds the top-k compressor over `target` (it knows the tensor list).

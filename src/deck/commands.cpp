@@ -442,10 +442,11 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
          {},
          {real("lr", &c.optimizer.lr, above(0)), real("beta1", &c.optimizer.beta1, within(0, 1, false, true)),
           real("beta2", &c.optimizer.beta2, within(0, 1, false, true)), real("eps", &c.optimizer.eps, above(0)),
-          real("weight_decay", &c.optimizer.weight_decay, at_least(0)), real("clip", &c.optimizer.clip, at_least(0))},
+          real("weight_decay", &c.optimizer.weight_decay, at_least(0)), real("clip", &c.optimizer.clip, at_least(0)),
+          choice("moments", &c.optimizer.moments, {"fp32", "bf16"})},
          {},
          {}}},
-       "optimizer adamw [lr X] [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X]"},
+       "optimizer adamw [lr X] [beta1 X] [beta2 X] [eps X] [weight_decay X] [clip X] [moments fp32|bf16]"},
       {"schedule",
        mode_ref(&c.schedule.kind),
        "kind",
@@ -934,6 +935,11 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
                     "it is chosen once, at start-up)",
                     where, config.sync.transport, last_set.count("sync") ? last_set["sync"] : "the default",
                     program.phases.front().config.sync.transport);
+      if (!program.phases.empty() && config.optimizer.moments != program.phases.front().config.optimizer.moments)
+        input_error("{}: optimizer moments {} ({}), unlike the first phase's {} (expected one moments type per job: "
+                    "AdamW's storage is chosen once, at start-up)",
+                    where, config.optimizer.moments, last_set.count("optimizer") ? last_set["optimizer"] : "the default",
+                    program.phases.front().config.optimizer.moments);
       check_shard(config, where, last_set,
                   program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);
       check_expert_parallel(config, where, last_set);

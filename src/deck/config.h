@@ -176,6 +176,10 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;  // decoupled; never applied to norm weights
   double clip = 1.0;          // global gradient norm; 0 disables
+  // Where AdamW keeps its moments: fp32, or bf16 (DeepSeek-V3: half the
+  // moments' bytes; the update's arithmetic stays fp32, each moment read from
+  // bf16 and written back rounded to nearest even). kernels/moments.h owns the storage.
+  Precision moments = Precision::fp32;
 };
 
 // schedule cosine [warmup W] [min_lr X] [total S]

@@ -189,6 +189,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   b.shard = (b.params - b.experts + ranks - 1) / ranks + (b.experts + holders - 1) / holders;
   largest_layer(layout, c.model, b.largest_layer, b.largest_name);
   set_precision(b, est, c.precision.kind);
+  b.moment_bytes = c.optimizer.moments == Precision::bf16 ? 4 : 8;
   b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
   b.sync_buffers = 4.0 * sync_elements(c, layout, ranks, b.sync_what);
   b.exchange = 4.0 * est.exchange_elements;
@@ -218,13 +219,14 @@ PlanBasis plan_basis(const Program& program, int ranks) {
 
 // Bytes per rank, with P parameters held, S of them owned, L in the largest
 // unit (ParamLayout::weight_units), c the 16-bit copy's bytes per weight (0
-// under fp32), F = 2 buckets reduced at once (core/ownership.h), H the units
+// under fp32), o the moments' bytes per weight (8: two fp32; 4 under
+// optimizer ... moments bf16), F = 2 buckets reduced at once (core/ownership.h), H the units
 // held at once under params:
 //              weights            gradients  optimizer  communication (besides the sync strategy's buffers)
-//   off        (4 + c) P          4 P        8 P        0: the all-reduce works in place
-//   optimizer  (4 + c) P          4 P        8 S        0: the all-gather fills the weights in place
-//   gradients  (4 + c) P          4 S        8 S        4 L + 2 F bucket: gradients in flight
-//   params     (4 + c) S          4 S        8 S        4 L + 2 F bucket + H L (4 + c): in flight, units gathered
+//   off        (4 + c) P          4 P        o P        0: the all-reduce works in place
+//   optimizer  (4 + c) P          4 P        o S        0: the all-gather fills the weights in place
+//   gradients  (4 + c) P          4 S        o S        4 L + 2 F bucket: gradients in flight
+//   params     (4 + c) S          4 S        o S        4 L + 2 F bucket + H L (4 + c): in flight, units gathered
 // Under 16-bit precision (c = 2) at W > 1 ranks, optimizer and gradients keep
 // the fp32 master only of their pieces and of the M weights the model reads
 // in fp32 (embedding, norms, router gates): their weights are
@@ -259,7 +261,7 @@ MemoryPlan plan_level(const PlanBasis& b, ShardLevel level) {
     plan.communication += 4 * M;
   }
   plan.gradients = owns_grads ? 4 * S : 4 * P;
-  plan.optimizer = level == ShardLevel::off ? 8 * P : 8 * S;
+  plan.optimizer = b.moment_bytes * (level == ShardLevel::off ? P : S);
   const double F = kShardBucketsInFlight;
   // optimizer: the buckets reduce in place in the whole gradient buffer, F at
   // once, each also in the temporary Open MPI's nonblocking all-reduce
@@ -328,7 +330,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
     return fmt::format("  {:<10} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", first, "weights", "gradients",
                        "optimizer", "activations", "communication", "total", tail);
   };
-  // Master weights, gradients and AdamW moments stay fp32. 16-bit runs add a
+  // Master weights and gradients stay fp32, the moments as the deck keeps them. 16-bit runs add a
   // 16-bit copy of the weights for the GEMMs, keep the halvable activations in
   // 16 bits, and write those through 32-bit scratch.
   out += ep == 1 ? "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n"
@@ -343,6 +345,9 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
     if (fp32_total == 0) fp32_total = p.total();
     out += row(std::string(mode_name(type)), p, fmt::format(" {:>8.2f}x", p.total() / fp32_total));
   }
+  out += fmt::format("  optimizer: AdamW's moments m and v in {}, {} bytes per parameter{}\n",
+                     deck_basis.moment_bytes == 4 ? "bf16" : "fp32", deck_basis.moment_bytes,
+                     deck_basis.moment_bytes == 4 ? " (optimizer ... moments bf16; fp32 would take 8)" : "");
   out += fmt::format("  activations: {} kept in 16 bits under bf16/fp16, {} other kept, {} scratch (fp32), "
                      "+{} scratch under bf16/fp16\n",
                      format_bytes(4.0 * est.halvable_elements), format_bytes(4.0 * est.other_elements),
@@ -381,13 +386,13 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                        format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
   if (pieces_of_master(b, ShardLevel::optimizer))
-    out += fmt::format("  optimizer: AdamW's moments sharded (8 S), and the fp32 master weights (4 S) but for the M = "
+    out += fmt::format("  optimizer: AdamW's moments sharded ({} S), and the fp32 master weights (4 S) but for the M = "
                        "{} the model reads in fp32 (embedding, norms, router gates: 4 M (W-1)/W more, and 4 M "
                        "gathered); the 16-bit copy ({} P) stays whole, all-gathered in place before the next forward\n",
-                       format_count(double(b.fp32_read)), b.copy_bytes);
+                       b.moment_bytes, format_count(double(b.fp32_read)), b.copy_bytes);
   else
-    out += "  optimizer: AdamW's moments sharded (8 S); the weights (fp32 and any 16-bit copy) stay whole, "
-           "all-gathered in place after the update\n";
+    out += fmt::format("  optimizer: AdamW's moments sharded ({} S); the weights (fp32 and any 16-bit copy) stay "
+                       "whole, all-gathered in place after the update\n", b.moment_bytes);
   if (ranks > 1)
     out += fmt::format("  optimizer: in flight during the backward, {} buckets reduced in place, each also in MPI's "
                        "temporary: {} bucket\n", kShardBucketsInFlight, kShardBucketsInFlight);

@@ -59,6 +59,7 @@ struct PlanBasis {
   int64_t largest_layer = 0;    // parameters of the largest layer (the unit params gathers at once)
   std::string largest_name;     // its name: embed, layers.K, norm + head (tied: norm), mtp.D
   int copy_bytes = 0;           // per weight, the GEMMs' 16-bit copy: 0 under fp32 (they read the master)
+  int moment_bytes = 8;         // o: AdamW's two moments per owned weight, 8 (fp32) or 4 (optimizer ... moments bf16)
   double bucket_bytes = 0;      // sync's bucket_mb, at most the whole gradient
   double activations = 0;       // bytes; the same at every level (the batch per rank does not change)
   double exchange = 0;          // bytes: ep's all-to-all scratch, whole at every level

@@ -126,19 +126,30 @@ void Trainer::restore(const std::string& path) {
     read_slabs(comm_, path, placement_.frame(), slabs);
     if (weights_sharded) put_pieces(model_->params(), slabs[0].values, placement_.owned());
     else from_host(model_->params(), slabs[0].values);
-    from_host(optimizer_->m(), slabs[1].values);
-    from_host(optimizer_->v(), slabs[2].values);
+    optimizer_->m().from_host(slabs[1].values);
+    optimizer_->v().from_host(slabs[2].values);
   } else {
     from_host(model_->params(), placed_->from_file_frame(data.params));  // ep: this rank's experts
     // under shard: this rank's pieces
-    from_host(optimizer_->m(), placed_->owned_part(placed_->from_file_frame(data.adam_m)));
-    from_host(optimizer_->v(), placed_->owned_part(placed_->from_file_frame(data.adam_v)));
+    optimizer_->m().from_host(placed_->owned_part(placed_->from_file_frame(data.adam_m)));
+    optimizer_->v().from_host(placed_->owned_part(placed_->from_file_frame(data.adam_v)));
   }
   optimizer_->set_steps_taken(step_);
   for (const auto* registry : {&state_, &strategy_state_})
     load_state(*registry, data, per_rank ? &mine : nullptr, path, rank_);
   if (!strategy_goes_on) strategy_->register_state(strategy_state_);  // saved from here on
   log_note_ = data_->resume(data.state.chaos_seed, data.state.sampler_batches, old_world);
+  // The moments as the file kept them: bf16 into an fp32 run widens exactly;
+  // fp32 into a bf16 run was rounded to nearest even by Moments::from_host.
+  int file_moments = int(data.moments);
+  from_rank0(file_moments, comm_);
+  if (Precision(file_moments) != optimizer_->moments_type()) {
+    const std::string note =
+        fmt::format("{}: AdamW moments were kept in {}, this run keeps them in {}: {}", path, Precision(file_moments),
+                    optimizer_->moments_type(),
+                    optimizer_->moments_type() == Precision::bf16 ? "rounded to bf16 (nearest even)" : "widened exactly");
+    log_note_ = log_note_.empty() ? note : log_note_ + "\n" + note;
+  }
 }
 
 std::vector<float> Trainer::whole_params() {
@@ -166,14 +177,14 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
     std::array<TensorSlabs, 3> slabs;
     slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = placement_.piece_slabs();
     slabs[0].values = take_pieces(model_->params(), placement_.owned());
-    slabs[1].values = to_host(optimizer_->m());
-    slabs[2].values = to_host(optimizer_->v());
+    slabs[1].values = optimizer_->m().to_host();  // exact: bf16 moments widen to fp32
+    slabs[2].values = optimizer_->v().to_host();
     data.slabs = std::move(slabs);
   } else {
     mine.params = whole_params();
     // under shard: the ranks' pieces put together; under ep: the group's experts
-    mine.adam_m = placed_->to_file_frame(placed_->gather_whole(to_host(optimizer_->m())));
-    mine.adam_v = placed_->to_file_frame(placed_->gather_whole(to_host(optimizer_->v())));
+    mine.adam_m = placed_->to_file_frame(placed_->gather_whole(optimizer_->m().to_host()));
+    mine.adam_v = placed_->to_file_frame(placed_->gather_whole(optimizer_->v().to_host()));
   }
   mine.sampler_batches = data_->position();
   for (const auto* registry : {&state_, &strategy_state_}) save_state(*registry, data, mine);
@@ -193,6 +204,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   data.state.ep = placement_.experts().ep;
   data.state.last_loss = loss;
   data.deck = program_.deck_text;
+  data.moments = optimizer_->moments_type();
   return data;
 }
 

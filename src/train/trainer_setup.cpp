@@ -141,7 +141,7 @@ void Trainer::build_model(bool fresh) {
   } else {
     model_->init(cfg_.seed);
   }
-  optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), placement_);
+  optimizer_ = std::make_unique<AdamW<float>>(model_->layout(), placement_, cfg_.optimizer.moments);  // one type per job (deck)
   precision_ = std::make_unique<MixedPrecision>(cfg_.precision, *model_);
   restarts_ = std::make_unique<WarmRestarts>(*placed_, program_, *model_, *optimizer_);
   for (const auto& p : program_.phases)

@@ -16,8 +16,8 @@ WarmRestarts::WarmRestarts(const PlacementMpi& placed, const Program& program, T
       pieces_ = fp32_weights_in_pieces(p.config, optimizer_.owned().ranks());
       const int64_t P = pieces_ ? optimizer_.owned().shard_size() : model.layout().total();
       best_.params = Buffer<float>("WarmRestarts::best_params", P);
-      best_.adam_m = Buffer<float>("WarmRestarts::best_adam_m", optimizer_.m().extent(0));  // the shard, under shard
-      best_.adam_v = Buffer<float>("WarmRestarts::best_adam_v", optimizer_.v().extent(0));
+      best_.adam_m = optimizer_.m().like("WarmRestarts::best_adam_m");  // the shard, under shard; as AdamW keeps them
+      best_.adam_v = optimizer_.v().like("WarmRestarts::best_adam_v");
     }
 }
 
@@ -38,8 +38,8 @@ void WarmRestarts::note_validation(double val, int64_t step) {
   if (!current || !current->restart_from_best()) return;
   if (best_.step >= 0 && !(val < best_.val_loss)) return;
   copy_best_weights(true);
-  Kokkos::deep_copy(best_.adam_m, optimizer_.m());
-  Kokkos::deep_copy(best_.adam_v, optimizer_.v());
+  best_.adam_m.copy_from(optimizer_.m());
+  best_.adam_v.copy_from(optimizer_.v());
   for (auto& [prefix, ffn] : model_.moe_layers()) best_.gate_bias[prefix] = to_host(ffn->bias());
   best_.step = step, best_.val_loss = val, best_.adam_steps = optimizer_.steps_taken();
 }
@@ -59,8 +59,8 @@ void WarmRestarts::restart(int64_t next, double val, RunLog& log) {
   r.step = next, r.lr = schedule.lr(next), r.val_loss = val, r.cycle = schedule.cycle(next);
   if (schedule.restart_from_best() && best_.step >= 0 && best_.step != step) {
     copy_best_weights(false);
-    Kokkos::deep_copy(optimizer_.m(), best_.adam_m);
-    Kokkos::deep_copy(optimizer_.v(), best_.adam_v);
+    optimizer_.m().copy_from(best_.adam_m);
+    optimizer_.v().copy_from(best_.adam_v);
     for (auto& [prefix, ffn] : model_.moe_layers()) from_host(ffn->bias(), best_.gate_bias[prefix]);
     optimizer_.set_steps_taken(best_.adam_steps);
     r.restored_from = best_.step;
@@ -106,14 +106,17 @@ void WarmRestarts::register_state(StateRegistry& registry) {
   // the best weights where a rank's fp32 weights are its pieces (shard params;
   // optimizer and gradients under 16-bit precision).
   if (!pieces_) registry.add(buffer_entry("restart_best.params", StatePlace::shared_buffer, best_.params));
-  std::vector<std::pair<const char*, Buffer<float>>> sharded;
-  if (pieces_) sharded.emplace_back("restart_best.params", best_.params);
-  sharded.emplace_back("restart_best.adam_m", best_.adam_m);
-  sharded.emplace_back("restart_best.adam_v", best_.adam_v);
-  for (auto [name, shard] : sharded) {
+  // The moments in fp32 as AdamW's are (bf16 widens exactly, and rounds back on load).
+  if (pieces_) {
+    StateEntry e{"restart_best.params", StatePlace::shared_buffer, optimizer_.owned().total()};
+    e.save_floats = [this, shard = best_.params] { return placed_.gather_whole(to_host(shard)); };
+    e.load_floats = [this, shard = best_.params](const std::vector<float>& v) mutable { from_host(shard, placed_.owned_part(v)); };
+    registry.add(std::move(e));
+  }
+  for (auto [name, shard] : {std::pair{"restart_best.adam_m", best_.adam_m}, std::pair{"restart_best.adam_v", best_.adam_v}}) {
     StateEntry e{name, StatePlace::shared_buffer, optimizer_.owned().total()};
-    e.save_floats = [this, shard] { return placed_.gather_whole(to_host(shard)); };
-    e.load_floats = [this, shard](const std::vector<float>& v) mutable { from_host(shard, placed_.owned_part(v)); };
+    e.save_floats = [this, shard] { return placed_.gather_whole(shard.to_host()); };
+    e.load_floats = [this, shard](const std::vector<float>& v) mutable { shard.from_host(placed_.owned_part(v)); };
     registry.add(std::move(e));
   }
   for (auto& [prefix, ffn] : model_.moe_layers()) {

@@ -50,7 +50,8 @@ class WarmRestarts {
     int64_t step = -1;  // -1: no validation in this cycle yet
     double val_loss = 0;
     int64_t adam_steps = 0;
-    Buffer<float> params, adam_m, adam_v;
+    Buffer<float> params;
+    kernels::Moments adam_m, adam_v;
     std::map<std::string, std::vector<float>> gate_bias;  // MoE selection biases by layer prefix
   };
   const PlacementMpi& placed_;  // the best moments are gathered whole for a checkpoint

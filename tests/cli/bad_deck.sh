@@ -50,6 +50,9 @@ bad_deck "unknown keyword, with did-you-mean" 's/ valid 0.1 / vlaid 0.1 /' \
 bad_deck "malformed integer" 's/ batch 2 / batch 2x /' \
   "$D:7: bad value '2x' for 'batch'" "(expected an integer)"
 
+bad_deck "optimizer moments of a type AdamW does not keep" 's/^run /optimizer adamw moments fp16\nrun /' \
+  "$D:11: bad value 'fp16' for 'moments'" "(expected one of: fp32, bf16)"
+
 # A command continued with '&' is reported at the line where it starts.
 bad_deck "malformed integer on a continued line" 's/ ffn 64 / ffn 6.4 /' \
   "$D:5: bad value '6.4' for 'ffn'" "(expected an integer)"
