@@ -106,14 +106,21 @@ inline bool all_equal(const std::vector<uint64_t>& v) {
   return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
 }
 
-// Every phase of a deck, quietly; the global mean loss of each step.
-inline std::vector<double> run_deck(const Program& program, const std::string& resume = "") {
+// Every phase of a deck, quietly (from `resume` if given); what `take` reads
+// of the trained Trainer, for the test to compare.
+template <class Take>
+auto run_trainer(const Program& program, const std::string& resume, Take&& take) {
   RunOptions options;
   options.quiet = true;
   options.resume = resume;
   Trainer trainer(MPI_COMM_WORLD, program, options);
   trainer.run();
-  return trainer.losses();
+  return take(trainer);
+}
+
+// Every phase of a deck, quietly; the global mean loss of each step.
+inline std::vector<double> run_deck(const Program& program, const std::string& resume = "") {
+  return run_trainer(program, resume, [](Trainer& t) { return t.losses(); });
 }
 
 }  // namespace xx::test

@@ -26,12 +26,8 @@ struct Outcome {
 };
 
 Outcome run(const Program& program, const std::string& resume = "") {
-  RunOptions options;
-  options.quiet = true;
-  options.resume = resume;
-  Trainer trainer(MPI_COMM_WORLD, program, options);
-  trainer.run();
-  return {trainer.losses(), all_fingerprints(trainer.model().params())};
+  return run_trainer(program, resume,
+                     [](Trainer& t) { return Outcome{t.losses(), all_fingerprints(t.model().params())}; });
 }
 
 }  // namespace

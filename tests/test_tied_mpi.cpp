@@ -45,12 +45,9 @@ struct Outcome {
 };
 
 Outcome run(const Program& program, const std::string& resume = "") {
-  RunOptions options;
-  options.quiet = true;
-  options.resume = resume;
-  Trainer trainer(MPI_COMM_WORLD, program, options);
-  trainer.run();
-  return {trainer.losses(), trainer.whole_params(), trainer.backends(), trainer.model().layout().full_total()};
+  return run_trainer(program, resume, [](Trainer& t) {
+    return Outcome{t.losses(), t.whole_params(), t.backends(), t.model().layout().full_total()};
+  });
 }
 
 double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
