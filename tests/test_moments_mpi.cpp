@@ -125,6 +125,8 @@ TEST_CASE("moments bf16: every shard level follows shard off, and resumes bit fo
   if (mpi_size() % 2 == 0) cases.push_back({"deepseek_ep2", fmt::format(fmt::runtime(kDeepseek), " ep 2"), ""});
   // Under the device emulation (the slowest suite), DeepSeek in bf16 alone, as the shard tests there.
   if (device_emulated()) cases = {cases[1]};
+  // At 4 ranks ep 2 alone: what 4 adds to 2 is two holders of each expert (the levels' pieces cut across them).
+  else if (mpi_size() > 2) cases = {cases.back()};
   const std::string every = fmt::format("checkpoint every {}\n", kAt);
   for (const auto& c : cases) {
     INFO(c.name);

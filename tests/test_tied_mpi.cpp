@@ -69,8 +69,10 @@ TEST_CASE("a tied model trains as shard off under every shard level, and as ep 1
   const auto corpus = make_corpus(dir);
   // Under the device emulation (ctest mpi_np2_emulated_device, the slowest suite) bf16 alone: the
   // tied tensor's 16-bit copy as the head and its fp32 master as the table, the case a device adds.
-  const std::vector<std::string> precisions =
-      device_emulated() ? std::vector<std::string>{"bf16"} : std::vector<std::string>{"fp32", "bf16"};
+  // At 4 ranks fp32 alone: what 4 adds to 2 is ep 2 with two holders of each expert, compared in fp32.
+  const std::vector<std::string> precisions = device_emulated() ? std::vector<std::string>{"bf16"}
+                                              : mpi_size() > 2  ? std::vector<std::string>{"fp32"}
+                                                                : std::vector<std::string>{"fp32", "bf16"};
   for (const std::string& precision : precisions) {
     INFO(precision);
     const std::string with = "precision " + precision + "\n";
