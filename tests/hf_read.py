@@ -514,8 +514,7 @@ def main():
     c = json.load(open(os.path.join(args.out_dir, "config.json")))
     print(f"# {c['architectures'][0]} ({c['model_type']}), {len(tensors)} tensors")
     with h5py.File(args.checkpoint, "r") as f:
-        deck = f.attrs["deck"]
-        deck = deck.decode() if isinstance(deck, bytes) else str(deck)
+        deck = ref.checkpoint_deck(f)
         model = {name: f["model"][name][()] for name in f["model"]}
         buffers = {name: f["buffers"][name][()] for name in f["buffers"]} if "buffers" in f else {}
 

@@ -53,9 +53,7 @@ def main():
         raise SystemExit(__doc__)
     torch.set_num_threads(1)
     with h5py.File(sys.argv[1], "r") as ck, h5py.File(sys.argv[2], "r") as gr:
-        deck = ck.attrs["deck"]
-        deck = deck.decode() if isinstance(deck, bytes) else str(deck)
-        cfg, config = ref.model_config(deck)
+        cfg, config = ref.model_config(ref.checkpoint_deck(ck))
         if config["precision"]["kind"] != "fp32":
             raise SystemExit(f"torch_train_check: precision {config['precision']['kind']}: fp32 fixtures only")
         weights = {n: np.asarray(ck["model"][n], dtype=np.float64) for n in ck["model"]}

@@ -58,6 +58,12 @@ TOLERANCES = {"fp32": (1e-5, 1e-4), "bf16": (1e-3, 2e-2), "fp16": (1.25e-4, 2.5e
 # configuration from the deck
 
 
+def checkpoint_deck(h5file):
+    """The deck a checkpoint keeps (its root attribute 'deck'), as text."""
+    deck = h5file.attrs["deck"]
+    return deck.decode() if isinstance(deck, bytes) else str(deck)
+
+
 def model_config(deck):
     """Architecture of a checkpoint's deck at its first `run`, as the binary resolves it
     (xuanxue -print-config json); returns (cfg, the whole configuration)."""
@@ -391,9 +397,7 @@ def main():
         raise SystemExit(__doc__)
     torch.set_num_threads(1)
     with h5py.File(sys.argv[1], "r") as ck, h5py.File(sys.argv[2], "r") as gr:
-        deck = ck.attrs["deck"]
-        deck = deck.decode() if isinstance(deck, bytes) else str(deck)
-        cfg, config = model_config(deck)
+        cfg, config = model_config(checkpoint_deck(ck))
         precision = config["precision"]["kind"]
         LOSS_RTOL, GRAD_RTOL = TOLERANCES[precision]
         params = {name: torch.tensor(np.asarray(ck["model"][name]), dtype=torch.float64, requires_grad=True)
