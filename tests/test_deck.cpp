@@ -424,6 +424,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"precision", "precision bf16", true},
       {"gemm", "gemm blas", true},
       {"attention_kernel", "attention_kernel flash", true},
+      {"recompute", "recompute selective", true},
       {"shard", "shard optimizer", true},
       {"timeout", "timeout 1", true},
       {"preempt", "preempt requeue on", true},

@@ -34,6 +34,12 @@ constexpr auto mode_words(RopeScalingKind) { return std::array{"off"sv, "yarn"sv
 enum class AttentionKernel { automatic, packed, flash };
 constexpr auto mode_words(AttentionKernel) { return std::array{"auto"sv, "packed"sv, "flash"sv}; }
 
+// recompute: what the backward recomputes instead of keeping (model/transformer.h): off keeps every
+// activation; selective recomputes the RMSNorm outputs, the MLA up-projections and the SwiGLU (or
+// expert) activation, as DeepSeek-V3 did; full keeps only each block's input and reruns its forward.
+enum class Recompute { off, selective, full };
+constexpr auto mode_words(Recompute) { return std::array{"off"sv, "selective"sv, "full"sv}; }
+
 enum class MoeMode { off, on };
 constexpr auto mode_words(MoeMode) { return std::array{"off"sv, "on"sv}; }
 

@@ -134,6 +134,9 @@ struct ModelConfig {
   // (HF's tie_word_embeddings); the head's gradient sums into it. no: the head
   // is its own tensor. ParamLayout::head_name says which the head reads.
   bool tie_embeddings = false;
+  // recompute off | selective | full (core/modes.h): activations kept for the
+  // backward, or recomputed in it. Losses and gradients are the same bits.
+  Recompute recompute = Recompute::off;
   AttentionConfig attention;
   MoeConfig moe;
   MtpConfig mtp;
