@@ -267,9 +267,9 @@ TEST_CASE("every shard level follows shard off under ep", "[mpi][ep][shard]") {
   // master as pieces, the experts' cut over their holders.
   // (under the device emulation bf16 alone: its master pieces stage every
   // path fp32's do; fp32 at each ep is the host suites')
+  // (4 ranks: ep 2 alone, two holders per expert, what 4 adds; ep 4's one holder is as ep 2 at 2 ranks)
   std::vector<std::pair<int, std::string>> cases;
-  if (!device_emulated())
-    for (int ep : eps_here()) cases.push_back({ep, "fp32"});
+  if (!device_emulated()) cases.push_back({eps_here().front(), "fp32"});
   cases.push_back({eps_here().front(), "bf16"});
   for (const auto& [ep, precision] : cases) {
   INFO("ep " << ep << ", " << precision);

@@ -204,8 +204,11 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
   // that no staged path touches kernel memory from the host, which the first
   // steps show; the long agreement and the rerun are the host suites' (at
   // 100 steps the emulated case alone took 700 s of that test's 10 minutes).
-  const bool emulated = device_emulated();
-  const int kSteps = emulated ? 20 : 100;
+  // At 4 ranks (mpi_np4) what 4 adds to 2 is the uneven cut into more pieces, which the first
+  // 30 steps show: the 100-step drift check and every rerun are the 2-rank suite's (DeepSeek's
+  // rerun stays: the most collectives in flight).
+  const bool emulated = device_emulated(), wide = mpi_size() > 2;
+  const int kSteps = emulated ? 20 : wide ? 30 : 100;
   const auto dir = shared_scratch("shard_exact");
   const auto corpus = make_corpus(dir, 100000);
   // Both architectures; the dense one with 2 micro-batches per step (sync
@@ -223,7 +226,7 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
   if (!emulated) cases.push_back({Arch{"dense_big_buckets", kArchs[0].lines}, "sync dense bucket_mb 0.1\n"});
   // (emulated: the scale doubles every step, so its 20 steps overflow too)
   cases.push_back({Arch{"dense_fp16", kArchs[0].lines},
-                   fmt::format("precision fp16 loss_scale dynamic scale_window {}\n", emulated ? 1 : 5)});
+                   fmt::format("precision fp16 loss_scale dynamic scale_window {}\n", kSteps < 100 ? 1 : 5)});
   cases.push_back({kDeepseekBf16, ""});
   for (const auto& [arch, extra] : cases) {
     INFO(arch.name);
@@ -231,11 +234,11 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
     const auto off =
         run(make_program(dir, arch.name + "_off", deck(arch, corpus, dir + "/" + arch.name + "_off", "off", kSteps, extra)));
     REQUIRE(off.losses.size() == size_t(kSteps));
-    REQUIRE(off.losses.back() < off.losses.front() - (emulated ? 0.1 : 0.5));  // it learns: the comparison is of a real run
+    REQUIRE(off.losses.back() < off.losses.front() - (kSteps < 100 ? 0.1 : 0.5));  // it learns: the comparison is of a real run
     REQUIRE(all_equal(off.fingerprints));
     REQUIRE_THAT(off.backends, !Catch::Contains("ZeRO"));
     if (mpi_rank() == 0) REQUIRE(off.norms.size() == size_t(kSteps));
-    // fp16: the scale doubles every 5 (emulated: 1) clean steps, so some steps overflow and are skipped (norm NaN) on every level.
+    // fp16: the scale doubles every 5 (under 100 steps: 1) clean steps, so some steps overflow and are skipped (norm NaN) on every level.
     const auto skipped = std::count_if(off.norms.begin(), off.norms.end(), [](double n) { return std::isnan(n); });
     if (mpi_rank() == 0) REQUIRE((skipped > 0) == (arch.name == "dense_fp16"));
     for (const auto& level : kLevels) {
@@ -267,7 +270,7 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
         }
       }
       // A rerun: the same bits again (nothing depends on when a collective finished).
-      if (emulated) continue;
+      if (emulated || (wide && arch.name != kDeepseekBf16.name)) continue;
       const auto again = run(make_program(dir, name + "_again", deck(arch, corpus, dir + "/" + name + "_again", level, kSteps, extra)));
       require_steps_equal(again.losses, sharded.losses);
       REQUIRE(again.fingerprints == sharded.fingerprints);
@@ -278,7 +281,8 @@ TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and
     }
     if (mpi_rank() == 0)
       fmt::print(stderr, "[shard] {} ranks, {}: {} runs of {} steps in {:.1f} s\n", mpi_size(), arch.name,
-                 1 + (emulated ? 1 : 2) * kLevels.size(), kSteps, seconds_since(t0));
+                 1 + (emulated || (wide && arch.name != kDeepseekBf16.name) ? 1 : 2) * kLevels.size(), kSteps,
+                 seconds_since(t0));
   }
 }
 
@@ -573,7 +577,8 @@ TEST_CASE("a base_every chain written under shard resumes from its deltas bit fo
   const std::string chain = "checkpoint every 2 mode diff codec lossless base_every 3\n";
   const Arch& arch = kArchs.back();  // DeepSeek: MLA, MoE and MTP tensors in every link
   const auto off = run(make_program(dir, "off", deck(arch, corpus, dir + "/off", "off", 8, chain)));
-  for (const auto& level : kLevels) {
+  // At 4 ranks the level that cuts the most (params): the others' chains are the 2-rank suite's.
+  for (const auto& level : mpi_size() > 2 ? std::vector<std::string>{"params"} : kLevels) {
     INFO("shard " << level);
     const auto [run_dir, program, first] = run_level(dir, arch, corpus, level, 8, chain, off);
     REQUIRE(first.fingerprints == off.fingerprints);
@@ -621,7 +626,10 @@ TEST_CASE("restart_from best under shard: its best moments checkpointed whole, r
   // Under bf16 the best weights are kept as this rank's pieces below params too (the fp32 master is).
   // (emulated: bf16 alone, whose best weights are pieces of the fp32 master; fp32's restore is the host suites')
   const Arch bf16{"dense_bf16", kArchs.front().lines + "precision bf16\n"};
-  const std::vector<Arch> archs = device_emulated() ? std::vector<Arch>{bf16} : std::vector<Arch>{kArchs.front(), bf16};
+  // (4 ranks: fp32 alone, the pieces cut four ways; bf16's master pieces are the 2-rank suite's)
+  const std::vector<Arch> archs = device_emulated() ? std::vector<Arch>{bf16}
+                                  : mpi_size() > 2  ? std::vector<Arch>{kArchs.front()}
+                                                    : std::vector<Arch>{kArchs.front(), bf16};
   for (const Arch& arch : archs) {
   INFO(arch.name);
   const std::string at = dir + "/" + arch.name;

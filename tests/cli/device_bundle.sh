@@ -13,7 +13,8 @@ build="$(cd "$(dirname "$XX")" && pwd)"
 PY=/usr/bin/python3
 
 begin "pack the host build (tools/device-bundle --host)"
-check "$root/tools/device-bundle" --host --build "$build" --out "$T/host.tar.xz" >"$T/pack.out" 2>&1 ||
+# xz at preset 1: the packing is what is proved here, not the ratio (CI packs the cuda build at 6).
+check "$root/tools/device-bundle" --host --level 1 --build "$build" --out "$T/host.tar.xz" >"$T/pack.out" 2>&1 ||
   { fail "device-bundle failed: $(tail -5 "$T/pack.out")"; finish; }
 head -1 "$T/pack.out" | sed 's/^/    /'
 size=$(stat -c %s "$T/host.tar.xz")

@@ -27,7 +27,7 @@ FAILS=0
 
 begin() {
   CASE=$1
-  echo "--- $CASE"
+  echo "--- [${SECONDS} s] $CASE"
 }
 
 fail() {
@@ -53,7 +53,7 @@ show_run() {  # the last run's output, indented, after a failure
 }
 
 finish() {
-  echo "=== $CHECKS checks, $FAILS failure(s)"
+  echo "=== $CHECKS checks, $FAILS failure(s) in ${SECONDS} s"
   [ "$FAILS" -eq 0 ] && exit 0
   exit 1
 }
