@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "core/views.h"
 #include "deck/deck.h"
+#include "hf/config.h"
 #include "kernels/attention_packed.h"
 #include "model/estimate.h"
 #include "model/params.h"
@@ -543,4 +544,49 @@ TEST_CASE("-plan: one row per combination, the invalid ones with their reason, a
                                                  "sharding, ep, micro-batches, bytes): P 1 ep {} shard {} recompute {}: {}",
                                                  pick->ep, pick->shard, pick->recompute, format_bytes(pick->plan.total()))));
   CHECK_THAT(plan_grid_report(program, 8, grid, {1, "-device-gb x"}), Catch::Contains("no combination fits: the least needs"));
+}
+
+// docs/SCALING.md: DeepSeek-V3 at DeepSeek's layout, 2048 ranks as PP16 x EP64
+// x ZeRO-1, bf16 with bf16 moments, one 4096-token sequence per micro-batch.
+// Under selective recompute with 16 micro-batches (1F1B) stage 1 keeps 15 in
+// flight and needs 181 GiB: the documented gap (the MoE rows kept thrice);
+// full recompute fits, and so does selective with at most 5 in flight.
+TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented plan", "[model][plan][pipeline][v3]") {
+  TempDir t;
+  auto v3 = [&](int batch) {
+    const std::string deck = fmt::format(
+        "init hf {}/tests/data/hf_configs/deepseek-v3 seq 4096\n"
+        "moe on ep 64\nattention_kernel flash\nprecision bf16\noptimizer adamw moments bf16\n"
+        "recompute selective\nshard optimizer\ndata bytes /dev/null batch {}\nrun 1\n", XX_SOURCE_DIR, batch);
+    return build_program(expand_hf_init(read_deck(t.write("v3.deck", deck), {})), false);
+  };
+  const double GiB = 1024.0 * 1024 * 1024, limit = 80 * GiB;
+  const Program program = v3(16);
+  const auto rows = plan_rows(program, 2048, parse_plan_grid("P=16 ep=64 shard=optimizer recompute=selective,full micro=16"));
+  REQUIRE(rows.size() == 2);
+  const PlanRow &selective = rows[0], &full = rows[1];
+  REQUIRE((selective.invalid.empty() && full.invalid.empty()));
+  CHECK(selective.worst_stage == 1);
+  CHECK(selective.plan.total() / GiB == Approx(181.13).margin(0.01));
+  CHECK(selective.plan.total() > limit);  // the gap SCALING.md explains: 101 GiB
+  CHECK(full.plan.total() / GiB == Approx(49.39).margin(0.01));
+  CHECK(full.worst_stage == 15);
+  const PlanRow* smallest = smallest_fitting_row(rows, limit);
+  REQUIRE(smallest);
+  CHECK(smallest->recompute == Recompute::full);
+  // The model state alone fits on every stage; 61 layers over 16: 13 stages of 4, then 3 of 3.
+  const PipelinePlan pipe{16, PipeSchedule::one_f_one_b, 16};
+  const ParamLayout layout(program.phases.front().config.model);
+  int64_t params = 0;
+  for (int s = 0; s < 16; ++s) {
+    const PlanBasis b = plan_basis(program, 2048, pipe, s);
+    CHECK(b.end_layer - b.first_layer == (s < 13 ? 4 : 3));
+    const MemoryPlan p = plan_level(b, ShardLevel::optimizer);
+    CHECK(p.weights + p.gradients + p.optimizer < 30 * GiB);
+    params += b.params;
+  }
+  CHECK(params == layout.total() + layout.at("embed").size);  // the last stage's copy for MTP
+  // Selective fits with 5 micro-batches of one sequence in flight, not 6.
+  CHECK(plan_rows(v3(5), 2048, parse_plan_grid("P=16 ep=64 micro=5")).front().plan.total() <= limit);
+  CHECK(plan_rows(v3(6), 2048, parse_plan_grid("P=16 ep=64 micro=6")).front().plan.total() > limit);
 }
