@@ -26,7 +26,8 @@ namespace xx {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N] [-plan GRID]] [-device-gb G]\n"
+    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N] [-plan GRID]]\n"
+    "               [-device-gb G]\n"
     "       xuanxue -in DECK [-var NAME VALUE]... -print-config json\n"
     "       xuanxue generate -ckpt FILE -prompt TEXT [...]   (xuanxue generate -h)\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
@@ -95,7 +96,9 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-device-gb") need(1), a.device_gb = positive_value(arg, argv[++i], false, 1e9, "-device-gb G, GiB > 0");
     else if (arg == "-h" || arg == "-help" || arg == "--help") input_error("{}", kUsage);
     else input_error("command line: unknown option '{}'{}\n{}", arg,
-                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-plan", "-device-gb", "-print-config"}), kUsage);
+                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-plan", "-device-gb",
+                                        "-print-config"}),
+                     kUsage);
   }
   if (a.deck.empty()) input_error("command line: no deck given (expected -in DECK)\n{}", kUsage);
   if (a.ranks > 0 && !a.dry_run)

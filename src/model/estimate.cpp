@@ -180,14 +180,16 @@ double activation_bytes(const MemoryEstimate& est, Precision precision) {
 // full take; exchange partitioned adds the owner residual and the owner's
 // sum over its range, ceil(S / ranks) each (S the sparse part).
 template <class Holds>
-int64_t sync_elements(const Config& c, const ParamLayout& layout, int64_t P, Holds holds, int ranks, std::string& what) {
+int64_t sync_elements(const Config& c, const ParamLayout& layout, int64_t P, Holds holds, int ranks,
+                      std::string& what) {
   int64_t n = 0;
   std::vector<std::string> parts;
   if (c.compress.kind != CompressKind::off) {
     const int64_t per_bucket = std::max<int64_t>(1, int64_t(c.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
     int64_t sparse = 0, largest = 0;
     for (const auto& t : layout.tensors())
-      if (holds(t) && t.size >= c.compress.min_size) sparse += t.size, largest = std::max(largest, std::min(t.size, per_bucket));
+      if (holds(t) && t.size >= c.compress.min_size)
+        sparse += t.size, largest = std::max(largest, std::min(t.size, per_bucket));
     n += 3 * sparse + (P - sparse) + (c.compress.momentum > 0 ? sparse : 0) + 4 * largest;
     parts.push_back(c.compress.momentum > 0 ? "compressor (packed, dense, residual, momentum, workspace)"
                                             : "compressor (packed, dense, residual, workspace)");
@@ -262,7 +264,8 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   std::map<int64_t, const TensorInfo*> at;
   for (const auto& t : layout.tensors()) at[t.offset] = &t;
   for (const auto& u : layout.weight_units())
-    if (holds(*at.at(u.begin)) && u.end - u.begin > b.largest_layer) b.largest_layer = u.end - u.begin, b.largest_name = u.name;
+    if (holds(*at.at(u.begin)) && u.end - u.begin > b.largest_layer)
+      b.largest_layer = u.end - u.begin, b.largest_name = u.name;
   if (b.embed_copy > b.largest_layer) b.largest_layer = b.embed_copy, b.largest_name = "embed (copy)";
   set_precision(b, est, c.precision.kind);
   b.moment_bytes = c.optimizer.moments == Precision::bf16 ? 4 : 8;
@@ -270,7 +273,8 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   b.sync_buffers = 4.0 * sync_elements(c, layout, b.params, holds, int(W), b.sync_what);
   b.exchange = 4.0 * est.exchange_elements;
   b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
-  // params holds the embedding and head through the forward on the stage that runs MTP (tied: the embedding is the head).
+  // params holds the embedding and head through the forward on the stage that
+  // runs MTP (tied: the embedding is the head).
   b.held_units = pipe.stages > 1 && !last ? 2 : m.mtp.depth > 0 ? 4 : m.tie_embeddings ? 3 : 2;
   b.deck_level = c.shard.level;
   // Between stages, fp32 buffers of one micro-batch's N x C: per neighbour the activation and its gradient.
@@ -553,7 +557,8 @@ namespace {
 std::vector<std::string> split(const std::string& text, char by) {
   std::vector<std::string> parts;
   size_t begin = 0;
-  for (size_t at; (at = text.find(by, begin)) != std::string::npos; begin = at + 1) parts.push_back(text.substr(begin, at - begin));
+  for (size_t at; (at = text.find(by, begin)) != std::string::npos; begin = at + 1)
+    parts.push_back(text.substr(begin, at - begin));
   parts.push_back(text.substr(begin));
   return parts;
 }
@@ -639,10 +644,13 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
               if (P > m.layers) row.invalid = fmt::format("P {} > {} layers: a stage needs a layer", P, m.layers);
               else if (ranks % P) row.invalid = fmt::format("P {} does not divide the {} ranks", P, ranks);
               else if (!moe && ep > 1) row.invalid = fmt::format("ep {} without moe", ep);
-              else if (moe && m.moe.routed % ep) row.invalid = fmt::format("ep {} does not divide routed {}", ep, m.moe.routed);
-              else if (dp % ep) row.invalid = fmt::format("ep {} does not divide the W/P = {} data-parallel ranks of a stage", ep, dp);
+              else if (moe && m.moe.routed % ep)
+                row.invalid = fmt::format("ep {} does not divide routed {}", ep, m.moe.routed);
+              else if (dp % ep)
+                row.invalid = fmt::format("ep {} does not divide the W/P = {} data-parallel ranks of a stage", ep, dp);
               else if (c.data.batch % row.micro)
-                row.invalid = fmt::format("micro {} does not divide batch {} (sequences per pipeline per step)", row.micro, c.data.batch);
+                row.invalid = fmt::format("micro {} does not divide batch {} (sequences per pipeline per step)",
+                                          row.micro, c.data.batch);
               if (!row.invalid.empty()) {
                 rows.push_back(row);
                 continue;
