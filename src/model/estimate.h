@@ -76,6 +76,10 @@ std::vector<std::pair<int, int>> stage_layers(int layers, int stages);
 // into M micro-batches of B / M. Stage s keeps in flight min(P - s, M)
 // micro-batches under 1F1B, M under GPipe. At P = 1 there is no pipeline: the
 // rank runs its whole batch at once (M is taken as 1).
+// No deck line sets P yet: -plan supplies it. When one lands, plan_basis(program,
+// ranks) (and so -dry-run's levels and memory_refusal) should plan the deck's
+// PipelinePlan at its worst stage, as plan_rows does, and plan_rows take it as
+// the default of P, micro and schedule.
 enum class PipeSchedule { one_f_one_b, gpipe };
 constexpr auto mode_words(PipeSchedule) { return std::array{"1f1b"sv, "gpipe"sv}; }
 struct PipelinePlan {
