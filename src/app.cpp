@@ -26,7 +26,8 @@ namespace xx {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N]] [-device-gb G]\n"
+    "usage: xuanxue -in DECK [-var NAME VALUE]... [-resume auto|PATH] [-dry-run [-ranks N] [-plan GRID]]\n"
+    "               [-device-gb G]\n"
     "       xuanxue -in DECK [-var NAME VALUE]... -print-config json\n"
     "       xuanxue generate -ckpt FILE -prompt TEXT [...]   (xuanxue generate -h)\n"
     "  -in DECK          input deck (see input/tiny.deck)\n"
@@ -36,6 +37,10 @@ constexpr const char* kUsage =
     "  -dry-run          check the deck, print parameter counts and memory per rank at every sharding level,\n"
     "                    allocate nothing\n"
     "  -ranks N          with -dry-run: plan for N ranks without launching them (default: the ranks launched)\n"
+    "  -plan GRID        with -dry-run: also one row per combination of GRID, space-separated KEY=V1,V2,...\n"
+    "                    of P (pipeline stages), ep, shard, recompute, micro (micro-batches per step),\n"
+    "                    schedule (1f1b|gpipe); keys left out take the deck's. Names the smallest that fits,\n"
+    "                    e.g. -plan \"P=1,2,4 ep=1,8 shard=optimizer,params recompute=off,selective micro=8\"\n"
     "  -print-config json  print every phase's resolved configuration as JSON on stdout and exit (what tools\n"
     "                    read instead of parsing decks; files the deck names need not exist)\n"
     "  -device-gb G      memory per rank is G GiB (a device's); default: this node's MemAvailable divided by\n"
@@ -45,6 +50,7 @@ struct Args {
   std::string deck, resume;
   bool dry_run = false;
   bool print_config = false;  // -print-config json
+  std::string plan;           // -plan GRID ("" when not given)
   int ranks = 0;         // -ranks: planned ranks (0: the world size)
   double device_gb = 0;  // -device-gb: GiB per rank (0: this node's available memory)
   std::map<std::string, std::string> vars;
@@ -72,6 +78,14 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-var") need(2), a.vars[argv[i + 1]] = argv[i + 2], i += 2;
     else if (arg == "-resume") need(1), a.resume = argv[++i];
     else if (arg == "-dry-run") a.dry_run = true;
+    else if (arg == "-plan") {
+      need(1), a.plan = argv[++i];
+      try {
+        parse_plan_grid(a.plan);
+      } catch (const InputError& e) {
+        input_error("{}\n{}", e.what(), kUsage);
+      }
+    }
     else if (arg == "-print-config") {
       need(1);
       if (std::string(argv[++i]) != "json")
@@ -82,11 +96,15 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "-device-gb") need(1), a.device_gb = positive_value(arg, argv[++i], false, 1e9, "-device-gb G, GiB > 0");
     else if (arg == "-h" || arg == "-help" || arg == "--help") input_error("{}", kUsage);
     else input_error("command line: unknown option '{}'{}\n{}", arg,
-                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-device-gb", "-print-config"}), kUsage);
+                     did_you_mean(arg, {"-in", "-var", "-resume", "-dry-run", "-ranks", "-plan", "-device-gb",
+                                        "-print-config"}),
+                     kUsage);
   }
   if (a.deck.empty()) input_error("command line: no deck given (expected -in DECK)\n{}", kUsage);
   if (a.ranks > 0 && !a.dry_run)
     input_error("command line: -ranks plans without launching (expected -dry-run -ranks N)\n{}", kUsage);
+  if (!a.plan.empty() && !a.dry_run)
+    input_error("command line: -plan plans without launching (expected -dry-run -plan GRID)\n{}", kUsage);
   return a;
 }
 
@@ -102,6 +120,7 @@ Program load_program(MPI_Comm comm, int rank, int argc, char** argv, Args& args)
   });
   from_rank0(blob, comm);
   from_rank0(args.resume, comm);
+  from_rank0(args.plan, comm);
   int flags[2] = {args.dry_run, args.print_config};
   MPI_Bcast(flags, 2, MPI_INT, 0, comm);
   args.dry_run = flags[0], args.print_config = flags[1];
@@ -158,7 +177,9 @@ int run_app(MPI_Comm comm, int argc, char** argv) {
     const MemoryLimit limit = memory_limit(comm, args.device_gb);
     if (args.dry_run) {
       // every rank plans, so a plan's InputError (ep not dividing -ranks) ends all alike
-      const std::string report = dry_run_report(program, args.ranks > 0 ? args.ranks : world, limit);
+      const int ranks = args.ranks > 0 ? args.ranks : world;
+      std::string report = dry_run_report(program, ranks, limit);
+      if (!args.plan.empty()) report += plan_grid_report(program, ranks, parse_plan_grid(args.plan), limit);
       if (rank == 0) fmt::print("{}", report);
       return 0;
     }

@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "core/views.h"
 #include "deck/deck.h"
+#include "hf/config.h"
 #include "kernels/attention_packed.h"
 #include "model/estimate.h"
 #include "model/params.h"
@@ -341,4 +342,251 @@ TEST_CASE("the plan with attention_kernel flash is smaller at long T and says wh
   // auto: packed where the kernels' memory is the host's, flash on a device.
   const bool host = kernel_memory_on_host();  // false under XX_EMULATE_DEVICE=1 too
   CHECK(plan_basis(program_with("auto", 2048), 1).activations == (host ? bp : bf).activations);
+}
+
+namespace {
+
+// The small model of small_program with `layers` blocks (dense_layers 1: one
+// dense block, the rest MoE; MTP's block is MoE too) and a recompute mode.
+ModelConfig recompute_model(const TempDir& t, int layers, const std::string& recompute) {
+  const std::string deck = fmt::format(
+      "model deepseek vocab 256 dim 64 layers {} heads 4 ffn 128 seq 16\n"
+      "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16\n"
+      "attention_kernel packed\n"
+      "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 32\n"
+      "mtp depth 1\n"
+      "recompute {}\n"
+      "data bytes /dev/null batch 2\n"
+      "run 1\n", layers, recompute);
+  return build_program(read_deck(t.write("recompute.deck", deck), {}), false).phases.front().config.model;
+}
+
+}  // namespace
+
+// recompute selective gives up per block the RMSNorm outputs (xn, xn2, MLA's
+// cn), the up-projections q, k, v and the SwiGLU activations, and keeps one
+// set of them, the largest block's; full keeps per block only its input.
+TEST_CASE("recompute: what each mode keeps per block, against the shapes", "[model][plan][recompute]") {
+  TempDir t;
+  const int64_t B = 2, T = 16, N = B * T, C = 64, H = 4, qk = 16 + 8, vd = 16, kv = 32, F = 128, Fm = 32, K = 2;
+  // What selective gives up: of the dense block, and of a MoE block (one shared expert, N K rows run).
+  const int64_t norms_and_heads = 2 * N * C + B * H * T * (2 * qk + vd) + N * kv;
+  const int64_t dense = norms_and_heads + N * F, moe = norms_and_heads + N * Fm + N * K * Fm;
+  for (int layers : {4, 6}) {
+    CAPTURE(layers);
+    const auto off = estimate_memory(recompute_model(t, layers, "off"), 2);
+    const auto sel = estimate_memory(recompute_model(t, layers, "selective"), 2);
+    // Per block dense + (layers - 1 + 1 MTP) MoE blocks gone, one set (the largest) kept.
+    CHECK(off.halvable_elements - sel.halvable_elements == dense + layers * moe - std::max(dense, moe));
+    CHECK(sel.other_elements == off.other_elements);
+    CHECK(sel.recomputed_elements == std::max(dense, moe));
+    CHECK(sel.scratch_elements == off.scratch_elements);
+    CHECK(sel.mixed_scratch_elements == off.mixed_scratch_elements);
+    CHECK(off.recomputed_elements == 0);
+  }
+  // Two MoE blocks more: off keeps theirs and their streams; selective theirs
+  // less the recomputed part; full only their streams (N C each, 32 bits).
+  const auto off4 = estimate_memory(recompute_model(t, 4, "off"), 2), off6 = estimate_memory(recompute_model(t, 6, "off"), 2);
+  const auto sel4 = estimate_memory(recompute_model(t, 4, "selective"), 2),
+             sel6 = estimate_memory(recompute_model(t, 6, "selective"), 2);
+  const auto full4 = estimate_memory(recompute_model(t, 4, "full"), 2), full6 = estimate_memory(recompute_model(t, 6, "full"), 2);
+  const int64_t moe_block = (off6.halvable_elements + off6.other_elements - off4.halvable_elements -
+                             off4.other_elements) / 2 - N * C;  // one MoE block's own
+  CHECK(moe_block > moe);
+  CHECK(sel6.halvable_elements + sel6.other_elements - sel4.halvable_elements - sel4.other_elements ==
+        2 * (moe_block - moe + N * C));
+  CHECK(full6.halvable_elements - full4.halvable_elements == 0);
+  CHECK(full6.other_elements - full4.other_elements == 2 * N * C);
+  // full keeps the largest block's set once: off less every block's own, plus that set.
+  CHECK(full4.recomputed_elements >= moe_block);
+  CHECK(full4.activation_elements() < sel4.activation_elements());
+  CHECK(sel4.activation_elements() < off4.activation_elements());
+}
+
+TEST_CASE("pipeline stages: the layers cut into P runs, every tensor in one stage, the last adds the embedding's copy",
+          "[model][plan][pipeline]") {
+  TempDir t;
+  // 61 layers over 16 stages: 13 of 4, then 3 of 3.
+  const auto v3 = stage_layers(61, 16);
+  REQUIRE(v3.size() == 16);
+  CHECK(v3.front() == std::pair<int, int>{0, 4});
+  CHECK(v3[12] == std::pair<int, int>{48, 52});
+  CHECK(v3[13] == std::pair<int, int>{52, 55});
+  CHECK(v3.back() == std::pair<int, int>{58, 61});
+  const int ep = GENERATE(1, 2);
+  const int P = GENERATE(1, 2, 4);
+  CAPTURE(ep, P);
+  const int W = 8;
+  const Program program = small_program(t, "bf16", "", ep);
+  const auto& m = program.phases.front().config.model;
+  const ParamLayout layout(m);  // rank 0's experts under ep
+  const int64_t copy = P > 1 ? layout.at("embed").size : 0;  // MTP reads the embedding on the last stage
+  int64_t params = 0, experts = 0, fp32_read = 0;
+  for (int s = 0; s < P; ++s) {
+    const PipelinePlan pipe{P, PipeSchedule::one_f_one_b, 2};
+    const PlanBasis b = plan_basis(program, W, pipe, s);
+    CAPTURE(s);
+    CHECK(b.ranks == W / P);  // ZeRO over the stage's data-parallel ranks
+    CHECK(b.embed_copy == (s == P - 1 ? copy : 0));
+    params += b.params, experts += b.experts, fp32_read += b.fp32_read;
+    CHECK(b.shard == (b.params - b.experts + W / P - 1) / (W / P) + (b.experts + W / P / ep - 1) / (W / P / ep));
+    // Between stages: the activation and its gradient, fp32, of one micro-batch, per neighbour.
+    CHECK(b.pipe_buffers == 4.0 * 2 * ((s > 0) + (s < P - 1)) * 1 * 16 * 64);
+  }
+  CHECK(params == layout.total() + copy);
+  CHECK(experts == (ep > 1 ? plan_basis(program, W).experts : 0));
+  CHECK(fp32_read == plan_basis(program, W).fp32_read + copy);
+  // At P = 1 the plan is the one without a pipeline.
+  const PlanBasis one = plan_basis(program, W, PipelinePlan{}, 0), whole = plan_basis(program, W);
+  CHECK(one.params == whole.params);
+  CHECK(one.activations == whole.activations);
+  CHECK(plan_level(one, ShardLevel::optimizer).total() == plan_level(whole, ShardLevel::optimizer).total());
+}
+
+TEST_CASE("pipeline stages: 1F1B keeps min(P - s, M) micro-batches in flight, GPipe M", "[model][plan][pipeline]") {
+  TempDir t;
+  const Program program = small_program(t, "fp32", "", 1);
+  const auto& m = program.phases.front().config.model;
+  // Stage 0 of 2 (layers 0-1) with micro-batches of 1 sequence: its blocks' own per micro-batch in flight.
+  const StageSpan one{0, 2, true, false, 1}, two{0, 2, true, false, 2};
+  const auto e1 = estimate_stage(m, 1, one), e2 = estimate_stage(m, 1, two);
+  CHECK(e2.halvable_elements == 2 * e1.halvable_elements);
+  CHECK(e2.other_elements == 2 * e1.other_elements);
+  CHECK(e2.scratch_elements == e1.scratch_elements);  // scratch once
+  const PipelinePlan f{4, PipeSchedule::one_f_one_b, 8}, g{4, PipeSchedule::gpipe, 8}, few{4, PipeSchedule::one_f_one_b, 2};
+  CHECK((f.in_flight(0) == 4 && f.in_flight(3) == 1));
+  CHECK((g.in_flight(0) == 8 && g.in_flight(3) == 8));
+  CHECK((few.in_flight(0) == 2 && few.in_flight(3) == 1));
+  CHECK(PipelinePlan{}.in_flight(0) == 1);
+}
+
+TEST_CASE("-plan: a grid's bad text is refused naming -plan and what was expected", "[model][plan][grid]") {
+  const std::string expected = "(expected -plan \"KEY=V1,V2 ...\" with keys P, ep, shard, recompute, micro, schedule";
+  auto refusal = [](const std::string& text) {
+    try {
+      parse_plan_grid(text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(refusal("P=0"), Catch::StartsWith("command line: bad -plan 'P=0': P=0 is not an integer >= 1 " + expected));
+  CHECK_THAT(refusal("P=2x"), Catch::Contains("P=2x is not an integer >= 1"));
+  CHECK_THAT(refusal("shard=zero"), Catch::Contains("shard=zero is not one of off, optimizer, gradients, params"));
+  CHECK_THAT(refusal("recompute=some"), Catch::Contains("recompute=some is not one of off, selective, full"));
+  CHECK_THAT(refusal("schedule=dualpipe"), Catch::Contains("schedule=dualpipe is not one of 1f1b, gpipe"));
+  CHECK_THAT(refusal("P"), Catch::Contains("'P' has no '='"));
+  CHECK_THAT(refusal("P=1,,2"), Catch::Contains("P has an empty value"));
+  CHECK_THAT(refusal("P=1 P=2"), Catch::Contains("P given twice"));
+  CHECK_THAT(refusal("stages=2"), Catch::Contains("unknown key 'stages'"));
+  CHECK_THAT(refusal(""), Catch::Contains("no KEY=VALUES"));
+  const PlanGrid g = parse_plan_grid("P=1,2,4  ep=1,8 shard=optimizer,params recompute=off,selective micro=8");
+  CHECK(g.stages == std::vector<int>{1, 2, 4});
+  CHECK(g.ep == std::vector<int>{1, 8});
+  CHECK(g.shard == std::vector<ShardLevel>{ShardLevel::optimizer, ShardLevel::params});
+  CHECK(g.recompute == std::vector<Recompute>{Recompute::off, Recompute::selective});
+  CHECK(g.micro == std::vector<int>{8});
+  CHECK(g.schedule.empty());  // the default, 1f1b
+}
+
+TEST_CASE("-plan: one row per combination, the invalid ones with their reason, and the smallest that fits",
+          "[model][plan][grid]") {
+  TempDir t;
+  const Program program = small_program(t, "bf16", "", 1);  // 4 layers, routed 4, batch 2
+  const PlanGrid grid = parse_plan_grid("P=1,2,3,8 ep=1,2,3 shard=off,optimizer,params recompute=off,selective micro=2,4");
+  const auto rows = plan_rows(program, 8, grid);
+  // P 1: one row per (ep, shard, recompute), M taken as 1; P 2, 3, 8: both M.
+  CHECK(rows.size() == 3 * 3 * 2 * (1 + 2 + 2 + 2));
+  auto find = [&](int P, int ep, ShardLevel s, Recompute r, int micro) -> const PlanRow& {
+    for (const auto& row : rows)
+      if (row.stages == P && row.ep == ep && row.shard == s && row.recompute == r && row.micro == micro) return row;
+    FAIL("no row");
+    return rows.front();
+  };
+  CHECK(find(3, 1, ShardLevel::off, Recompute::off, 2).invalid == "P 3 does not divide the 8 ranks");
+  CHECK(find(8, 1, ShardLevel::off, Recompute::off, 2).invalid == "P 8 > 4 layers: a stage needs a layer");
+  CHECK(find(1, 3, ShardLevel::off, Recompute::off, 1).invalid == "ep 3 does not divide routed 4");
+  CHECK(find(2, 1, ShardLevel::off, Recompute::off, 4).invalid ==
+        "micro 4 does not divide batch 2 (sequences per pipeline per step)");
+  const PlanRow& valid = find(2, 2, ShardLevel::optimizer, Recompute::selective, 2);
+  CHECK(valid.invalid.empty());
+  // The row is its worst stage: no stage needs more.
+  {
+    Program variant = small_program(t, "bf16", "recompute selective\nshard optimizer\n", 2);
+    double worst = 0;
+    for (int s = 0; s < 2; ++s)
+      worst = std::max(worst, plan_level(plan_basis(variant, 8, {2, PipeSchedule::one_f_one_b, 2}, s),
+                                         ShardLevel::optimizer).total());
+    CHECK(valid.plan.total() == worst);
+  }
+  // No limit: the deck's own (P 1, recompute off, shard off, ep 1) comes first.
+  const PlanRow* any = smallest_fitting_row(rows, 1e30);
+  REQUIRE(any);
+  CHECK((any->stages == 1 && any->recompute == Recompute::off && any->shard == ShardLevel::off && any->ep == 1));
+  CHECK(smallest_fitting_row(rows, 1) == nullptr);
+  // At a limit only the P 1 rows that shard params (or recompute) fit: the rule picks the fewest stages
+  // first, then the least recompute, then the least sharding.
+  const double limit = find(1, 2, ShardLevel::params, Recompute::off, 1).plan.total();
+  const PlanRow* pick = smallest_fitting_row(rows, limit);
+  REQUIRE(pick);
+  CHECK(pick->plan.total() <= limit);
+  for (const auto& r : rows) {
+    if (!r.invalid.empty() || r.plan.total() > limit) continue;
+    CHECK(r.stages >= pick->stages);
+    if (r.stages == pick->stages) CHECK(int(r.recompute) >= int(pick->recompute));
+    if (r.stages == pick->stages && r.recompute == pick->recompute) CHECK(int(r.shard) >= int(pick->shard));
+    if (r.stages == pick->stages && r.recompute == pick->recompute && r.shard == pick->shard) CHECK(r.ep >= pick->ep);
+  }
+  CHECK(pick->stages == 1);
+  const std::string report = plan_grid_report(program, 8, grid, {limit, "-device-gb x"});
+  CHECK_THAT(report, Catch::Contains("invalid: P 3 does not divide the 8 ranks"));
+  CHECK_THAT(report, Catch::Contains(fmt::format("smallest that fits (the fewest stages, then the least recompute, "
+                                                 "sharding, ep, micro-batches, bytes): P 1 ep {} shard {} recompute {}: {}",
+                                                 pick->ep, pick->shard, pick->recompute, format_bytes(pick->plan.total()))));
+  CHECK_THAT(plan_grid_report(program, 8, grid, {1, "-device-gb x"}), Catch::Contains("no combination fits: the least needs"));
+}
+
+// docs/SCALING.md: DeepSeek-V3 at DeepSeek's layout, 2048 ranks as PP16 x EP64
+// x ZeRO-1, bf16 with bf16 moments, one 4096-token sequence per micro-batch.
+// Under selective recompute with 16 micro-batches (1F1B) stage 1 keeps 15 in
+// flight and needs 181 GiB: the documented gap (the MoE rows kept thrice);
+// full recompute fits, and so does selective with at most 5 in flight.
+TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented plan", "[model][plan][pipeline][v3]") {
+  TempDir t;
+  auto v3 = [&](int batch) {
+    const std::string deck = fmt::format(
+        "init hf {}/tests/data/hf_configs/deepseek-v3 seq 4096\n"
+        "moe on ep 64\nattention_kernel flash\nprecision bf16\noptimizer adamw moments bf16\n"
+        "recompute selective\nshard optimizer\ndata bytes /dev/null batch {}\nrun 1\n", XX_SOURCE_DIR, batch);
+    return build_program(expand_hf_init(read_deck(t.write("v3.deck", deck), {})), false);
+  };
+  const double GiB = 1024.0 * 1024 * 1024, limit = 80 * GiB;
+  const Program program = v3(16);
+  const auto rows = plan_rows(program, 2048, parse_plan_grid("P=16 ep=64 shard=optimizer recompute=selective,full micro=16"));
+  REQUIRE(rows.size() == 2);
+  const PlanRow &selective = rows[0], &full = rows[1];
+  REQUIRE((selective.invalid.empty() && full.invalid.empty()));
+  CHECK(selective.worst_stage == 1);
+  CHECK(selective.plan.total() / GiB == Approx(181.13).margin(0.01));
+  CHECK(selective.plan.total() > limit);  // the gap SCALING.md explains: 101 GiB
+  CHECK(full.plan.total() / GiB == Approx(49.39).margin(0.01));
+  CHECK(full.worst_stage == 15);
+  const PlanRow* smallest = smallest_fitting_row(rows, limit);
+  REQUIRE(smallest);
+  CHECK(smallest->recompute == Recompute::full);
+  // The model state alone fits on every stage; 61 layers over 16: 13 stages of 4, then 3 of 3.
+  const PipelinePlan pipe{16, PipeSchedule::one_f_one_b, 16};
+  const ParamLayout layout(program.phases.front().config.model);
+  int64_t params = 0;
+  for (int s = 0; s < 16; ++s) {
+    const PlanBasis b = plan_basis(program, 2048, pipe, s);
+    CHECK(b.end_layer - b.first_layer == (s < 13 ? 4 : 3));
+    const MemoryPlan p = plan_level(b, ShardLevel::optimizer);
+    CHECK(p.weights + p.gradients + p.optimizer < 30 * GiB);
+    params += b.params;
+  }
+  CHECK(params == layout.total() + layout.at("embed").size);  // the last stage's copy for MTP
+  // Selective fits with 5 micro-batches of one sequence in flight, not 6.
+  CHECK(plan_rows(v3(5), 2048, parse_plan_grid("P=16 ep=64 micro=5")).front().plan.total() <= limit);
+  CHECK(plan_rows(v3(6), 2048, parse_plan_grid("P=16 ep=64 micro=6")).front().plan.total() > limit);
 }

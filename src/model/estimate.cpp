@@ -2,6 +2,8 @@
 #include "core/ownership.h"
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <vector>
 #include <fmt/format.h>
 #include "core/error.h"
@@ -27,23 +29,36 @@ static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) 
   return m.moe.ep > 1 ? int64_t(std::ceil(expert_load * double(NK))) : NK;
 }
 
+// What one block keeps for its backward, and of that what recompute
+// selective gives up (model/transformer.h): the RMSNorm outputs (xn, xn2; MLA's
+// cn, qan), the MLA up-projections (q, k, v) and the SwiGLU activations
+// (the dense FFN's, the shared experts', the routed rows'), all 16-bit under
+// mixed precision.
+struct BlockKept {
+  Kept kept;
+  int64_t selective = 0;  // of kept.half
+};
+
 // Mirrors the buffers Block, Attention, FeedForward and Transformer allocate
 // (the constructors in src/model/), counted in elements.
-static Kept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t rows) {
+static BlockKept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t rows) {
   const int64_t T = m.seq, N = B * T, C = m.dim, H = m.heads, qk = m.qk_dim(), vd = m.v_dim();
   const auto& a = m.attention;
   kernels::CausalBlocks blocks(T, kAttentionBlock);
-  Kept k;
+  BlockKept b;
+  Kept& k = b.kept;
   k.half = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
+  b.selective = 2 * N * C + B * H * T * (2 * qk + vd);                          // xn, xn2; q, k, v
   k.half += B * H * T * (2 * qk + vd) + N * H * vd;                             // q, k, v, o
   if (uses_flash_attention(a)) k.other += B * H * T;                            // flash: a log-sum-exp per row
   else k.half += B * H * blocks.per_head();                                     // packed: the probabilities
   k.other += T * (a.mla() ? a.rope_dim : qk);                                    // rope tables
   if (a.mla()) {
     k.half += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
+    b.selective += N * a.kv_lora_rank + N * a.q_lora_rank;
     k.other += N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? N * a.q_lora_rank + N : 0);  // c, krope, qa
   }
-  if (!moe) return k.half += 3 * N * m.ffn, k;                                  // h (2F), a (F)
+  if (!moe) return k.half += 3 * N * m.ffn, b.selective += N * m.ffn, b;        // h (2F), a (F)
   const auto& e = m.moe;
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
   k.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
@@ -52,10 +67,28 @@ static Kept block_activations(const ModelConfig& m, bool moe, int64_t B, int64_t
   k.half += N * K * C;                                                           // expert in (the rows sent)
   k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
   k.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a
-  return k;
+  b.selective += N * e.shared * Fm + rows * Fm;                                  // the shared experts' a, the rows' a
+  return b;
+}
+
+// The layers of each pipeline stage: P contiguous runs, the first L mod P one
+// layer longer than the rest.
+std::vector<std::pair<int, int>> stage_layers(int layers, int stages) {
+  std::vector<std::pair<int, int>> spans;
+  const int q = layers / stages, r = layers % stages;
+  for (int s = 0, begin = 0; s < stages; ++s) {
+    const int n = q + (s < r);
+    spans.emplace_back(begin, begin + n);
+    begin += n;
+  }
+  return spans;
 }
 
 MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load) {
+  return estimate_stage(m, batch, StageSpan{0, m.layers, true, true, 1}, expert_load);
+}
+
+MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& span, double expert_load) {
   const ParamLayout layout(m);
   MemoryEstimate est;
   est.params = layout.full_total();
@@ -63,12 +96,34 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   const int64_t B = batch, T = m.seq, N = B * T, C = m.dim, V = m.vocab;
   const bool moe = m.moe.enabled(), ep = moe && m.moe.ep > 1;
   const int64_t rows = moe ? expert_rows(m, B, expert_load) : 0, NK = moe ? N * m.moe.topk : 0;
-  Kept kept{N * C, (m.layers + 1) * N * C + N + N * V + N};  // xf; residual streams, final rstd, logits, losses
-  for (int l = 0; l < m.layers; ++l) kept += block_activations(m, m.moe.is_moe_layer(l), B, rows);
-  for (int d = 0; d < m.mtp.depth; ++d) {
-    kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
-    kept += block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows);
+  // Per micro-batch in flight: the residual streams (the stage's input and
+  // each block's output), the blocks' own; the last stage adds xf, the final
+  // rstd, the logits, the losses and the MTP modules.
+  Kept kept{0, (span.end - span.begin + 1) * N * C};
+  Kept shared;  // once, whatever is in flight: the blocks' recomputed set
+  auto add_block = [&](const BlockKept& b) {
+    switch (m.recompute) {
+      case Recompute::off: kept += b.kept; break;
+      case Recompute::selective:
+        kept += Kept{b.kept.half - b.selective, b.kept.other};
+        shared.half = std::max(shared.half, b.selective);
+        break;
+      case Recompute::full:  // one block's set at a time; only the streams stay
+        if (b.kept.half + b.kept.other > shared.half + shared.other) shared = b.kept;
+        break;
+    }
+  };
+  for (int l = span.begin; l < span.end; ++l) add_block(block_activations(m, m.moe.is_moe_layer(l), B, rows));
+  if (span.last) {
+    kept += Kept{N * C, N + N * V + N};  // xf; final rstd, logits, losses
+    for (int d = 0; d < m.mtp.depth; ++d) {
+      kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
+      add_block(block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows));
+    }
   }
+  est.recomputed_elements = shared.half + shared.other;
+  kept = Kept{kept.half * span.in_flight, kept.other * span.in_flight};
+  kept += shared;
   est.halvable_elements = kept.half;
   est.other_elements = kept.other;
   // Scratch shared by the blocks: one block's largest gradients at once. Of
@@ -117,13 +172,6 @@ double activation_bytes(const MemoryEstimate& est, Precision precision) {
          (half ? 4.0 * est.mixed_scratch_elements : 0.0);
 }
 
-// The largest unit shard params gathers at once (ParamLayout::weight_units).
-void largest_layer(const ParamLayout& layout, const ModelConfig&, int64_t& size, std::string& name) {
-  size = 0;
-  for (const auto& u : layout.weight_units())
-    if (u.end - u.begin > size) size = u.end - u.begin, name = u.name;
-}
-
 // fp32 elements the phase's sync strategy allocates beside the model's
 // buffers (src/comm/): the compressor's packed, dense, residual and momentum
 // buffers and its top-k workspace (about four of its largest buckets), the
@@ -131,15 +179,17 @@ void largest_layer(const ParamLayout& layout, const ModelConfig&, int64_t& size,
 // momentum, and the group mean that local SGD and a topology other than
 // full take; exchange partitioned adds the owner residual and the owner's
 // sum over its range, ceil(S / ranks) each (S the sparse part).
-int64_t sync_elements(const Config& c, const ParamLayout& layout, int ranks, std::string& what) {
-  const int64_t P = layout.total();
+template <class Holds>
+int64_t sync_elements(const Config& c, const ParamLayout& layout, int64_t P, Holds holds, int ranks,
+                      std::string& what) {
   int64_t n = 0;
   std::vector<std::string> parts;
   if (c.compress.kind != CompressKind::off) {
     const int64_t per_bucket = std::max<int64_t>(1, int64_t(c.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
     int64_t sparse = 0, largest = 0;
     for (const auto& t : layout.tensors())
-      if (t.size >= c.compress.min_size) sparse += t.size, largest = std::max(largest, std::min(t.size, per_bucket));
+      if (holds(t) && t.size >= c.compress.min_size)
+        sparse += t.size, largest = std::max(largest, std::min(t.size, per_bucket));
     n += 3 * sparse + (P - sparse) + (c.compress.momentum > 0 ? sparse : 0) + 4 * largest;
     parts.push_back(c.compress.momentum > 0 ? "compressor (packed, dense, residual, momentum, workspace)"
                                             : "compressor (packed, dense, residual, workspace)");
@@ -161,14 +211,6 @@ void set_precision(PlanBasis& b, const MemoryEstimate& est, Precision precision)
   b.activations = activation_bytes(est, precision);
 }
 
-// This rank's routed experts under ep (the tensors of rank 0's layout: every
-// rank holds as many); 0 without ep, where every tensor is replicated.
-int64_t held_experts(const ParamLayout& layout) {
-  int64_t n = 0;
-  for (const auto& [begin, end] : layout.expert_runs()) n += end - begin;
-  return n;
-}
-
 // A plan needs whole expert-parallel groups; a run is refused the same way
 // (Trainer::split_expert_groups), this one for a dry run's -ranks.
 void check_expert_groups(const Program& program, int ranks) {
@@ -178,38 +220,85 @@ void check_expert_groups(const Program& program, int ranks) {
               "or an ep that divides {} and routed {})", where_given(program, "moe"), moe.ep, ranks, ranks, moe.routed);
 }
 
-PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks) {
+// The stage of P that holds a tensor: the embedding the first, a block its
+// layer's, the final norm, the head and the MTP modules the last.
+int stage_of(const TensorInfo& t, const ModelConfig& m, const std::vector<std::pair<int, int>>& spans) {
+  const int last = int(spans.size()) - 1;
+  if (t.layer < 0) return t.name == "embed" ? 0 : last;
+  if (t.layer >= m.layers) return last;
+  for (int s = 0; s <= last; ++s)
+    if (t.layer < spans[s].second) return s;
+  return last;
+}
+
+// The basis of one stage's rank (P = 1: the whole model) among `ranks`:
+// its tensors (under ep, rank 0's experts: every rank holds as many), the
+// embedding copy the last stage keeps when MTP or a tied head reads it, and
+// ZeRO over the stage's W / P data-parallel ranks.
+PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks,
+                   const PipelinePlan& pipe, int stage) {
+  const ModelConfig& m = c.model;
+  const auto spans = stage_layers(m.layers, pipe.stages);
+  const bool last = stage == pipe.stages - 1;
+  auto holds = [&](const TensorInfo& t) { return pipe.stages == 1 || stage_of(t, m, spans) == stage; };
   PlanBasis b;
-  b.ranks = ranks;
-  b.ep = c.model.moe.enabled() ? c.model.moe.ep : 1;
+  b.pipe = pipe;
+  b.stage = stage;
+  b.first_layer = spans[stage].first, b.end_layer = spans[stage].second;
+  b.ranks = ranks / pipe.stages;
+  b.ep = m.moe.enabled() ? m.moe.ep : 1;
   b.model_params = layout.full_total();
-  b.params = layout.total();
-  b.experts = held_experts(layout);
-  const int64_t holders = ranks / b.ep;
-  b.shard = (b.params - b.experts + ranks - 1) / ranks + (b.experts + holders - 1) / holders;
-  largest_layer(layout, c.model, b.largest_layer, b.largest_name);
+  const TensorInfo& embed = layout.at("embed");
+  b.embed_copy = pipe.stages > 1 && last && (m.mtp.depth > 0 || m.tie_embeddings) ? embed.size : 0;
+  b.params = b.embed_copy;
+  b.fp32_read = embed.reads_fp32 ? b.embed_copy : 0;
+  for (const auto& t : layout.tensors()) {
+    if (!holds(t)) continue;
+    b.params += t.size;
+    if (t.expert >= 0 && b.ep > 1) b.experts += t.size;
+    if (t.reads_fp32) b.fp32_read += t.size;
+  }
+  const int64_t W = b.ranks, holders = W / b.ep;
+  b.shard = (b.params - b.experts + W - 1) / W + (b.experts + holders - 1) / holders;
+  // The largest unit params gathers at once (ParamLayout::weight_units) of those this stage holds.
+  std::map<int64_t, const TensorInfo*> at;
+  for (const auto& t : layout.tensors()) at[t.offset] = &t;
+  for (const auto& u : layout.weight_units())
+    if (holds(*at.at(u.begin)) && u.end - u.begin > b.largest_layer)
+      b.largest_layer = u.end - u.begin, b.largest_name = u.name;
+  if (b.embed_copy > b.largest_layer) b.largest_layer = b.embed_copy, b.largest_name = "embed (copy)";
   set_precision(b, est, c.precision.kind);
   b.moment_bytes = c.optimizer.moments == Precision::bf16 ? 4 : 8;
   b.bucket_bytes = std::min(c.sync.bucket_mb * 1024 * 1024, 4.0 * b.params);  // a bucket never outgrows the gradient
-  b.sync_buffers = 4.0 * sync_elements(c, layout, ranks, b.sync_what);
+  b.sync_buffers = 4.0 * sync_elements(c, layout, b.params, holds, int(W), b.sync_what);
   b.exchange = 4.0 * est.exchange_elements;
   b.expert_rows = b.ep > 1 ? est.expert_rows : 0;
-  b.held_units = c.model.mtp.depth > 0 ? 4 : c.model.tie_embeddings ? 3 : 2;  // tied: the embedding is the head
+  // params holds the embedding and head through the forward on the stage that
+  // runs MTP (tied: the embedding is the head).
+  b.held_units = pipe.stages > 1 && !last ? 2 : m.mtp.depth > 0 ? 4 : m.tie_embeddings ? 3 : 2;
   b.deck_level = c.shard.level;
-  for (const auto& [begin, end] : layout.fp32_read_runs()) b.fp32_read += end - begin;
+  // Between stages, fp32 buffers of one micro-batch's N x C: per neighbour the activation and its gradient.
+  const int neighbours = (stage > 0) + !last;
+  b.pipe_buffers = 4.0 * 2 * neighbours * int64_t(c.data.batch / pipe.micro) * m.seq * m.dim;
   return b;
 }
 
 }  // namespace
 
-PlanBasis plan_basis(const Program& program, int ranks) {
+PlanBasis plan_basis(const Program& program, int ranks) { return plan_basis(program, ranks, PipelinePlan{}, 0); }
+
+PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe, int stage) {
   const Config& first = program.phases.front().config;
-  check_expert_groups(program, ranks);
+  check_expert_groups(program, ranks / pipe.stages);
   const ParamLayout layout(first.model);  // rank 0's experts under ep: every rank holds as many
-  const auto est = estimate_memory(first.model, first.data.batch, kExpertLoadPlanned);
+  const auto spans = stage_layers(first.model.layers, pipe.stages);
+  const StageSpan span{spans[stage].first, spans[stage].second, stage == 0, stage == pipe.stages - 1,
+                       pipe.in_flight(stage)};
+  const int micro_batch = pipe.stages > 1 ? first.data.batch / pipe.micro : first.data.batch;
+  const auto est = estimate_stage(first.model, micro_batch, span, kExpertLoadPlanned);
   PlanBasis best;
   for (const Phase& phase : program.phases) {
-    PlanBasis b = basis_of(phase.config, layout, est, ranks);
+    PlanBasis b = basis_of(phase.config, layout, est, ranks, pipe, stage);
     b.phase = phase.where;
     if (best.phase.empty() || b.sync_buffers + 2 * b.bucket_bytes > best.sync_buffers + 2 * best.bucket_bytes)
       best = b;
@@ -252,7 +341,7 @@ MemoryPlan plan_level(const PlanBasis& b, ShardLevel level) {
   MemoryPlan plan;
   plan.level = level;
   plan.activations = b.activations;
-  plan.communication = b.sync_buffers + b.exchange;
+  plan.communication = b.sync_buffers + b.exchange + b.pipe_buffers;
   const bool owns_grads = level == ShardLevel::gradients || level == ShardLevel::params;
   const double W = b.ranks, M = double(b.fp32_read);
   plan.weights = (4 + c) * (level == ShardLevel::params ? S : P);
@@ -361,6 +450,13 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                            kernels::CausalBlocks(c.model.seq, kAttentionBlock).per_head(),
                            c.data.batch * c.model.heads, c.model.seq);
 
+  if (c.model.recompute != Recompute::off)
+    out += fmt::format("  recompute {}: {}; one set shared by the blocks for their recompute: {}\n", c.model.recompute,
+                       c.model.recompute == Recompute::selective
+                           ? "the RMSNorm outputs, MLA's up-projections (q, k, v) and the SwiGLU activations are "
+                             "not kept per block"
+                           : "a block keeps only its input (the residual stream)",
+                       format_bytes(4.0 * est.recomputed_elements));
   const auto plans = all_levels(deck_basis);
   const bool known = limit.bytes > 0;
   const std::string expert_holders =
@@ -446,6 +542,226 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   } else {
     out += fmt::format("  fits: {}\n", fitting);
     out += fmt::format("  smallest level that fits: {}\n", mode_name(smallest->level));
+  }
+  return out;
+}
+
+namespace {
+
+[[noreturn]] void bad_plan(const std::string& text, const std::string& what) {
+  input_error("command line: bad -plan '{}': {} (expected -plan \"KEY=V1,V2 ...\" with keys P, ep, shard, recompute, "
+              "micro, schedule, e.g. -plan \"P=1,2,4 ep=1,8 shard=optimizer,params recompute=off,selective micro=8\")",
+              text, what);
+}
+
+std::vector<std::string> split(const std::string& text, char by) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t at; (at = text.find(by, begin)) != std::string::npos; begin = at + 1)
+    parts.push_back(text.substr(begin, at - begin));
+  parts.push_back(text.substr(begin));
+  return parts;
+}
+
+template <class E>
+std::vector<E> plan_modes(const std::string& text, const std::string& key, const std::vector<std::string>& values) {
+  std::vector<E> out;
+  for (const auto& v : values) {
+    const auto e = mode_from_name<E>(v);
+    if (!e) {
+      std::string words;
+      for (const auto& w : mode_word_list<E>()) words += (words.empty() ? "" : ", ") + w;
+      bad_plan(text, fmt::format("{}={} is not one of {}", key, v, words));
+    }
+    out.push_back(*e);
+  }
+  return out;
+}
+
+std::vector<int> plan_counts(const std::string& text, const std::string& key, const std::vector<std::string>& values) {
+  std::vector<int> out;
+  for (const auto& v : values) {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1 || n > 1000000)
+      bad_plan(text, fmt::format("{}={} is not an integer >= 1", key, v));
+    out.push_back(int(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+PlanGrid parse_plan_grid(const std::string& text) {
+  PlanGrid grid;
+  std::vector<std::string> seen;
+  for (const auto& item : split(text, ' ')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) bad_plan(text, fmt::format("'{}' has no '='", item));
+    const std::string key = item.substr(0, eq);
+    const auto values = split(item.substr(eq + 1), ',');
+    for (const auto& v : values)
+      if (v.empty()) bad_plan(text, fmt::format("{} has an empty value", key));
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) bad_plan(text, fmt::format("{} given twice", key));
+    seen.push_back(key);
+    if (key == "P") grid.stages = plan_counts(text, key, values);
+    else if (key == "ep") grid.ep = plan_counts(text, key, values);
+    else if (key == "micro") grid.micro = plan_counts(text, key, values);
+    else if (key == "shard") grid.shard = plan_modes<ShardLevel>(text, key, values);
+    else if (key == "recompute") grid.recompute = plan_modes<Recompute>(text, key, values);
+    else if (key == "schedule") grid.schedule = plan_modes<PipeSchedule>(text, key, values);
+    else bad_plan(text, fmt::format("unknown key '{}'{}", key,
+                                    did_you_mean(key, {"P", "ep", "shard", "recompute", "micro", "schedule"})));
+  }
+  if (seen.empty()) bad_plan(text, "no KEY=VALUES");
+  return grid;
+}
+
+std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid& grid) {
+  const Config& c = program.phases.front().config;
+  const ModelConfig& m = c.model;
+  const bool moe = m.moe.enabled();
+  auto or_deck = [](auto values, auto deck) { return values.empty() ? decltype(values){deck} : values; };
+  const auto stages = or_deck(grid.stages, 1), eps = or_deck(grid.ep, moe ? m.moe.ep : 1),
+             micros = or_deck(grid.micro, 1);
+  const auto shards = or_deck(grid.shard, c.shard.level);
+  const auto recomputes = or_deck(grid.recompute, m.recompute);
+  const auto schedules = or_deck(grid.schedule, PipeSchedule::one_f_one_b);
+  std::vector<PlanRow> rows;
+  for (int P : stages)
+    for (int ep : eps)
+      for (ShardLevel shard : shards)
+        for (Recompute recompute : recomputes)
+          for (size_t mi = 0; mi < micros.size(); ++mi)
+            for (size_t si = 0; si < schedules.size(); ++si) {
+              // At P = 1 there is no pipeline: one row, M taken as 1.
+              if (P == 1 && (mi > 0 || si > 0)) continue;
+              PlanRow row;
+              row.stages = P, row.ep = ep, row.micro = P == 1 ? 1 : micros[mi];
+              row.shard = shard, row.recompute = recompute, row.schedule = schedules[si];
+              const int dp = ranks / P;
+              if (P > m.layers) row.invalid = fmt::format("P {} > {} layers: a stage needs a layer", P, m.layers);
+              else if (ranks % P) row.invalid = fmt::format("P {} does not divide the {} ranks", P, ranks);
+              else if (!moe && ep > 1) row.invalid = fmt::format("ep {} without moe", ep);
+              else if (moe && m.moe.routed % ep)
+                row.invalid = fmt::format("ep {} does not divide routed {}", ep, m.moe.routed);
+              else if (dp % ep)
+                row.invalid = fmt::format("ep {} does not divide the W/P = {} data-parallel ranks of a stage", ep, dp);
+              else if (c.data.batch % row.micro)
+                row.invalid = fmt::format("micro {} does not divide batch {} (sequences per pipeline per step)",
+                                          row.micro, c.data.batch);
+              if (!row.invalid.empty()) {
+                rows.push_back(row);
+                continue;
+              }
+              Program variant = program;
+              for (Phase& phase : variant.phases) {
+                if (moe) phase.config.model.moe.ep = ep;
+                phase.config.model.recompute = recompute;
+                phase.config.shard.level = shard;
+              }
+              const PipelinePlan pipe{P, row.schedule, row.micro};
+              for (int s = 0; s < P; ++s) {
+                const MemoryPlan plan = plan_level(plan_basis(variant, ranks, pipe, s), shard);
+                if (s == 0 || plan.total() > row.plan.total()) row.plan = plan, row.worst_stage = s;
+              }
+              rows.push_back(row);
+            }
+  return rows;
+}
+
+const PlanRow* smallest_fitting_row(const std::vector<PlanRow>& rows, double limit) {
+  const PlanRow* best = nullptr;
+  auto key = [](const PlanRow& r) {
+    return std::make_tuple(r.stages, int(r.recompute), int(r.shard), r.ep, r.micro, r.plan.total());
+  };
+  for (const auto& r : rows)
+    if (r.invalid.empty() && r.plan.total() <= limit && (!best || key(r) < key(*best))) best = &r;
+  return best;
+}
+
+std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& grid, const MemoryLimit& limit) {
+  const Config& c = program.phases.front().config;
+  const auto rows = plan_rows(program, ranks, grid);
+  const bool known = limit.bytes > 0;
+  std::string out = fmt::format("\n# -plan: memory per rank for each combination, {} rank(s), {}, batch {} sequence(s) "
+                                "of {} per pipeline per step; each row its worst stage's rank\n",
+                                ranks, c.precision.kind, c.data.batch, c.model.seq);
+  auto row_text = [&](const PlanRow& r, const std::string& stage, const MemoryPlan& p, const std::string& tail) {
+    return fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n",
+                       r.stages, r.ep, mode_name(r.shard), mode_name(r.recompute),
+                       r.stages == 1 ? std::string("-") : std::to_string(r.micro),
+                       r.stages == 1 ? std::string("-") : std::string(mode_name(r.schedule)), stage,
+                       format_bytes(p.weights), format_bytes(p.gradients), format_bytes(p.optimizer),
+                       format_bytes(p.activations), format_bytes(p.communication), format_bytes(p.total()), tail);
+  };
+  const std::string header = fmt::format(
+      "  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", "P", "ep", "shard",
+      "recompute", "micro", "sched", "stage", "weights", "gradients", "optimizer", "activations", "communication",
+      "total", known ? "  fits" : "");
+  out += header;
+  for (const auto& r : rows) {
+    if (!r.invalid.empty()) {
+      out += fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5}  invalid: {}\n", r.stages, r.ep, mode_name(r.shard),
+                         mode_name(r.recompute), r.stages == 1 ? std::string("-") : std::to_string(r.micro),
+                         r.stages == 1 ? std::string("-") : std::string(mode_name(r.schedule)), r.invalid);
+      continue;
+    }
+    out += row_text(r, fmt::format("{}/{}", r.worst_stage, r.stages), r.plan,
+                    known ? (r.plan.total() <= limit.bytes ? "  yes" : "  no") : "");
+  }
+  out += "  P: pipeline stages, each of W/P data-parallel ranks (ZeRO shards over those, ep groups lie within them);\n"
+         "  micro: M micro-batches of batch/M sequences, stage s keeping min(P-s, M) in flight under 1f1b, M under "
+         "gpipe;\n"
+         "  stage: the worst stage s/P; the layers cut into P runs, the first L mod P one layer longer; stage 0 adds the "
+         "embedding, the last the final norm, the head, the MTP modules and the embedding's copy they read\n";
+  const PlanRow* smallest = known ? smallest_fitting_row(rows, limit.bytes) : nullptr;
+  // The stages of the combination named: the smallest that fits, else the valid one needing the least.
+  const PlanRow* shown = smallest;
+  if (!shown)
+    for (const auto& r : rows)
+      if (r.invalid.empty() && (!shown || r.plan.total() < shown->plan.total())) shown = &r;
+  if (!known) out += fmt::format("\n# -plan verdict: no memory limit known ({}); pass -device-gb G\n", limit.source);
+  else if (smallest)
+    out += fmt::format("\n# -plan verdict: limit {} per rank ({})\n  smallest that fits (the fewest stages, then the "
+                       "least recompute, sharding, ep, micro-batches, bytes): P {} ep {} shard {} recompute {}{}: {}\n",
+                       format_bytes(limit.bytes), limit.source, smallest->stages, smallest->ep, smallest->shard,
+                       smallest->recompute,
+                       smallest->stages > 1 ? fmt::format(" micro {} {}", smallest->micro, smallest->schedule) : "",
+                       format_bytes(smallest->plan.total()));
+  else
+    out += fmt::format("\n# -plan verdict: limit {} per rank ({})\n  no combination fits{}\n", format_bytes(limit.bytes),
+                       limit.source,
+                       shown ? fmt::format(": the least needs {} ({} over)", format_bytes(shown->plan.total()),
+                                           format_bytes(shown->plan.total() - limit.bytes))
+                             : "");
+  if (!shown || shown->stages == 1) return out;
+  // Every stage of it, so the cut can be read.
+  Program variant = program;
+  for (Phase& phase : variant.phases) {
+    if (c.model.moe.enabled()) phase.config.model.moe.ep = shown->ep;
+    phase.config.model.recompute = shown->recompute;
+    phase.config.shard.level = shown->shard;
+  }
+  const PipelinePlan pipe{shown->stages, shown->schedule, shown->micro};
+  out += fmt::format("\n# its stages: P {} ep {} shard {} recompute {} micro {} {}\n", shown->stages, shown->ep,
+                     shown->shard, shown->recompute, shown->micro, shown->schedule);
+  out += fmt::format("  {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}\n", "stage", "layers",
+                     "in flight", "params", "weights", "gradients", "optimizer", "activations", "communication", "total");
+  for (int s = 0; s < shown->stages; ++s) {
+    const PlanBasis b = plan_basis(variant, ranks, pipe, s);
+    const MemoryPlan p = plan_level(b, shown->shard);
+    out += fmt::format("  {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", s,
+                       fmt::format("{}-{}", b.first_layer, b.end_layer - 1), pipe.in_flight(s),
+                       format_count(double(b.params)), format_bytes(p.weights), format_bytes(p.gradients),
+                       format_bytes(p.optimizer), format_bytes(p.activations), format_bytes(p.communication),
+                       format_bytes(p.total()),
+                       s == 0 ? "  + embedding"
+                       : s == shown->stages - 1
+                           ? fmt::format("  + norm, head{}{}", c.model.mtp.depth ? fmt::format(", {} MTP", c.model.mtp.depth) : "",
+                                         b.embed_copy ? ", embedding copy" : "")
+                           : "");
   }
   return out;
 }

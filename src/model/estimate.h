@@ -2,9 +2,13 @@
 // the memory one rank needs, per precision and per sharding level (for
 // `xuanxue -dry-run`, and for refusing a deck that cannot fit).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
+#include "core/modes.h"
 #include "deck/config.h"
 #include "deck/deck.h"
 
@@ -21,6 +25,10 @@ struct MemoryEstimate {
   // the all-to-all moves them through (outputs going home, output gradients
   // arriving; shared by the layers).
   int64_t expert_rows = 0, exchange_elements = 0;
+  // recompute selective/full: the one set of a block's recomputed activations
+  // all blocks share (of halvable/other above: selective's is 16-bit, full's a
+  // whole block's set).
+  int64_t recomputed_elements = 0;
   int64_t activation_elements() const { return halvable_elements + other_elements + scratch_elements; }
 };
 
@@ -35,6 +43,54 @@ struct MemoryEstimate {
 // the group picking this rank's experts, is N min(K, E/N) / K.
 inline constexpr double kExpertLoadPlanned = 1.25;
 MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load = 1.0);
+
+// Recompute (m.recompute, core/modes.h) changes what each block keeps:
+//   off:       every block keeps its activations (the counts above);
+//   selective: a block no longer keeps its RMSNorm outputs (xn, xn2; MLA's
+//              cn, qan), its MLA up-projections (q, k, v) and its SwiGLU
+//              activation (dense FFN, shared experts, routed rows): one set of
+//              those, the largest block's, is shared by all blocks;
+//   full:      a block keeps only its input (the residual stream, kept
+//              anyway: L+1 streams of N x C), and one set of a block's
+//              activations, the largest block's, serves its recompute.
+//
+// Pipeline stages (PipelinePlan): a stage's layers [begin, end) (stage_layers),
+// whether it is the first (the embedding) or the last (final norm, head, MTP),
+// and the micro-batches it keeps in flight; batch is then the micro-batch.
+// What a block keeps counts once per micro-batch in flight; the recomputed
+// set and the scratch once.
+struct StageSpan {
+  int begin = 0, end = 0;
+  bool first = true, last = true;
+  int in_flight = 1;
+};
+MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& span, double expert_load = 1.0);
+// P contiguous runs of layers [begin, end): L = qP + r, the first r stages
+// take q + 1 layers and the rest q (61 over 16: 13 stages of 4, then 3 of 3).
+std::vector<std::pair<int, int>> stage_layers(int layers, int stages);
+
+// Pipeline parallelism, planned (training with P > 1 is built elsewhere): W
+// ranks form P stages of W / P data-parallel ranks each (ZeRO shards over
+// those W / P; ep groups lie within them). B, the deck's `data batch`, is the
+// sequences one pipeline (one data-parallel replica) trains per step, split
+// into M micro-batches of B / M. Stage s keeps in flight min(P - s, M)
+// micro-batches under 1F1B, M under GPipe. At P = 1 there is no pipeline: the
+// rank runs its whole batch at once (M is taken as 1).
+// No deck line sets P yet: -plan supplies it. When one lands, plan_basis(program,
+// ranks) (and so -dry-run's levels and memory_refusal) should plan the deck's
+// PipelinePlan at its worst stage, as plan_rows does, and plan_rows take it as
+// the default of P, micro and schedule.
+enum class PipeSchedule { one_f_one_b, gpipe };
+constexpr auto mode_words(PipeSchedule) { return std::array{"1f1b"sv, "gpipe"sv}; }
+struct PipelinePlan {
+  int stages = 1;  // P
+  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  int micro = 1;   // M
+  int in_flight(int stage) const {
+    if (stages == 1) return 1;
+    return schedule == PipeSchedule::gpipe ? micro : std::min(stages - stage, micro);
+  }
+};
 
 // Sharding over the data-parallel ranks (ZeRO 1/2/3; deck: shard, built in
 // comm/sync_sharded.cpp), planned here so that a deck that cannot fit is
@@ -70,6 +126,16 @@ struct PlanBasis {
   int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held; 3 tied)
   ShardLevel deck_level = ShardLevel::off;  // the deck's shard level
   int64_t fp32_read = 0;        // M: weights the model reads in fp32 (embedding, norms, router gates)
+  // Pipeline stages: this basis is stage `stage` of pipe.stages, layers
+  // [first_layer, end_layer); ranks above is then the stage's W / P
+  // data-parallel ranks, params its tensors (and embed_copy: the embedding the
+  // last stage keeps for MTP or a tied head), activations its micro-batches in
+  // flight, and pipe_buffers the fp32 activation and gradient of one
+  // micro-batch per neighbouring stage (communication, at every level).
+  PipelinePlan pipe;
+  int stage = 0, first_layer = 0, end_layer = 0;
+  int64_t embed_copy = 0;
+  double pipe_buffers = 0;
 };
 
 // Bytes one rank holds at one level.
@@ -83,6 +149,8 @@ struct MemoryPlan {
 // phases, the one whose sync strategy keeps the most beside the model.
 // Throws InputError, naming the moe line, when ep does not divide `ranks`.
 PlanBasis plan_basis(const Program& program, int ranks);
+// Stage `stage` of `pipe` over `ranks` = W (P = 1, stage 0: the above).
+PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe, int stage);
 MemoryPlan plan_level(const PlanBasis& basis, ShardLevel level);
 // Whether a level keeps the fp32 master as this rank's pieces below params
 // (16-bit precision at W > 1: the GEMMs read the whole 16-bit copy instead).
@@ -97,6 +165,41 @@ struct MemoryLimit {
 // What `-dry-run` prints: counts; bytes per rank at level off in fp32, bf16
 // and fp16; every level in the deck's precision; the verdict against limit.
 std::string dry_run_report(const Program& program, int ranks, const MemoryLimit& limit);
+// The grid -dry-run -plan prints (app.cpp): one row per combination of
+// pipeline stages P, expert-parallel ep, shard level, recompute mode,
+// micro-batches M and schedule, each the worst stage's bytes per rank. Its
+// text is space-separated KEY=V1,V2,... with keys P, ep, shard, recompute,
+// micro, schedule; a key left out takes the deck's value (P 1, micro 1,
+// schedule 1f1b), e.g. "P=1,2,4 ep=1,8 shard=optimizer,params recompute=off,selective micro=8".
+struct PlanGrid {
+  std::vector<int> stages, ep, micro;
+  std::vector<ShardLevel> shard;
+  std::vector<Recompute> recompute;
+  std::vector<PipeSchedule> schedule;
+};
+// Throws InputError naming -plan and what was expected.
+PlanGrid parse_plan_grid(const std::string& text);
+
+// One combination of the grid: valid with its worst stage's plan, or why not.
+struct PlanRow {
+  int stages = 1, ep = 1, micro = 1;
+  ShardLevel shard = ShardLevel::off;
+  Recompute recompute = Recompute::off;
+  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  std::string invalid;    // why the combination cannot run ("" when it can)
+  int worst_stage = 0;    // the stage whose rank needs the most
+  MemoryPlan plan;        // that rank's bytes at `shard`
+};
+std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid& grid);
+// The smallest combination that fits limit (nullptr: none): the fewest
+// pipeline stages, then the least recompute (off, selective, full), then the
+// least sharding (off, optimizer, gradients, params), then the smallest ep,
+// then the fewest micro-batches, then the smallest total. Each step of that
+// order trades memory for time: a pipeline's bubble, the forward run again,
+// more communication, a wider all-to-all, smaller GEMMs.
+const PlanRow* smallest_fitting_row(const std::vector<PlanRow>& rows, double limit);
+std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& grid, const MemoryLimit& limit);
+
 // "" when the deck's shard level fits in limit, else the one message a run
 // stops with (naming the least sharded level that would fit).
 std::string memory_refusal(const Program& program, int ranks, const MemoryLimit& limit);

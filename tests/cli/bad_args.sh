@@ -48,6 +48,14 @@ bad_args "-ranks without its value" \
   "command line: '-ranks' needs 1 value(s)" "$USAGE" -- -in "$DECK" -dry-run -ranks
 bad_args "-ranks without -dry-run" \
   "command line: -ranks plans without launching" "(expected -dry-run -ranks N)" "$USAGE" -- -in "$DECK" -ranks 8
+bad_args "-plan with a bad value" \
+  "command line: bad -plan 'P=0 shard=optimizer': P=0 is not an integer >= 1" \
+  "(expected -plan \"KEY=V1,V2 ...\" with keys P, ep, shard, recompute, micro, schedule" "$USAGE" \
+  -- -in "$DECK" -dry-run -plan "P=0 shard=optimizer"
+bad_args "-plan with an unknown key" \
+  "command line: bad -plan 'stages=2': unknown key 'stages'" "$USAGE" -- -in "$DECK" -dry-run -plan stages=2
+bad_args "-plan without -dry-run" \
+  "command line: -plan plans without launching" "(expected -dry-run -plan GRID)" "$USAGE" -- -in "$DECK" -plan P=2
 bad_args "-device-gb negative" \
   "command line: bad value '-1' for -device-gb" "(expected -device-gb G, GiB > 0)" "$USAGE" -- -in "$DECK" -device-gb -1
 bad_args "-device-gb not a number" \
