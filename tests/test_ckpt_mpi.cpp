@@ -32,7 +32,7 @@ Outcome run(const Program& program, const std::string& resume = "") {
 
 }  // namespace
 
-TEST_CASE("per-rank checkpoints resume bit for bit where ranks disagree", "[mpi][ckpt]") {
+TEST_CASE("per-rank checkpoints resume bit for bit where ranks disagree", "[mpi][ckpt][host]") {
   const auto dir = shared_scratch("ckpt_ranks");
   const auto corpus = make_corpus(dir);
   // A checkpoint after step 4, between syncs (every 3) and cluster redraws;

@@ -60,7 +60,7 @@ double last_val_loss(const std::vector<nlohmann::json>& records) {
 
 }  // namespace
 
-TEST_CASE("lossagg mean equals plain data-parallel training bit for bit", "[mpi][lossagg]") {
+TEST_CASE("lossagg mean equals plain data-parallel training bit for bit", "[mpi][lossagg][host]") {
   const auto dir = shared_scratch("lossagg_mean");
   const auto corpus = make_corpus(dir);
   for (const std::string sync : {"dense", "accumulate 2"}) {
@@ -81,7 +81,7 @@ TEST_CASE("lossagg mean equals plain data-parallel training bit for bit", "[mpi]
   }
 }
 
-TEST_CASE("lossagg robust gives a rank fed garbage less weight, and the clean ranks train better", "[mpi][lossagg]") {
+TEST_CASE("lossagg robust gives a rank fed garbage less weight, and the clean ranks train better", "[mpi][lossagg][host]") {
   const int W = mpi_size();
   const auto dir = shared_scratch("lossagg_robust");
   const auto corpus = make_corpus(dir);
@@ -122,7 +122,7 @@ TEST_CASE("lossagg robust gives a rank fed garbage less weight, and the clean ra
   CHECK(last_val_loss(robust_log) < last_val_loss(mean_log));
 }
 
-TEST_CASE("lossagg softmax and uncertainty keep every rank's parameters identical", "[mpi][lossagg]") {
+TEST_CASE("lossagg softmax and uncertainty keep every rank's parameters identical", "[mpi][lossagg][host]") {
   const auto dir = shared_scratch("lossagg_kinds");
   const auto corpus = make_corpus(dir);
   const auto plain = train(make_program(dir, "plain", deepseek_deck(corpus, dir + "/plain", 6, "")));

@@ -19,7 +19,7 @@ double max_abs_difference(const std::vector<double>& a, const std::vector<double
 
 }  // namespace
 
-TEST_CASE("bf16 and fp16 training track the fp32 loss curve", "[mpi][precision]") {
+TEST_CASE("bf16 and fp16 training track the fp32 loss curve", "[mpi][precision][host]") {
   const int steps = 12;
   const auto dir = shared_scratch("prec_track");
   const auto corpus = make_corpus(dir);
