@@ -144,11 +144,13 @@ TEST_CASE("recompute: activation bytes at deepseek-tiny's shape", "[.][recompute
   m.moe.gate = Gate::sigmoid, m.moe.balance = Balance::bias, m.moe.seq_aux = 1e-4, m.moe.groups = 4,
   m.moe.topk_groups = 2;
   m.mtp.depth = 1, m.mtp.weight = 0.3;
+  for (auto kernel : {AttentionKernel::packed, AttentionKernel::flash})
   for (auto type : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+    m.attention.kernel = kernel;
     const int64_t off = activation_bytes(m, Recompute::off, 8, type);
     for (auto mode : {Recompute::off, Recompute::selective, Recompute::full}) {
       const int64_t b = activation_bytes(m, mode, 8, type);
-      WARN((type == kernels::Precision::fp32 ? "fp32" : "bf16")
+      WARN((kernel == AttentionKernel::flash ? "flash " : "packed ") << (type == kernels::Precision::fp32 ? "fp32" : "bf16")
            << " recompute " << int(mode) << ": " << b << " bytes (" << double(b) / (1 << 20) << " MiB), "
            << 100.0 * double(off - b) / double(off) << "% below off");
     }
