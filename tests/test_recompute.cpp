@@ -130,6 +130,16 @@ TEST_CASE("recompute selective keeps fewer activation bytes, full fewer still, b
   int64_t saved = 0;
   for (const auto& [what, n] : count) saved += g * (n - 1) * what.second;
   CHECK(off - sel == saved);
+  // full: where all blocks are alike (no MoE, no MTP), one block's whole set
+  // for all of them: off less (blocks - 1) x what one more block keeps under off
+  if (!cfg.moe.enabled() && cfg.mtp.depth == 0) {
+    auto one = cfg;
+    one.layers = 1;
+    // (one more layer also adds a residual stream, N C floats, which every mode keeps)
+    const int64_t per_block = off - activation_bytes(one, Recompute::off, B, type) - 4 * N * C;
+    CHECK(per_block > 0);
+    CHECK(full == off - (cfg.layers - 1) * per_block);
+  }
 }
 
 // The figures docs/SCALING.md gives: input/deepseek-tiny.deck's shape (batch 8,
