@@ -63,7 +63,9 @@ template <class T>
 Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const std::string& p, int64_t batch,
                         Workspace<T>& ws)
     : forward_(m.attention.mla() ? &Attention::forward_mla : &Attention::forward_mha),
-      backward_(m.attention.mla() ? &Attention::backward_mla : &Attention::backward_mha),
+      backward_(!m.attention.mla()                  ? &Attention::backward_mha
+                : m.recompute == Recompute::selective ? &Attention::backward_mla_remade
+                                                      : &Attention::backward_mla),
       m_(m), B_(batch), T_(m.seq), N_(batch * m.seq), H_(m.heads), C_(m.dim), qk_(m.qk_dim()), vd_(m.v_dim()),
       blocks_(m.seq, kAttentionBlock), ws_(ws), flash_(uses_flash_attention(m.attention)),
       score_scale_(attention_score_scale<T>(m)) {
@@ -78,28 +80,28 @@ Attention<T>::Attention(const ModelConfig& m, const ParamStore<T>& store, const 
       wq_a_ = store(p + "attn.wq_a");
       q_norm_ = store(p + "attn.q_norm");
       wq_b_ = store(p + "attn.wq_b");
-      qa_ = activation<T>("qa", N_, a.q_lora_rank);
+      qa_ = ws.activation("qa", N_, a.q_lora_rank);
       qan_ = KeptActivation<T>("qan", N_, a.q_lora_rank, store.type, ws);
-      rstd_q_ = activation<T>("rstd_q", N_);
+      rstd_q_ = ws.activation("rstd_q", N_);
     }
     wkv_a_ = store(p + "attn.wkv_a");
     kv_norm_ = store(p + "attn.kv_norm");
     wkv_b_ = store(p + "attn.wkv_b");
-    c_ = activation<T>("c", N_, a.kv_lora_rank);
+    c_ = ws.activation("c", N_, a.kv_lora_rank);
     cn_ = KeptActivation<T>("cn", N_, a.kv_lora_rank, store.type, ws);
-    rstd_c_ = activation<T>("rstd_c", N_);
-    krope_ = activation<T>("krope", N_, a.rope_dim);
+    rstd_c_ = ws.activation("rstd_c", N_);
+    krope_ = ws.activation("krope", N_, a.rope_dim);
   }
   const int64_t rope = m.rope_width();
-  rope_cos_ = activation<T>("rope_cos", T_, rope / 2);
-  rope_sin_ = activation<T>("rope_sin", T_, rope / 2);
+  rope_cos_ = ws.activation("rope_cos", T_, rope / 2);
+  rope_sin_ = ws.activation("rope_sin", T_, rope / 2);
   k::rope_tables<T>(mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), rope_frequencies(m));
   q_ = KeptActivation<T>("q", B_ * H_ * T_, qk_, store.type, ws, 0);  // written together: three slots
   k_ = KeptActivation<T>("k", B_ * H_ * T_, qk_, store.type, ws, 1);
   v_ = KeptActivation<T>("v", B_ * H_ * T_, vd_, store.type, ws, 2);
-  if (flash_) lse_ = activation<T>("lse", B_ * H_ * T_);
-  else if (store.type == kernels::Precision::fp32) att_ = activation<T>("att", B_ * H_ * blocks_.per_head());
-  else att_half_ = Buffer<uint16_t>("Activation::att(16-bit)", B_ * H_ * blocks_.per_head());
+  if (flash_) lse_ = ws.activation("lse", B_ * H_ * T_);
+  else if (store.type == kernels::Precision::fp32) att_ = ws.activation("att", B_ * H_ * blocks_.per_head());
+  else att_half_ = ws.half_activation("att", B_ * H_ * blocks_.per_head());
   o_ = KeptActivation<T>("o", N_, H_ * vd_, store.type, ws);
 }
 
@@ -190,19 +192,29 @@ template <class T>
 void Attention<T>::forward_mla(Mat<T> out, In xn) {
   const auto& a = m_.attention;
   const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim;
+  if (Q > 0) k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.in(Q, C_));
+  // wkv_a rows [0, R) give the latent, rows [R, R + rope) the shared rope key.
+  k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.in(R, C_));
+  k::linear_forward<T>(mat(krope_, N_, rope), xn, wkv_a_.in(rope, C_, R));
+  mla_heads(xn);
+  attend_forward(out);
+}
+
+// From the latents (kept) to the heads: the latents' norms, the up-projections
+// (wq_b, wkv_b; wq from xn without a query latent), the split with RoPE.
+template <class T>
+void Attention<T>::mla_heads(In xn) {
+  const auto& a = m_.attention;
+  const int64_t R = a.kv_lora_rank, Q = a.q_lora_rank, rope = a.rope_dim;
   auto q = ws_.mat("mla_q", N_, H_ * qk_);
   if (Q == 0) {
     k::linear_forward<T>(q, xn, wq_.in(H_ * qk_, C_));
   } else {
-    k::linear_forward<T>(mat(qa_, N_, Q), xn, wq_a_.in(Q, C_));
     k::rmsnorm_forward<T>(qan_.target(), Vec<T>(rstd_q_.data(), N_), mat(qa_, N_, Q), q_norm_.vec(Q),
                           m_.latent_eps());
     qan_.keep();
     k::linear_forward<T>(q, qan_.in(), wq_b_.in(H_ * qk_, Q));
   }
-  // wkv_a rows [0, R) give the latent, rows [R, R + rope) the shared rope key.
-  k::linear_forward<T>(mat(c_, N_, R), xn, wkv_a_.in(R, C_));
-  k::linear_forward<T>(mat(krope_, N_, rope), xn, wkv_a_.in(rope, C_, R));
   k::rmsnorm_forward<T>(cn_.target(), Vec<T>(rstd_c_.data(), N_), mat(c_, N_, R), kv_norm_.vec(R), m_.latent_eps());
   cn_.keep();
   auto kv = ws_.mat("mla_kv", N_, H_ * (a.qk_nope_dim + vd_));
@@ -211,7 +223,14 @@ void Attention<T>::forward_mla(Mat<T> out, In xn) {
                                 mat(rope_cos_, T_, rope / 2), mat(rope_sin_, T_, rope / 2), B_, T_,
                                 {H_, a.qk_nope_dim, rope, vd_});
   q_.keep(), k_.keep(), v_.keep();
-  attend_forward(out);
+}
+
+// recompute selective: the heads and normed latents were not kept (one set
+// shared by all blocks): made again from the latents, then the backward.
+template <class T>
+void Attention<T>::backward_mla_remade(Mat<T> dxn, Mat<const T> dout, In xn) {
+  mla_heads(xn);
+  backward_mla(dxn, dout, xn);
 }
 
 template <class T>

@@ -52,7 +52,9 @@ class Attention {
   void backward_mha(Mat<T> dxn, Mat<const T> dout, In xn);
   void forward_mla(Mat<T> out, In xn);
   void backward_mla(Mat<T> dxn, Mat<const T> dout, In xn);
-  // MHA or MLA, chosen once at construction
+  void mla_heads(In xn);                                        // latents -> q, k, v
+  void backward_mla_remade(Mat<T> dxn, Mat<const T> dout, In xn);  // recompute selective
+  // MHA or MLA (and under recompute selective, MLA remaking its heads), chosen once at construction
   using Forward = void (Attention::*)(Mat<T>, In);
   using Backward = void (Attention::*)(Mat<T>, Mat<const T>, In);
   Forward forward_;

@@ -41,9 +41,9 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
       seq_counts_ = k::Index2("Moe::sequence_counts", B_, E_);
       seq_coef_grad_ = activation<T>("router_sequence_coef", B_, E_);
     }
-    logits_ = activation<T>("router_logits", N_, E_);
-    scores_ = activation<T>("router_scores", N_, E_);
-    weights_ = activation<T>("router_weights", N_, K_);
+    logits_ = ws.activation("router_logits", N_, E_);
+    scores_ = ws.activation("router_scores", N_, E_);
+    weights_ = ws.activation("router_weights", N_, K_);
     score_grad_ = activation<T>("router_score_grad", E_);
     idx_ = k::Index2("Moe::idx", N_, K_);
     pos_ = k::Index2("Moe::pos", N_, K_);
@@ -51,7 +51,7 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
     offsets_ = k::Index1("Moe::offsets", E_ + 1);
     token_of_ = k::Index1("Moe::token_of", N_ * K_);
     xe_ = KeptActivation<T>("expert_in", N_ * K_, C_, store.type, ws);
-    ye_ = activation<T>("expert_out", N_ * K_, C_);
+    ye_ = ws.activation("expert_out", N_ * K_, C_);
     bias_ = Buffer<float>("Moe::bias", E_);
     counts_host_.assign(E_, 0);
     offsets_host_.assign(E_ + 1, 0);
@@ -68,6 +68,35 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
   }
   if (F_ > 0)
     h_ = KeptActivation<T>("ffn_h", N_, 2 * F_, store.type, ws, 1), a_ = KeptActivation<T>("ffn_a", N_, F_, store.type, ws);
+  if (m.recompute == Recompute::selective)
+    remake_ = &FeedForward::remake_swiglu, remake_experts_ = &FeedForward::remake_experts_swiglu;
+}
+
+// recompute selective: SwiGLU's output a was not kept (one set shared by all
+// blocks); made again before its backward reads it. Under fp32 from the kept
+// gate/up h; under 16 bits the forward made a from h's fp32 values before h
+// was packed, so h's GEMM runs again into scratch to give the same bits.
+template <class T>
+void FeedForward<T>::remake_swiglu(In x, Param<T> w13, int64_t width, KeptActivation<T>& h, KeptActivation<T>& a) {
+  if (h.is_half()) {
+    k::linear_forward<T>(h.target(), x, w13.in(2 * width, C_));
+    k::swiglu_forward<T>(a.target(), h.target());
+  } else {
+    k::swiglu_forward<T>(a.target(), h.values());
+  }
+  a.keep();
+}
+
+// The same for the routed experts over blocks_ (their inputs kept).
+template <class T>
+void FeedForward<T>::remake_experts_swiglu(KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a) {
+  if (h.is_half()) {
+    experts_up(in, h);
+    k::swiglu_forward<T>(a.target(), h.target());
+  } else {
+    k::swiglu_forward<T>(a.target(), h.values());
+  }
+  a.keep();
 }
 
 // out += W2 . swiglu(W13 . x), keeping h = W13 . x and a = swiglu(h)
@@ -84,6 +113,7 @@ template <class T>
 void FeedForward<T>::swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2,
                                      int64_t width, KeptActivation<T>& h, KeptActivation<T>& a, T dx_beta) {
   const int64_t rows = x.rows;
+  (this->*remake_)(x, w13, width, h, a);
   auto da = ws_.mat("ffn_da", rows, width), dh = ws_.mat("ffn_dh", rows, 2 * width);
   k::linear_backward<T>(da, w2.dmat(C_, width), dout, a.in(), w2.in(C_, width));
   k::swiglu_backward<T>(dh, da, h.values());
@@ -103,6 +133,17 @@ std::vector<int32_t> FeedForward<T>::labelled_expert_counts(Tokens labels) const
 
 template <class T>
 void FeedForward<T>::forward(Mat<T> out, In xn) {
+  run(out, xn);
+  if (moe_) balance_forward();
+}
+
+template <class T>
+void FeedForward<T>::replay(Mat<T> out, In xn) {
+  run(out, xn);
+}
+
+template <class T>
+void FeedForward<T>::run(Mat<T> out, In xn) {
   // (under ep the shared experts run while the tokens travel: parallel_forward)
   if (F_ > 0 && !exchange_) swiglu_forward(out, xn, w1_, w2_, F_, h_, a_);
   if (!moe_) return;
@@ -134,6 +175,11 @@ void FeedForward<T>::forward(Mat<T> out, In xn) {
     experts_forward(mat(ye_, N_ * K_, C_), xe_, he_, ae_);
   }
   k::combine_forward<T>(out, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
+}
+
+// The balance loss of the forward's routing: its value, and the seeds its backward starts from.
+template <class T>
+void FeedForward<T>::balance_forward() {
   // V2 expert-level balance loss: alpha * sum_i f_i P_i, f_i = E/(K N) * count_i,
   // P_i = mean score; its gradient alpha f_i / N reaches every token's score i.
   aux_loss_ = 0;
@@ -234,12 +280,7 @@ void FeedForward<T>::zero_rows(Mat<T> m, int64_t from, int64_t to) {
 template <class T>
 void FeedForward<T>::experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a) {
   const int64_t Fm = m_.moe.ffn;
-  for (const auto& b : blocks_) {
-    if (b.kept > 0)
-      k::linear_forward<T>(Mat<T>(h.target().data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
-                           in.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
-    if (b.kept < b.rows) zero_rows(h.target(), b.row0 + b.kept, b.row0 + b.rows);
-  }
+  experts_up(in, h);
   k::swiglu_forward<T>(a.target(), h.target());
   h.keep(), a.keep();
   for (const auto& b : blocks_) {
@@ -250,11 +291,24 @@ void FeedForward<T>::experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActi
   }
 }
 
+// h = W13 . in over blocks_, as T values in h.target() (dropped rows zero).
+template <class T>
+void FeedForward<T>::experts_up(KeptActivation<T>& in, KeptActivation<T>& h) {
+  const int64_t Fm = m_.moe.ffn;
+  for (const auto& b : blocks_) {
+    if (b.kept > 0)
+      k::linear_forward<T>(Mat<T>(h.target().data() + b.row0 * 2 * Fm, b.kept, 2 * Fm),
+                           in.in().rows_from(b.row0, b.kept).varying_rows(), ew1_[b.expert].in(2 * Fm, C_));
+    if (b.kept < b.rows) zero_rows(h.target(), b.row0 + b.kept, b.row0 + b.rows);
+  }
+}
+
 // din = d/din of experts_forward's blocks, from dout; their weight gradients added.
 template <class T>
 void FeedForward<T>::experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
                                       KeptActivation<T>& a) {
   const int64_t Fm = m_.moe.ffn, rows = int64_t(din.extent(0));
+  (this->*remake_experts_)(in, h, a);
   auto da = ws_.mat("moe_dae", rows, Fm), dh = ws_.mat("moe_dhe", rows, 2 * Fm);
   for (const auto& b : blocks_) {
     if (b.kept > 0)

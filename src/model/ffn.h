@@ -19,6 +19,10 @@ class FeedForward {
               Workspace<T>& ws);
   using In = kernels::GemmIn<T>;
   void forward(Mat<T> out, In xn);                     // out += ffn(xn)
+  // recompute full: the forward again for the backward, without its side
+  // effects (the balance loss's value and seeds stay the forward's; the
+  // routing and counts it sets again are the same).
+  void replay(Mat<T> out, In xn);
   void backward(Mat<T> dxn, Mat<const T> dout, In xn);  // dxn = d/dxn
 
   bool is_moe() const { return moe_; }
@@ -51,6 +55,17 @@ class FeedForward {
  private:
   // The sequence-wise balance loss: its value into aux_loss_, its coefficients into seq_coef_grad_.
   void sequence_balance_forward();
+  void run(Mat<T> out, In xn);  // forward less the balance loss
+  void balance_forward();
+  // recompute selective remakes SwiGLU's output before its backward; off: nothing (chosen at construction)
+  using Remake = void (FeedForward::*)(In, Param<T>, int64_t, KeptActivation<T>&, KeptActivation<T>&);
+  using RemakeExperts = void (FeedForward::*)(KeptActivation<T>&, KeptActivation<T>&, KeptActivation<T>&);
+  void remake_nothing(In, Param<T>, int64_t, KeptActivation<T>&, KeptActivation<T>&) {}
+  void remake_swiglu(In x, Param<T> w13, int64_t width, KeptActivation<T>& h, KeptActivation<T>& a);
+  void remake_experts_nothing(KeptActivation<T>&, KeptActivation<T>&, KeptActivation<T>&) {}
+  void remake_experts_swiglu(KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a);
+  Remake remake_ = &FeedForward::remake_nothing;
+  RemakeExperts remake_experts_ = &FeedForward::remake_experts_nothing;
   void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
                       KeptActivation<T>& a);
   void swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2, int64_t width,
@@ -87,6 +102,7 @@ class FeedForward {
   int64_t capacity(int group) const;
   void zero_rows(Mat<T> m, int64_t from, int64_t to);
   void experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a);
+  void experts_up(KeptActivation<T>& in, KeptActivation<T>& h);
   void experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
                         KeptActivation<T>& a);
   int64_t dropped_ = 0;

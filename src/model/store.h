@@ -4,8 +4,13 @@
 // read), resolved by name once at construction. Workspace: scratch buffers
 // shared by all blocks, allocated at first use and reused every step.
 // KeptActivation: an activation kept for the backward, in 16 bits under mixed precision.
+// Workspace::activation and KeptActivation also place a block's kept
+// activations: its own (recompute off), or, for what the recompute mode
+// recomputes, one set shared by every block (Workspace::share_kept).
 #pragma once
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include "core/host_memory.h"
 #include "core/views.h"
@@ -68,8 +73,50 @@ class Workspace {
   }
   Vec<T> vec(const std::string& what, int64_t n) { return Vec<T>(mat(what, 1, n).data(), n); }
 
+  // Where the blocks built from now on keep their activations (recompute,
+  // model/transformer.cpp): the activations named in `names` (all, with
+  // everything) are one set shared by all blocks, the n-th of a name and a
+  // size in one block being the n-th in every other; the rest each block's own.
+  void share_kept(std::set<std::string> names, bool everything = false) {
+    shared_names_ = std::move(names), share_everything_ = everything;
+  }
+  // A new block starts asking (the n-th of a name counts from here).
+  void begin_owner() { ordinal_.clear(); }
+  // A (rows, cols) activation kept for the backward: the block's own, or the shared one.
+  Buffer<T> activation(const std::string& what, int64_t rows, int64_t cols = 1) {
+    if (!shares(what)) return Buffer<T>("Activation::" + what, rows * cols);
+    auto& b = shared_[key(what, rows * cols)];
+    if (b.extent(0) == 0) b = Buffer<T>("Activation::" + what + "(shared)", rows * cols);
+    return b;
+  }
+  // The same for activations kept in 16 bits only (packed attention probabilities).
+  Buffer<uint16_t> half_activation(const std::string& what, int64_t n) {
+    if (!shares(what)) return Buffer<uint16_t>("Activation::" + what + "(16-bit)", n);
+    auto& b = shared_half_[key(what, n)];
+    if (b.extent(0) == 0) b = Buffer<uint16_t>("Activation::" + what + "(16-bit, shared)", n);
+    return b;
+  }
+  // The storage of KeptActivation `what`: new, or the shared one (null until first made).
+  template <class S>
+  std::shared_ptr<S> kept_storage(const std::string& what, int64_t elements) {
+    if (!shares(what)) return std::make_shared<S>();
+    auto& s = shared_kept_[key(what, elements)];
+    if (!s) s = std::make_shared<S>();
+    return std::static_pointer_cast<S>(s);
+  }
+
  private:
+  bool shares(const std::string& what) const { return share_everything_ || shared_names_.count(what) > 0; }
+  std::string key(const std::string& what, int64_t elements) {
+    return what + "#" + std::to_string(ordinal_[what]++) + ":" + std::to_string(elements);
+  }
   std::map<std::string, Buffer<T>> buffers_;
+  std::set<std::string> shared_names_;
+  bool share_everything_ = false;
+  std::map<std::string, int> ordinal_;
+  std::map<std::string, Buffer<T>> shared_;
+  std::map<std::string, Buffer<uint16_t>> shared_half_;
+  std::map<std::string, std::shared_ptr<void>> shared_kept_;
 };
 
 // An activation kept for the backward that GEMMs read (a normed input, the
@@ -86,46 +133,52 @@ class KeptActivation {
   KeptActivation() = default;
   KeptActivation(const std::string& what, int64_t rows, int64_t cols, kernels::Precision type, Workspace<T>& ws,
             int slot = 0)
-      : what_("kept:slot" + std::to_string(slot)), name_(what), rows_(rows), cols_(cols), type_(type), ws_(&ws) {
-    allocate(rows);
+      : what_("kept:slot" + std::to_string(slot)), name_(what), rows_(rows), cols_(cols), type_(type), ws_(&ws),
+        s_(ws.template kept_storage<Storage>(what, rows * cols)) {
+    if (s_->capacity < rows) allocate(rows);
   }
   // Rows in use from now on; more than it holds grows it (the rows an expert
-  // owner receives vary from step to step).
+  // owner receives vary from step to step; a shared one grows for all blocks).
   void use_rows(int64_t rows) {
-    if (rows > capacity_) allocate(rows);
+    if (rows > s_->capacity) allocate(rows);
     rows_ = rows;
   }
   bool is_half() const { return type_ != kernels::Precision::fp32; }
   // Where the producer writes T values (valid, under 16 bits, until the next
   // activation of this slot is written).
-  Mat<T> target() { return is_half() ? ws_->mat(what_, rows_, cols_) : Mat<T>(values_.data(), rows_, cols_); }
+  Mat<T> target() { return is_half() ? ws_->mat(what_, rows_, cols_) : Mat<T>(s_->values.data(), rows_, cols_); }
   void keep() {
-    if (is_half()) kernels::pack_half(half_.data(), target().data(), rows_ * cols_, type_);
+    if (is_half()) kernels::pack_half(s_->half.data(), target().data(), rows_ * cols_, type_);
   }
-  uint16_t* half() const { return half_.data(); }  // the kept 16 bits, to be written directly
+  uint16_t* half() const { return s_->half.data(); }  // the kept 16 bits, to be written directly
   // Its values as T for a kernel that is not a GEMM (SwiGLU's backward): the
   // buffer itself, or the 16-bit copy unpacked into target().
   Mat<const T> values() {
-    if (is_half()) kernels::unpack_half(target().data(), half_.data(), rows_ * cols_, type_);
+    if (is_half()) kernels::unpack_half(target().data(), s_->half.data(), rows_ * cols_, type_);
     return target();
   }
   kernels::GemmIn<T> in() const {
-    if (is_half()) return kernels::GemmIn<T>::of_half(half_.data(), rows_, cols_, type_);
-    return kernels::GemmIn<T>(Mat<const T>(values_.data(), rows_, cols_));
+    if (is_half()) return kernels::GemmIn<T>::of_half(s_->half.data(), rows_, cols_, type_);
+    return kernels::GemmIn<T>(Mat<const T>(s_->values.data(), rows_, cols_));
   }
 
  private:
+  // The memory, one block's or shared by all (Workspace::kept_storage).
+  struct Storage {
+    Buffer<T> values;
+    Buffer<uint16_t> half;
+    int64_t capacity = 0;  // rows
+  };
   void allocate(int64_t rows) {
-    capacity_ = rows;
-    if (type_ == kernels::Precision::fp32) regrow(values_, "Activation::" + name_, rows * cols_);
-    else regrow(half_, "Activation::" + name_ + "(16-bit)", rows * cols_);
+    s_->capacity = rows;
+    if (type_ == kernels::Precision::fp32) regrow(s_->values, "Activation::" + name_, rows * cols_);
+    else regrow(s_->half, "Activation::" + name_ + "(16-bit)", rows * cols_);
   }
   std::string what_, name_;
-  int64_t rows_ = 0, cols_ = 0, capacity_ = 0;
+  int64_t rows_ = 0, cols_ = 0;
   kernels::Precision type_ = kernels::Precision::fp32;
   Workspace<T>* ws_ = nullptr;
-  Buffer<T> values_;
-  Buffer<uint16_t> half_;
+  std::shared_ptr<Storage> s_ = std::make_shared<Storage>();
 };
 
 // A (rows, cols) activation kept for the backward pass.

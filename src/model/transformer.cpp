@@ -15,6 +15,30 @@ namespace xx {
 namespace k = kernels;
 
 // ---------------------------------------------------------------------------
+// Recompute
+
+std::set<std::string> recomputed_activations(const ModelConfig& m) {
+  if (m.recompute == Recompute::off) return {};
+  std::set<std::string> names{"xn", "xn2", "ffn_a", "expert_a", "held_a"};
+  if (m.attention.mla()) names.insert({"qan", "cn", "q", "k", "v"});
+  return names;  // (full shares every activation of a block: Workspace::share_kept)
+}
+
+std::string recompute_report(const ModelConfig& m) {
+  switch (m.recompute) {
+    case Recompute::selective:
+      return std::string("selective: the backward remakes the RMSNorm outputs") +
+             (m.attention.mla() ? ", MLA's normed latents and q, k, v from them (wq_b, wkv_b)" : "") +
+             " and the SwiGLU outputs (from the kept gate/up; under 16 bits its GEMM again); one set for all blocks";
+    case Recompute::full:
+      return "full: each block's input kept; its backward reruns its forward into one set shared by all blocks "
+             "(MTP's too), balance loss and expert counts left as the forward set them";
+    default:
+      return "off: every activation kept for the backward";
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Block
 
 template <class T>
@@ -22,11 +46,41 @@ Block<T>::Block(const ModelConfig& m, const ParamStore<T>& store, const std::str
                 Workspace<T>& ws)
     : N_(batch * m.seq), C_(m.dim), eps_(m.norm_eps), ws_(ws), attn_norm_(store(p + "attn_norm")),
       ffn_norm_(store(p + "ffn_norm")), attn_(m, store, p, batch, ws), ffn_(m, store, p, moe, batch, ws) {
+  restore_ = m.recompute == Recompute::full        ? &Block::restore_forward
+             : m.recompute == Recompute::selective ? &Block::restore_norms
+                                                   : &Block::restore_nothing;
   xn_ = KeptActivation<T>("xn", N_, C_, store.type, ws);
-  rstd1_ = activation<T>("rstd1", N_);
-  xmid_ = activation<T>("xmid", N_, C_);
+  rstd1_ = ws.activation("rstd1", N_);
+  xmid_ = ws.activation("xmid", N_, C_);
   xn2_ = KeptActivation<T>("xn2", N_, C_, store.type, ws);
-  rstd2_ = activation<T>("rstd2", N_);
+  rstd2_ = ws.activation("rstd2", N_);
+}
+
+// selective: the normed inputs again, from the block's input and the residual
+// after attention, which it keeps (rstd comes out the same bits).
+template <class T>
+void Block<T>::restore_norms(Mat<const T> x_in) {
+  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  xn_.keep();
+  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  xn2_.keep();
+}
+
+// full: the forward again from the block's input, its output to scratch; the
+// FFN replays without its side effects (balance loss and seeds; the expert
+// counts it sets are the same). Under ep the replay's all-to-alls run again,
+// on every rank of the group in the same block order (ExchangeStats counts them).
+template <class T>
+void Block<T>::restore_forward(Mat<const T> x_in) {
+  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  xn_.keep();
+  Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));
+  attn_.forward(mat(xmid_, N_, C_), xn_.in());
+  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  xn2_.keep();
+  auto out = ws_.mat("block_replay_out", N_, C_);
+  Kokkos::deep_copy(Buffer<T>(out.data(), N_ * C_), xmid_);
+  ffn_.replay(out, xn2_.in());
 }
 
 template <class T>
@@ -43,6 +97,7 @@ void Block<T>::forward(Mat<T> x_out, Mat<const T> x_in) {
 
 template <class T>
 void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
+  (this->*restore_)(x_in);
   auto dnorm = ws_.mat("block_dnorm", N_, C_), dbranch = ws_.mat("block_dbranch", N_, C_);
   Vec<T> dx_flat(dx.data(), N_ * C_);
   Vec<const T> dbranch_flat(dbranch.data(), N_ * C_);
@@ -83,9 +138,14 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   norm_ = store("norm");
   head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
   hold_embed_ = cfg_.mtp.depth > 0 || layout_.tied();
-  for (int l = 0; l < cfg_.layers; ++l)
+  // recompute: what every block remakes in its backward is one set for all of them
+  ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
+  for (int l = 0; l < cfg_.layers; ++l) {
+    ws_.begin_owner();
     blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
                                                  cfg_.moe.is_moe_layer(l), batch, ws_));
+  }
+  ws_.share_kept({});
   for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(activation<T>("resid", N_, C));
   xf_ = KeptActivation<T>("xf", N_, C, gemm_type, ws_);
   rstdf_ = activation<T>("rstdf", N_);
@@ -98,7 +158,10 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     mod.enorm = store(p + "enorm");
     mod.proj = store(p + "proj");
     mod.norm = store(p + "norm");
+    ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);  // the same set as the trunk's
+    ws_.begin_owner();
     mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.is_moe_layer(cfg_.layers + d), batch, ws_);
+    ws_.share_kept({});
     for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
     mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type, ws_);

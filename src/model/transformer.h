@@ -9,6 +9,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 #include "deck/config.h"
 #include "core/views.h"
@@ -31,6 +33,14 @@ struct LossWeights {
   double main = 1, mtp = 1, aux = 1;
 };
 
+// Which activations a block's recompute mode makes one set shared by all
+// blocks (Workspace::share_kept): what the backward remakes before reading it.
+// selective: the normed inputs, MLA's normed latents and up-projected heads,
+// the SwiGLU outputs; full: all of them. The one owner of these names.
+std::set<std::string> recomputed_activations(const ModelConfig& m);
+// The backends table's line: which recompute runs and what it recomputes.
+std::string recompute_report(const ModelConfig& m);
+
 // x_out = x_in + attention(norm(x_in)); then x_out += ffn(norm(x_out)).
 template <class T>
 class Block {
@@ -38,10 +48,20 @@ class Block {
   Block(const ModelConfig& m, const ParamStore<T>& store, const std::string& prefix, bool moe, int64_t batch,
         Workspace<T>& ws);
   void forward(Mat<T> x_out, Mat<const T> x_in);
-  void backward(Mat<T> dx, Mat<const T> x_in);  // dx: d/dx_out on entry, d/dx_in on exit
+  // dx: d/dx_out on entry, d/dx_in on exit. Under recompute it first remakes
+  // what the block did not keep (restore_), from x_in and what it kept.
+  void backward(Mat<T> dx, Mat<const T> x_in);
   FeedForward<T>& ffn() { return ffn_; }
 
  private:
+  // What the backward remakes first (recompute, chosen once at construction):
+  // nothing (off); the two normed inputs (selective); the whole forward, its
+  // side effects left out (full).
+  using Restore = void (Block::*)(Mat<const T> x_in);
+  void restore_nothing(Mat<const T>) {}
+  void restore_norms(Mat<const T> x_in);
+  void restore_forward(Mat<const T> x_in);
+  Restore restore_ = &Block::restore_nothing;
   int64_t N_, C_;
   double eps_;
   Workspace<T>& ws_;

@@ -268,6 +268,7 @@ std::string Trainer::backends() const {
   if (device_emulated()) row("kernel memory", device_emulation_report());
   row("gemm", kernels::gemm_report(precision_->type()));
   row("attention", attention_kernel_report(cfg_.model.attention));
+  row("recompute", recompute_report(cfg_.model));
   row("control", mpi_name);
   row("sync strategy", strategy_report_);
   out += comm_ops_->report() + "\n";
