@@ -3,9 +3,11 @@
 // stepped by the executor under gpipe and 1f1b, gives the loss and the
 // gradients of the same loop on one rank bit for bit, at P = 2 (2 ranks),
 // P = 2 x dp 2 and P = 4 (4 ranks), M = 4 and 8; a rerun gives the same bits.
-// The Transformer's own stage cut is not built yet (docs/SCALING.md).
+// Then the same with a DeepSeek model's stages (Transformer::forward_stage,
+// backward_stage: MLA + MoE + MTP), against its unsplit loop on one rank.
 #include <catch2/catch.hpp>
 #include <mpi.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,8 @@
 #include "comm/pipeline_mpi.h"
 #include "core/placement.h"
 #include "train/pipeline.h"
+#include "core/device_memory.h"
+#include "model/transformer.h"
 
 using namespace xx;
 
@@ -184,4 +188,114 @@ TEST_CASE("pipeline bubble: measured beside the theory", "[.pipeline_bubble]") {
         std::printf("\n");
       }
     }
+}
+
+namespace {
+
+// A tiny DeepSeek model: MLA, a dense first layer then MoE (softmax gate, the
+// balance loss), two MTP depths; 4 layers, so 2 or 4 stages.
+ModelConfig tiny_deepseek() {
+  ModelConfig m;
+  m.kind = ModelKind::deepseek;
+  m.vocab = 13, m.dim = 8, m.layers = 4, m.heads = 2, m.ffn = 12, m.seq = 6, m.init_std = 0.3;
+  m.attention = {AttentionKind::mla, /*kv_lora_rank*/ 6, /*q_lora_rank*/ 0, /*nope*/ 4, /*rope*/ 2, /*v*/ 3};
+  m.moe.mode = MoeMode::on;
+  m.moe.dense_layers = 1, m.moe.shared = 1, m.moe.routed = 4, m.moe.topk = 2, m.moe.ffn = 6;
+  m.moe.balance_coef = 0.01;
+  m.mtp.depth = 2, m.mtp.weight = 0.5;
+  return m;
+}
+
+Kokkos::View<int32_t*, MemSpace> micro_tokens(int64_t n, int vocab, int replica, int m, int shift) {
+  Kokkos::View<int32_t*, MemSpace> t("tokens", n);
+  auto h = host_staging(t);
+  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + 3 * m + 5 * replica + shift + (i * i) % 5) % vocab);
+  Kokkos::deep_copy(t, h);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline stages of a DeepSeek model: gpipe and 1f1b give the unsplit loop's losses and gradients",
+          "[mpi][pipeline]") {
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world < 2) SUCCEED("needs 2 or 4 ranks");
+  const ModelConfig cfg = tiny_deepseek();
+  const int B = 2;
+  const int64_t N = int64_t(B) * cfg.seq, NC = N * cfg.dim;
+  std::vector<int> stage_counts = world == 4 ? std::vector<int>{2, 4} : world == 2 ? std::vector<int>{2} : std::vector<int>{};
+  for (const int P : stage_counts)
+    for (const PipelineSchedule s : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b})
+      for (const int M : {4, 8}) {
+        INFO("P " << P << " schedule " << int(s) << " M " << M << " rank " << rank);
+        const StageCut cut = stage_cut(world, rank, P, cfg.layers);
+        // the unsplit loop on this rank, over this replica's micro-batches
+        Transformer<float> whole(cfg, B);
+        whole.init(42);
+        whole.zero_grads();
+        double want_main = 0, want_mtp = 0;
+        for (int m = 0; m < M; ++m) {
+          auto in = micro_tokens(N, cfg.vocab, cut.replica, m, 0), tgt = micro_tokens(N, cfg.vocab, cut.replica, m, 1);
+          const LossParts l = whole.forward(Tokens(in.data(), N), Tokens(tgt.data(), N));
+          want_main += l.main, want_mtp += l.mtp;
+          whole.backward(Tokens(in.data(), N), Tokens(tgt.data(), N));
+        }
+        // the stage: every pass from its micro-batch's kept input, the forward rerun before the backward
+        Transformer<float> mine(cfg, B);
+        mine.init(42);
+        mine.zero_grads();
+        Buffer<float> x("x", NC), y("y", NC);
+        std::map<int, std::vector<float>> kept;
+        double got_main = 0, got_mtp = 0;
+        auto forward = [&](int m, const float* in_act) {
+          auto in = micro_tokens(N, cfg.vocab, cut.replica, m, 0), tgt = micro_tokens(N, cfg.vocab, cut.replica, m, 1);
+          if (in_act)
+            Kokkos::deep_copy(x, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(in_act, NC));
+          return mine.forward_stage(cut.layer_begin, cut.layer_end, Tokens(in.data(), N), Tokens(tgt.data(), N), x.data(), y.data());
+        };
+        StagePasses p;
+        p.width = NC;
+        p.forward = [&](int m, const float* in, float* out) {
+          if (in) kept[m].assign(in, in + NC);
+          const LossParts l = forward(m, in);
+          if (out) Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(out, NC), y);
+          else got_main += l.main, got_mtp += l.mtp;
+        };
+        p.backward = [&](int m, const float* dout, float* din) {
+          forward(m, cut.first() ? nullptr : kept.at(m).data());
+          kept.erase(m);
+          auto in = micro_tokens(N, cfg.vocab, cut.replica, m, 0), tgt = micro_tokens(N, cfg.vocab, cut.replica, m, 1);
+          if (dout)
+            Kokkos::deep_copy(y, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dout, NC));
+          mine.backward_stage(cut.layer_begin, cut.layer_end, Tokens(in.data(), N), Tokens(tgt.data(), N), y.data(), x.data());
+          if (din) Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(din, NC), x);
+        };
+        StageLink link(MPI_COMM_WORLD, cut);
+        PipelineExecutor(s, M, link).step(p);
+        if (cut.last()) {
+          CHECK(got_main == want_main);
+          CHECK(got_mtp == want_mtp);
+        }
+        // the stages' gradients added over the chain: each tensor is one stage's, but the embedding's,
+        // which stage 0 (the lookup) and the last stage (the MTP modules' lookups) share, summed as V3 does
+        auto grads = host_copy(mine.grads());
+        std::vector<float> sum(grads.data(), grads.data() + grads.extent(0));
+        MPI_Allreduce(MPI_IN_PLACE, sum.data(), int(sum.size()), MPI_FLOAT, MPI_SUM, link.chain());
+        const auto want = host_copy(whole.grads());
+        // (the embedding's two parts add in another order than the unsplit loop's: float rounding, at
+        // most a few ulps of its largest element)
+        int64_t differ = 0, embed_off = 0;
+        for (const auto& t : mine.layout().tensors()) {
+          double largest = 0;
+          for (int64_t i = t.offset; i < t.offset + t.size; ++i) largest = std::max(largest, std::abs(double(want(i))));
+          for (int64_t i = t.offset; i < t.offset + t.size; ++i) {
+            if (t.name == "embed") embed_off += std::abs(double(sum[size_t(i)]) - double(want(i))) > 1e-6 * largest;
+            else differ += sum[size_t(i)] != want(i);
+          }
+        }
+        CHECK(differ == 0);
+        CHECK(embed_off == 0);
+      }
 }
