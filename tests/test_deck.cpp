@@ -426,6 +426,7 @@ TEST_CASE("deck: every command is per-job (refused in a later phase) or per-phas
       {"attention_kernel", "attention_kernel flash", true},
       {"recompute", "recompute selective", true},
       {"shard", "shard optimizer", true},
+      {"pipeline", "pipeline stages 1 micro 2", true},
       {"timeout", "timeout 1", true},
       {"preempt", "preempt requeue on", true},
       {"fault", "fault kill rank 0 step 5", true},
@@ -720,4 +721,49 @@ TEST_CASE("deck: moe aux_scope belongs to balance aux, seq_aux to balance bias; 
   // a repeated line keeps what it does not name: switching to bias under aux_scope sequence is refused there
   CHECK_THAT(error_of(t, kBase + moe + "aux_scope sequence\nmoe on balance bias\nrun 2\n"),
              Catch::StartsWith(file + ":4: 'aux_scope' sequence with balance bias"));
+}
+
+TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, and each bad input at its line",
+          "[deck][pipeline]") {
+  TempDir t;
+  const std::string file = (t.dir / "test.deck").string();
+  auto at = [&](int line) { return file + ":" + std::to_string(line); };
+  const std::string four = "model dense vocab 256 dim 16 layers 4 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\n";
+  {
+    const Program p = build(t, kBase + "run 2\n");
+    CHECK(p.phases[0].config.pipeline == PipelineConfig{});  // stages 1: no pipeline
+    const Program q = build(t, four + "pipeline stages 2 schedule 1f1b micro 4\nrun 2\n");
+    const PipelineConfig& c = q.phases[0].config.pipeline;
+    CHECK(c.stages == 2);
+    CHECK(c.schedule == "1f1b");
+    CHECK(c.micro == 4);
+    CHECK(c.virtual_stages == 1);
+    CHECK(build(t, four + "pipeline stages 4 micro 2\nrun 2\n").phases[0].config.pipeline.schedule == "gpipe");
+  }
+  auto check = [&](const std::string& text, const std::string& start, const std::string& also = "") {
+    const std::string msg = error_of(t, text);
+    INFO(msg);
+    CHECK_THAT(msg, Catch::StartsWith(start));
+    CHECK(msg.find(also) != std::string::npos);
+  };
+  check(four + "pipeline stages 3\nrun 2\n", at(3) + ": pipeline stages 3 does not divide the model's 4 layers",
+        "expected stages dividing layers");
+  check(four + "pipeline stages 4 schedule 1f1b micro 2\nrun 2\n",
+        at(3) + ": pipeline 'micro' 2 is fewer than 'stages' 4 with schedule 1f1b", "expected micro >= stages");
+  check(four + "pipeline stages 2 schedule interleaved virtual 2 micro 4\nrun 2\n",
+        at(3) + ": pipeline schedule interleaved is not built yet", "expected schedule gpipe or 1f1b");
+  check(four + "pipeline stages 2 schedule dualpipev micro 4\nrun 2\n",
+        at(3) + ": pipeline schedule dualpipev is not built yet");
+  check(four + "pipeline stages 1 schedule dualpipev virtual 3\nrun 2\n",
+        at(3) + ": pipeline schedule dualpipev with 3 chunks (stages 1 x virtual 3)", "expected an even number");
+  check(four + "pipeline stages 2 virtual 2\nrun 2\n", at(3) + ": pipeline 'virtual' 2 with schedule gpipe");
+  check(four + "pipeline stages 2\nmoe on routed 4 topk 2 ffn 8 ep 2\nrun 2\n",
+        at(3) + ": pipeline stages 2 with moe ep 2 (" + at(4) + "): expert parallelism is not built with pipeline "
+        "stages yet");
+  check(four + "pipeline stages 2\nshard optimizer\nrun 2\n",
+        at(3) + ": pipeline stages 2 with shard optimizer (" + at(4) + "): sharding is not built with pipeline");
+  check(four + "pipeline stages 2\nsync accumulate 2\nrun 2\n",
+        at(3) + ": pipeline stages 2 with sync accumulate", "pipeline micro M takes the place of sync accumulate");
+  check(four + "pipeline stages 2\ntopology ring\nrun 2\n", at(3) + ": pipeline stages 2 with sync dense topology ring");
+  CHECK(error_of(t, four + "pipeline stages 2 schedule gpipe micro 1\nrun 2\n").empty());  // gpipe takes M < P
 }

@@ -479,3 +479,55 @@ TEST_CASE("rope: YaRN's ramp, tables and score scale, as DeepSeek-V2's code comp
   CHECK(one.table_scale == 1);
   CHECK(attention_score_scale<double>(m) == 1 / std::sqrt(136.0));
 }
+
+// Pipeline stages (Transformer::forward_stage, backward_stage): the model cut
+// after each block, its stages run in order with the activation and its
+// gradient handed on, give forward's and backward's losses and gradients bit
+// for bit (MLA, MoE, MTP; tied too), and so do M micro-batches with every
+// stage's forward rerun before its backward, as a stage with several in
+// flight does.
+TEST_CASE("pipeline stages: the Transformer's stage passes give forward and backward bit for bit",
+          "[model][pipeline]") {
+  for (const std::string arch : {"deepseek-mtp", "deepseek-mtp-tied", "dense"}) {
+    CAPTURE(arch);
+    const auto cfg = architecture(arch);
+    const int B = 2;
+    const int64_t NC = int64_t(B) * cfg.seq * cfg.dim;
+    auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+    Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
+    Transformer<float> whole(cfg, B), staged(cfg, B);
+    whole.init(42), staged.init(42);
+    const LossParts want = whole.forward(tin, ttgt);
+    whole.zero_grads();
+    whole.backward(tin, ttgt);
+    const auto want_grads = host_copy(whole.grads());
+    for (const int P : {1, 2}) {
+      CAPTURE(P);
+      const int per = cfg.layers / P;
+      std::vector<Buffer<float>> act;  // act[s]: stage s's input (s > 0)
+      for (int s = 0; s <= P; ++s) act.emplace_back("act", NC);
+      staged.zero_grads();
+      LossParts got;
+      for (int s = 0; s < P; ++s) {
+        const LossParts part =
+            staged.forward_stage(s * per, (s + 1) * per, tin, ttgt, act[size_t(s)].data(), act[size_t(s + 1)].data());
+        got.main += part.main, got.mtp += part.mtp, got.aux += part.aux;
+      }
+      CHECK(got.main == want.main);
+      CHECK(got.mtp == want.mtp);
+      CHECK(got.aux == Approx(want.aux).epsilon(1e-12));  // the stages' sums of their own layers, then added
+      std::vector<Buffer<float>> grad;
+      for (int s = 0; s <= P; ++s) grad.emplace_back("grad", NC);
+      for (int s = P - 1; s >= 0; --s) {
+        if (s + 1 < P)  // a stage with several micro-batches in flight reruns its forward first
+          staged.forward_stage(s * per, (s + 1) * per, tin, ttgt, act[size_t(s)].data(), act[size_t(s + 1)].data());
+        staged.backward_stage(s * per, (s + 1) * per, tin, ttgt, grad[size_t(s + 1)].data(), grad[size_t(s)].data());
+      }
+      const auto got_grads = host_copy(staged.grads());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < int64_t(got_grads.extent(0)); ++i) differ += got_grads(i) != want_grads(i);
+      CHECK(differ == 0);
+    }
+    CHECK_THROWS_AS(staged.forward_stage(1, 1, tin, ttgt, nullptr, nullptr), std::invalid_argument);
+  }
+}

@@ -138,6 +138,17 @@ enum class ShardLevel { off, optimizer, gradients, params };
 constexpr auto mode_words(ShardLevel) { return std::array{"off"sv, "optimizer"sv, "gradients"sv, "params"sv}; }
 
 // ---------------------------------------------------------------------------
+// pipeline
+
+// pipeline ... schedule: the order of the micro-batches' forward and backward
+// passes on each stage (train/pipeline_schedule.h). gpipe: every forward, then
+// every backward; 1f1b: P - s warm-up forwards on stage s, then one forward
+// and one backward alternately. interleaved and dualpipev are named so the
+// deck can say they are not built yet.
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, dualpipev };
+constexpr auto mode_words(PipelineSchedule) { return std::array{"gpipe"sv, "1f1b"sv, "interleaved"sv, "dualpipev"sv}; }
+
+// ---------------------------------------------------------------------------
 // checkpoints, output, resilience
 
 enum class CheckpointMode { full, diff };

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <stdexcept>
+#include <fmt/format.h>
 
 namespace xx {
 
@@ -50,6 +51,17 @@ std::vector<FrameSlab> Placement::whole_tensors() const {
   std::vector<FrameSlab> out;
   for (size_t k : held_) out.push_back({k, 0, frame_[k].size, frame_[k].local});
   return out;
+}
+
+StageCut stage_cut(int world, int rank, int stages, int layers) {
+  if (stages < 1 || world % stages != 0 || layers % stages != 0 || rank < 0 || rank >= world)
+    throw std::invalid_argument(fmt::format("stage_cut: {} stages over {} ranks and {} layers (rank {})", stages,
+                                            world, layers, rank));
+  StageCut c;
+  c.stages = stages, c.replicas = world / stages;
+  c.stage = rank / c.replicas, c.replica = rank % c.replicas;
+  c.layer_begin = c.stage * (layers / stages), c.layer_end = c.layer_begin + layers / stages;
+  return c;
 }
 
 }  // namespace xx

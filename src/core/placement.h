@@ -11,7 +11,8 @@
 //                     updates (core/ownership.h), back to back.
 // A new parallel dimension (pipeline stages) is one more cut of the whole
 // frame: a stage holds the tensors of its layers, and everything below reads
-// the rank's frame as it does now.
+// the rank's frame as it does now. Its first part is StageCut: which stage a
+// rank is on and which layers that stage runs (the frame's cut follows it).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -47,6 +48,22 @@ struct ExpertShare {
   int holder = 0;       // r / N: this rank's index among them
   std::vector<std::pair<int64_t, int64_t>> runs;  // this rank's routed-expert runs [begin, end), its frame
 };
+
+// pipeline stages P: world = P x dp ranks, rank r on stage r / dp as its
+// data-parallel replica r % dp (a stage's replicas are consecutive ranks, as
+// an expert-parallel group's are). Stage s runs blocks [layer_begin,
+// layer_end) of L / P each; stage 0 adds the embedding, the last stage the
+// final norm and the head (and the MTP modules).
+struct StageCut {
+  int stages = 1, stage = 0;     // P, and this rank's
+  int replicas = 1, replica = 0;  // dp: the ranks of each stage, and this rank's index among them
+  int layer_begin = 0, layer_end = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage + 1 == stages; }
+  int rank_of(int stage_index, int replica_index) const { return stage_index * replicas + replica_index; }
+};
+// Throws std::invalid_argument where P does not divide the world or the layers.
+StageCut stage_cut(int world, int rank, int stages, int layers);
 
 // A run of one frame tensor's elements that this rank holds in some buffer:
 // elements [begin, begin + count) of tensor `tensor` (an index into the

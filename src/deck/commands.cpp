@@ -218,6 +218,27 @@ void check_model(const ModelConfig& m, const std::string& where) {
 
 // moe ... groups G topk_groups g: the groups split the routed experts evenly,
 // a token keeps 1 to G of them, and the kept groups hold its k experts.
+// pipeline ...: what the line alone can say (the layers, the other commands
+// and the world size are checked at the run line and at start-up).
+void check_pipeline_line(const PipelineConfig& p, const std::string& where) {
+  const PipelineSchedule s = p.schedule;
+  const bool chunked = s == PipelineSchedule::interleaved || s == PipelineSchedule::dualpipev;
+  if (!chunked && p.virtual_stages != 1)
+    input_error("{}: pipeline 'virtual' {} with schedule {} (expected virtual 1: virtual stages belong to schedule "
+                "interleaved or dualpipev)", where, p.virtual_stages, s);
+  if (s == PipelineSchedule::dualpipev && (p.stages * p.virtual_stages) % 2 != 0)
+    input_error("{}: pipeline schedule dualpipev with {} chunks (stages {} x virtual {}) (expected an even number "
+                "of chunks: dualpipev runs each stage's chunks in two directions)", where,
+                p.stages * p.virtual_stages, p.stages, p.virtual_stages);
+  if (chunked)
+    input_error("{}: pipeline schedule {} is not built yet (expected schedule gpipe or 1f1b; docs/SCALING.md, "
+                "\"Pipeline parallelism\")", where, s);
+  if (s == PipelineSchedule::one_f_one_b && p.micro < p.stages)
+    input_error("{}: pipeline 'micro' {} is fewer than 'stages' {} with schedule 1f1b (expected micro >= stages: "
+                "1f1b keeps every stage busy only with at least one micro-batch per stage in flight; schedule "
+                "gpipe takes fewer)", where, p.micro, p.stages);
+}
+
 void check_expert_groups(const MoeConfig& moe, const std::string& where) {
   const int G = moe.groups, g = moe.kept_groups(), per_group = moe.routed / moe.groups;
   if (G > kMaxExpertGroups)
@@ -593,6 +614,16 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        "level",
        {{"off", {}, {}, {}, {}}, {"optimizer", {}, {}, {}, {}}, {"gradients", {}, {}, {}, {}}, {"params", {}, {}, {}, {}}},
        "shard off | optimizer | gradients | params", Scope::job},
+      {"pipeline",
+       nullptr,
+       "",
+       {{"",
+         {},
+         {integer("stages", &c.pipeline.stages, at_least(1)), choice("schedule", &c.pipeline.schedule),
+          integer("virtual", &c.pipeline.virtual_stages, at_least(1)), integer("micro", &c.pipeline.micro, at_least(1))},
+         {"stages"},
+         [&p = c.pipeline](const std::string& where) { check_pipeline_line(p, where); }}},
+       "pipeline stages P [schedule gpipe|1f1b|interleaved|dualpipev] [virtual V] [micro M]", Scope::job},
       {"grad_check",
        nullptr,
        "",
@@ -842,6 +873,34 @@ void check_shard(const Config& c, const std::string& where, const std::map<std::
                 where, shard, c.sync.bucket_mb, at("sync"), first_bucket_mb);
 }
 
+// pipeline stages P > 1: the cut of the model and what this slice composes
+// with (docs/SCALING.md, "Pipeline parallelism"). The world size is checked at
+// start-up (train/trainer_setup.cpp).
+void check_pipeline(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at) {
+  const PipelineConfig& p = c.pipeline;
+  if (p.stages == 1) return;
+  auto at = [&](const std::string& name) {
+    auto it = set_at.find(name);
+    return it == set_at.end() ? std::string("the default") : it->second;
+  };
+  const std::string pipe = at("pipeline");
+  const std::string stages = fmt::format("pipeline stages {}", p.stages);
+  if (c.model.layers % p.stages != 0)
+    input_error("{}: {} does not divide the model's {} layers ({}) (expected stages dividing layers: each stage "
+                "holds layers / stages consecutive blocks)", pipe, stages, c.model.layers, at("model"));
+  const char* not_yet = "is not built with pipeline stages yet (expected";
+  if (c.model.moe.ep != 1)
+    input_error("{}: {} with moe ep {} ({}): expert parallelism {} moe ep 1)", pipe, stages, c.model.moe.ep,
+                at("moe"), not_yet);
+  if (c.shard.level != ShardLevel::off)
+    input_error("{}: {} with shard {} ({}): sharding {} shard off)", pipe, stages, c.shard.level, at("shard"), not_yet);
+  if (c.sync.kind != SyncKind::dense || c.topology.kind != TopologyKind::full || c.compress.kind != CompressKind::off)
+    input_error("{}: {} with sync {} topology {} compress {} (phase at {}): the pipeline averages only dense "
+                "gradients (expected sync dense over topology full, without compress: the data-parallel ranks of a "
+                "stage average its gradients; pipeline micro M takes the place of sync accumulate)",
+                pipe, stages, c.sync.kind, c.topology.kind, c.compress.kind, where);
+}
+
 // moe ... ep N: what expert parallelism serves. The experts a rank holds
 // are its own, so everything that averages, shards, compresses or decodes
 // the whole weight buffer as if every rank held the same tensors is refused.
@@ -948,6 +1007,7 @@ Program build_program(const std::vector<DeckLine>& lines, bool check_files) {
       check_shard(config, where, last_set,
                   program.phases.empty() ? config.sync.bucket_mb : program.phases.front().config.sync.bucket_mb);
       check_expert_parallel(config, where, last_set);
+      check_pipeline(config, where, last_set);
       program.phases.push_back(Phase{config, steps, where});
       total_steps += steps;
     }

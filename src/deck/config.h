@@ -377,6 +377,21 @@ struct ShardConfig {
   ShardLevel level = ShardLevel::off;
 };
 
+// pipeline stages P [schedule gpipe|1f1b|interleaved|dualpipev] [virtual V]
+// [micro M] (one per job): the layers cut into P stages of L / P consecutive
+// blocks on P groups of ranks (stage 0 adds the embedding, the last the final
+// norm and head), activations and their gradients sent between neighbouring
+// stages, M micro-batches ordered by the schedule (train/pipeline_schedule.h).
+// P = 1: no pipeline, nothing changes. What runs and what is refused:
+// docs/SCALING.md, "Pipeline parallelism".
+struct PipelineConfig {
+  int stages = 1;
+  PipelineSchedule schedule = PipelineSchedule::gpipe;
+  int virtual_stages = 1;  // chunks per stage (interleaved, dualpipev)
+  int micro = 1;           // micro-batches per step, each data batch sequences
+  bool operator==(const PipelineConfig&) const = default;
+};
+
 struct Config {
   uint64_t seed = 1234;
   GemmChoice gemm = GemmChoice::automatic;  // GEMM backend: auto | onednn | cublas | blas (kernels/gemm.h)
@@ -390,6 +405,7 @@ struct Config {
   TopologyConfig topology;
   CompressConfig compress;
   ShardConfig shard;
+  PipelineConfig pipeline;
   OutputConfig output;
   EvalConfig eval;
   SampleConfig sample;

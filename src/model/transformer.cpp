@@ -1,6 +1,8 @@
 #include "model/transformer.h"
 #include <algorithm>
+#include <stdexcept>
 #include <type_traits>
+#include <fmt/format.h>
 #include "core/device_memory.h"
 #include "core/host_memory.h"
 #include "core/rng.h"
@@ -286,19 +288,13 @@ void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
     if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
 }
 
+// The last stage's part of the forward: the final norm, the head and the MTP
+// modules on the residual stream resid_[L]; the main and MTP losses.
 template <class T>
-LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
+LossParts Transformer<T>::head_forward(Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
   const int D = int(mtp_.size());
-  use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
-  k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  if (!hold_embed_) let_go(0);
-  for (int l = 0; l < L; ++l) {
-    use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
-    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
-    let_go(block_unit(l));
-  }
   use(final_unit(), D > 0 ? mtp_unit(0) : -1);  // the head serves every MTP depth too
   k::rmsnorm_forward<T>(xf_.target(), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
   xf_.keep();
@@ -334,26 +330,36 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   let_go(final_unit());
   if (hold_embed_) let_go(0);
   if (!mtp_.empty()) loss.mtp /= double(mtp_.size());
+  return loss;
+}
+
+template <class T>
+LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
+  use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
+  k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
+  if (!hold_embed_) let_go(0);
+  for (int l = 0; l < L; ++l) {
+    use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
+    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+    let_go(block_unit(l));
+  }
+  LossParts loss = head_forward(targets);
   for (auto& [name, f] : moe_layers()) loss.aux += f->aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
   return loss;
 }
 
+// The last stage's part of the backward: the head, the final norm and the
+// MTP modules, deepest first; d(loss)/d(resid_[L]) into dresid.
 template <class T>
-void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
+void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
-  auto notify = [&](int64_t offset) {
-    if (ready) ready(offset);
-  };
-  // lossagg: the balance loss's seed was set in the forward, before its weight was known
-  if (loss_weights_.aux != 1)
-    for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
   // main head and final norm; dlogits overwrite the logits in place
   const int D = int(mtp_.size());
   if (layout_.tied()) use(0, final_unit());  // the head's weights are the embedding's
   use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
   auto dnorm = ws_.mat("dnorm", N_, C);
-  auto dresid = ws_.mat("dresid", N_, C);
   k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets,
                                T(loss_scale_ * loss_weights_.main / double(N_)));
   k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), xf_.in(), head_.in(V, C));
@@ -389,6 +395,19 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   }
   let_go(final_unit());
   if (layout_.tied()) let_go(0);  // the lookup's backward below reads no weight
+}
+
+template <class T>
+void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
+  auto notify = [&](int64_t offset) {
+    if (ready) ready(offset);
+  };
+  // lossagg: the balance loss's seed was set in the forward, before its weight was known
+  if (loss_weights_.aux != 1)
+    for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
+  auto dresid = ws_.mat("dresid", N_, C);
+  head_backward(targets, dresid);
   notify(layout_.layer_begin(L));
 
   for (int l = L - 1; l >= 0; --l) {
@@ -399,6 +418,54 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   }
   k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
   notify(0);
+}
+
+// Pipeline stages: blocks [begin, end) of one micro-batch, the embedding
+// where begin is 0 and the head where end is L. The weight gate is refused
+// with stages (shard is: deck/commands.cpp).
+template <class T>
+void Transformer<T>::check_stage(int begin, int end) const {
+  if (begin < 0 || end > cfg_.layers || begin >= end || gate_)
+    throw std::invalid_argument(fmt::format("Transformer: stage blocks [{}, {}) of {}{}", begin, end, cfg_.layers,
+                                            gate_ ? " under a weight gate" : ""));
+}
+
+template <class T>
+LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out) {
+  check_stage(begin, end);
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
+  if (begin == 0) k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
+  else Kokkos::deep_copy(Buffer<T>(resid_[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
+  for (int l = begin; l < end; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  LossParts loss;
+  if (end == L) loss = head_forward(targets);
+  else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(resid_[end].data(), NC));
+  for (int l = begin; l < end; ++l)
+    if (blocks_[l]->ffn().is_moe()) loss.aux += blocks_[l]->ffn().aux_loss();
+  if (end == L)
+    for (auto& m : mtp_)
+      if (m.block->ffn().is_moe()) loss.aux += m.block->ffn().aux_loss();
+  loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
+  return loss;
+}
+
+template <class T>
+void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din) {
+  check_stage(begin, end);
+  const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
+  if (loss_weights_.aux != 1) {
+    for (int l = begin; l < end; ++l)
+      if (blocks_[l]->ffn().is_moe()) blocks_[l]->ffn().scale_balance_gradient(loss_weights_.aux);
+    if (end == L)
+      for (auto& m : mtp_)
+        if (m.block->ffn().is_moe()) m.block->ffn().scale_balance_gradient(loss_weights_.aux);
+  }
+  auto dresid = ws_.mat("dresid", N_, C);
+  if (end == L) head_backward(targets, dresid);
+  else Kokkos::deep_copy(Buffer<T>(dresid.data(), NC), Buffer<T>(const_cast<T*>(dout), NC));
+  for (int l = end - 1; l >= begin; --l) blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
+  if (begin == 0) k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
+  else Kokkos::deep_copy(Buffer<T>(din, NC), Buffer<T>(dresid.data(), NC));
 }
 
 template class Block<float>;

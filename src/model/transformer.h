@@ -111,6 +111,21 @@ class Transformer {
   // final, so the caller can start reducing those buckets.
   void backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready = {});
 
+  // Pipeline stages (deck: pipeline stages P; core/placement.h, StageCut):
+  // the passes of blocks [begin, end) on one micro-batch. forward_stage
+  // starts from the tokens where begin is 0, else from `in` (N x C floats in
+  // kernel memory, the previous stage's activation), and ends in the losses
+  // where end is L (the final norm, the head, the MTP modules), else writes
+  // the activation to `out`; aux is this stage's MoE layers' alone. Only the
+  // last forward's activations are kept: a stage with several micro-batches
+  // in flight reruns forward_stage before backward_stage. backward_stage
+  // starts from the losses where end is L, else from `dout` (d/d out), and
+  // ends in the embedding's gradient where begin is 0, else writes d/d in to
+  // `din`. The passes of every stage, in order, are forward and backward's
+  // kernel calls: the same bits.
+  LossParts forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out);
+  void backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din);
+
   // Mixed precision (deck: precision): GEMMs read a 16-bit copy of the
   // parameters, made from them here (once per step, after the update), and
   // 16-bit copies of the activations they multiply; their products
@@ -143,6 +158,9 @@ class Transformer {
 
  private:
   Vec<T> window(Buffer<T>& b, const std::string& name);
+  LossParts head_forward(Tokens targets);              // final norm, head, MTP: the last stage's forward
+  void head_backward(Tokens targets, Mat<T> dresid);  // ... its backward, d/d resid_[L] into dresid
+  void check_stage(int begin, int end) const;
   void write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // Unit u's weights (ParamLayout::weight_units) are needed, then not.
   void use(int unit, int next);

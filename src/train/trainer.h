@@ -86,6 +86,7 @@ class Trainer {
   // init hf DIR: the weights this rank keeps (`mine`, ranges of its buffer) from the HF files
   void import_hf(const std::vector<std::pair<int64_t, int64_t>>& mine);
   void check_expert_groups(const std::string& resume_path);  // moe ... ep N: the world splits into groups
+  void check_pipeline_stages() const;  // pipeline stages P: the world splits into P stages (this slice refuses P > 1)
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy
   bool keeps_strategy(size_t phase) const;  // its sync settings equal the phase before's

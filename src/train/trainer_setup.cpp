@@ -31,6 +31,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   from_rank0(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
   check_expert_groups(resume_path);
+  check_pipeline_stages();
   build_model(resume_path.empty());
   register_state();
   const double restore_start = MPI_Wtime();
@@ -95,6 +96,24 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
   input_error("{}: moe ep {} does not divide the {} ranks of this run{} (expected a world size that is a multiple "
               "of ep, or an ep that divides {} and routed {})", where, ep, world_, written, world_,
               cfg_.model.moe.routed);
+}
+
+// pipeline stages P: world = P x ep x dp ranks (ep is refused under P > 1
+// for now: deck/commands.cpp), each stage's replicas consecutive ranks
+// (core/placement.h, StageCut). The schedules, the stage messages and their
+// executor are built (train/pipeline.h, comm/pipeline_mpi.h); the model's
+// stage cut is not, so P > 1 stops here, saying so.
+void Trainer::check_pipeline_stages() const {
+  const PipelineConfig& p = cfg_.pipeline;
+  if (p.stages == 1) return;
+  const std::string where = where_given(program_, "pipeline");
+  const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
+  if (world_ % (p.stages * ep) != 0)
+    input_error("{}: pipeline stages {} x moe ep {} does not fill the {} ranks of this run (expected a world size "
+                "that is a multiple of stages x ep: stages x ep x data-parallel replicas)", where, p.stages, ep, world_);
+  input_error("{}: pipeline stages {} is not built into training yet: its schedules, stage messages and executor "
+              "are (train/pipeline.h), the Transformer's stage cut is not (expected pipeline stages 1; "
+              "docs/SCALING.md, \"Pipeline parallelism\")", where, p.stages);
 }
 
 void Trainer::build_model(bool fresh) {

@@ -1,0 +1,71 @@
+#include "comm/pipeline_mpi.h"
+#include <exception>
+#include <limits>
+#include <stdexcept>
+#include <fmt/format.h>
+
+namespace xx {
+
+namespace {
+// One tag per micro-batch and direction; MPI keeps the order of messages
+// with the same tag between two ranks, so steps need no tag of their own.
+int tag_of(int micro, bool gradient) { return 2 * micro + (gradient ? 1 : 0); }
+}  // namespace
+
+StageLink::StageLink(MPI_Comm world, const StageCut& cut) : cut_(cut) {
+  MPI_Comm_split(world, cut.stage, cut.replica, &replicas_);
+  MPI_Comm_split(world, cut.replica, cut.stage, &chain_);
+}
+
+StageLink::~StageLink() {
+  if (std::uncaught_exceptions() == 0 && !requests_.empty())
+    MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  for (MPI_Comm* c : {&replicas_, &chain_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+void StageLink::send(int to, int tag, const float* data, int64_t n) {
+  if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats in one message", n));
+  outgoing_.emplace_back(data, data + n);
+  requests_.emplace_back();
+  MPI_Isend(outgoing_.back().data(), int(n), MPI_FLOAT, to, tag, chain_, &requests_.back());
+  bytes_sent_ += n * int64_t(sizeof(float));
+}
+
+void StageLink::recv(int from, int tag, float* data, int64_t n) {
+  if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats in one message", n));
+  const double t0 = MPI_Wtime();
+  MPI_Recv(data, int(n), MPI_FLOAT, from, tag, chain_, MPI_STATUS_IGNORE);
+  waited_ += MPI_Wtime() - t0;
+}
+
+void StageLink::send_activation(int micro, const float* x, int64_t n) {
+  if (cut_.last()) throw std::logic_error("StageLink: the last stage sends no activation");
+  send(cut_.stage + 1, tag_of(micro, false), x, n);
+}
+
+void StageLink::send_gradient(int micro, const float* g, int64_t n) {
+  if (cut_.first()) throw std::logic_error("StageLink: the first stage sends no gradient");
+  send(cut_.stage - 1, tag_of(micro, true), g, n);
+}
+
+void StageLink::recv_activation(int micro, float* x, int64_t n) {
+  if (cut_.first()) throw std::logic_error("StageLink: the first stage receives no activation");
+  recv(cut_.stage - 1, tag_of(micro, false), x, n);
+}
+
+void StageLink::recv_gradient(int micro, float* g, int64_t n) {
+  if (cut_.last()) throw std::logic_error("StageLink: the last stage receives no gradient");
+  recv(cut_.stage + 1, tag_of(micro, true), g, n);
+}
+
+double StageLink::finish_step() {
+  const double t0 = MPI_Wtime();
+  if (!requests_.empty()) MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  requests_.clear(), outgoing_.clear();
+  const double waited = waited_ + (MPI_Wtime() - t0);
+  waited_ = 0;
+  return waited;
+}
+
+}  // namespace xx

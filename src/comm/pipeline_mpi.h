@@ -1,0 +1,55 @@
+// Pipeline stages (deck: pipeline stages P): the messages between
+// neighbouring stages. Built once per job over the world (core/placement.h,
+// StageCut: rank r on stage r / dp): the communicator of each stage's
+// data-parallel replicas (sync dense averages a stage's gradients over those
+// alone) and the chain of one replica's P stages, on which micro-batch m's
+// activation goes forward (stage s to s + 1) and its gradient back.
+// Host memory: a caller on a device stages its activations through
+// host_copy (core/device_memory.h); a CUDA build will send them by NCCL.
+#pragma once
+#include <mpi.h>
+#include <cstdint>
+#include <deque>
+#include <vector>
+#include "core/placement.h"
+
+namespace xx {
+
+class StageLink {
+ public:
+  // Collective over world.
+  StageLink(MPI_Comm world, const StageCut& cut);
+  ~StageLink();  // waits for the sends in flight (not while an exception unwinds)
+  StageLink(const StageLink&) = delete;
+  StageLink& operator=(const StageLink&) = delete;
+
+  const StageCut& cut() const { return cut_; }
+  MPI_Comm data_parallel() const { return replicas_; }  // the ranks of this stage
+  MPI_Comm chain() const { return chain_; }             // this replica's stages, stage order
+
+  // Micro-batch `micro`'s activation to the next stage, its gradient to the
+  // previous one: copied, then sent without waiting.
+  void send_activation(int micro, const float* x, int64_t n);
+  void send_gradient(int micro, const float* g, int64_t n);
+  // ... and received from the previous (activation) or next (gradient)
+  // stage; the time spent waiting for them is counted (waited()).
+  void recv_activation(int micro, float* x, int64_t n);
+  void recv_gradient(int micro, float* g, int64_t n);
+
+  // End of a step: every send has left; the seconds this step waited on
+  // receives, and the counters start again.
+  double finish_step();
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  void send(int to, int tag, const float* data, int64_t n);
+  void recv(int from, int tag, float* data, int64_t n);
+  StageCut cut_;
+  MPI_Comm replicas_ = MPI_COMM_NULL, chain_ = MPI_COMM_NULL;
+  std::deque<std::vector<float>> outgoing_;  // the copies in flight (a deque: they never move)
+  std::vector<MPI_Request> requests_;
+  double waited_ = 0;
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace xx

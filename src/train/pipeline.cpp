@@ -1,0 +1,33 @@
+#include "train/pipeline.h"
+#include <chrono>
+
+namespace xx {
+
+PipelineExecutor::PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link)
+    : schedule_(schedule), micro_(micro), link_(link),
+      order_(stage_order(schedule, link.cut().stages, micro, link.cut().stage)) {}
+
+PipelineStepTimes PipelineExecutor::step(const StagePasses& p) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const StageCut& cut = link_.cut();
+  in_.resize(size_t(p.width)), out_.resize(size_t(p.width));
+  for (const PipeOp& op : order_) {
+    if (op.kind == PipeOp::forward) {
+      if (!cut.first()) link_.recv_activation(op.micro, in_.data(), p.width);
+      p.forward(op.micro, cut.first() ? nullptr : in_.data(), cut.last() ? nullptr : out_.data());
+      if (!cut.last()) link_.send_activation(op.micro, out_.data(), p.width);
+    } else {
+      if (!cut.last()) link_.recv_gradient(op.micro, in_.data(), p.width);
+      p.backward(op.micro, cut.last() ? nullptr : in_.data(), cut.first() ? nullptr : out_.data());
+      if (!cut.first()) link_.send_gradient(op.micro, out_.data(), p.width);
+    }
+  }
+  PipelineStepTimes t;
+  t.waited = link_.finish_step();
+  t.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  t.theory = theory_bubble(schedule_, cut.stages, micro_);
+  return t;
+}
+
+}  // namespace xx

@@ -1,0 +1,50 @@
+// One step of a pipeline stage (deck: pipeline stages P schedule S micro M):
+// the stage's passes in the schedule's order (train/pipeline_schedule.h),
+// each forward fed by the previous stage's activation and each backward by
+// the next stage's gradient, through comm/pipeline_mpi.h. What a pass
+// computes is the stage's own (StagePasses): the executor knows only the
+// order, the messages and the clock.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+#include "comm/pipeline_mpi.h"
+#include "train/pipeline_schedule.h"
+
+namespace xx {
+
+// A stage's work on one micro-batch. `width`: floats in one micro-batch's
+// activation (the same at every cut: B * T * C). A forward reads `in` (null
+// on stage 0: its tokens) and writes `out` (null on the last stage: it ends
+// in the loss); a backward reads `dout` (null on the last stage) and writes
+// `din` (null on stage 0). A stage keeps what its backward of a micro-batch
+// needs until that backward (gpipe: M micro-batches, 1f1b: up to P - s).
+struct StagePasses {
+  int64_t width = 0;
+  std::function<void(int micro, const float* in, float* out)> forward;
+  std::function<void(int micro, const float* dout, float* din)> backward;
+};
+
+// A step's clock on this stage: its length, the part spent waiting for a
+// neighbour (the measured bubble), and the schedule's theory beside it.
+struct PipelineStepTimes {
+  double seconds = 0, waited = 0, theory = 0;
+  double bubble() const { return seconds > 0 ? waited / seconds : 0.0; }
+};
+
+class PipelineExecutor {
+ public:
+  PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link);
+  const std::vector<PipeOp>& order() const { return order_; }
+  // Runs every pass of the step on this stage; every send has left on return.
+  PipelineStepTimes step(const StagePasses& passes);
+
+ private:
+  PipelineSchedule schedule_;
+  int micro_;
+  StageLink& link_;
+  std::vector<PipeOp> order_;
+  std::vector<float> in_, out_;  // one micro-batch's activation or gradient, received or to send
+};
+
+}  // namespace xx
