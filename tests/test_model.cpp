@@ -357,6 +357,21 @@ TEST_CASE("the dry run's activation estimate is what the model allocates, in fp3
   CHECK(est.halvable_elements > est.other_elements);  // most of them move to 16 bits
 }
 
+// recompute selective and full: the plan counts what the model then allocates
+// (each block's own buffers less what one shared set holds for all).
+TEST_CASE("under recompute the activation estimate is what the model allocates", "[model][recompute]") {
+  const std::string name = GENERATE("dense", "mla", "mla-qlora", "moe-softmax-aux", "deepseek-mtp");
+  const auto type = GENERATE(kernels::Precision::fp32, kernels::Precision::bf16);
+  const auto mode = GENERATE(Recompute::selective, Recompute::full);
+  CAPTURE(name, int(type), int(mode));
+  auto cfg = architecture(name);
+  cfg.recompute = mode;
+  const int B = 2;
+  const auto est = estimate_memory(cfg, B);
+  const int64_t gemm_bytes = (type == kernels::Precision::fp32 ? 4 : 2) * est.halvable_elements;
+  CHECK(kept_by(cfg, B, type) == gemm_bytes + 4 * est.other_elements);
+}
+
 // Under ep a rank keeps the rows it sends and, for its experts, the rows it
 // runs: sized at first for an even load (expert_load 1), the same at every
 // rank of the group.

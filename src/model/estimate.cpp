@@ -29,14 +29,20 @@ static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) 
   return m.moe.ep > 1 ? int64_t(std::ceil(expert_load * double(NK))) : NK;
 }
 
-// What one block keeps for its backward, and of that what recompute
-// selective gives up (model/transformer.h): the RMSNorm outputs (xn, xn2; MLA's
-// cn, qan), the MLA up-projections (q, k, v) and the SwiGLU activations
-// (the dense FFN's, the shared experts', the routed rows'), all 16-bit under
-// mixed precision.
+// What one block keeps for its backward, in two parts as the model shares
+// them under recompute (model/store.h Workspace: a buffer is shared by the
+// blocks allocating the same name and size): the norms and attention, alike
+// in every block, and the feed-forward, alike within a kind (dense or MoE).
+// Of each part, what recompute selective remakes (16-bit under mixed
+// precision): the RMSNorm outputs (xn, xn2; MLA's cn, qan), MLA's q, k, v
+// (MHA's are kept: they come from the fused GEMM, not a latent) and the
+// SwiGLU activations (the dense FFN's, the shared experts', the routed
+// rows'). `own`: what stays each block's under full (the router's indices and
+// its score and sequence-loss gradients).
 struct BlockKept {
-  Kept kept;
-  int64_t selective = 0;  // of kept.half
+  Kept attn, ffn, own;
+  int64_t attn_selective = 0, ffn_selective = 0;  // of attn.half, ffn.half
+  bool moe = false;
 };
 
 // Mirrors the buffers Block, Attention, FeedForward and Transformer allocate
@@ -46,28 +52,31 @@ static BlockKept block_activations(const ModelConfig& m, bool moe, int64_t B, in
   const auto& a = m.attention;
   kernels::CausalBlocks blocks(T, kAttentionBlock);
   BlockKept b;
-  Kept& k = b.kept;
+  b.moe = moe;
+  Kept& k = b.attn;
   k.half = 2 * N * C, k.other = N * C + 2 * N;                                  // xn, xn2; xmid, two rstd
-  b.selective = 2 * N * C + B * H * T * (2 * qk + vd);                          // xn, xn2; q, k, v
+  b.attn_selective = 2 * N * C + (a.mla() ? B * H * T * (2 * qk + vd) : 0);    // xn, xn2; MLA: q, k, v
   k.half += B * H * T * (2 * qk + vd) + N * H * vd;                             // q, k, v, o
   if (uses_flash_attention(a)) k.other += B * H * T;                            // flash: a log-sum-exp per row
   else k.half += B * H * blocks.per_head();                                     // packed: the probabilities
   k.other += T * (a.mla() ? a.rope_dim : qk);                                    // rope tables
   if (a.mla()) {
     k.half += N * a.kv_lora_rank + N * a.q_lora_rank;                            // cn, qan
-    b.selective += N * a.kv_lora_rank + N * a.q_lora_rank;
+    b.attn_selective += N * a.kv_lora_rank + N * a.q_lora_rank;
     k.other += N * a.kv_lora_rank + N + N * a.rope_dim + (a.q_lora_rank ? N * a.q_lora_rank + N : 0);  // c, krope, qa
   }
-  if (!moe) return k.half += 3 * N * m.ffn, b.selective += N * m.ffn, b;        // h (2F), a (F)
+  Kept& f = b.ffn;
+  if (!moe) return f.half = 3 * N * m.ffn, b.ffn_selective = N * m.ffn, b;     // h (2F), a (F)
   const auto& e = m.moe;
   const int64_t K = e.topk, E = e.routed, Fm = e.ffn;
-  k.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
-  k.other += 2 * N * E + N * K + E;                                              // logits, scores, weights, score grad
-  if (e.sequence_loss_coef() > 0) k.other += 2 * B * E;                         // the sequence-wise loss: counts, coef
-  k.half += N * K * C;                                                           // expert in (the rows sent)
-  k.other += N * K * C + 3 * N * K;                                              // expert out; indices (int32)
-  k.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a
-  b.selective += N * e.shared * Fm + rows * Fm;                                  // the shared experts' a, the rows' a
+  f.half += 3 * N * e.shared * Fm;                                               // shared experts' h, a
+  f.other += 2 * N * E + N * K;                                                  // logits, scores, weights
+  b.own.other += E + 3 * N * K;                                                  // score grad; indices (int32)
+  if (e.sequence_loss_coef() > 0) b.own.other += 2 * B * E;                     // the sequence-wise loss: counts, coef
+  f.half += N * K * C;                                                           // expert in (the rows sent)
+  f.other += N * K * C;                                                          // expert out
+  f.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a
+  b.ffn_selective = N * e.shared * Fm + rows * Fm;                               // the shared experts' a, the rows' a
   return b;
 }
 
@@ -100,16 +109,27 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& 
   // each block's output), the blocks' own; the last stage adds xf, the final
   // rstd, the logits, the losses and the MTP modules.
   Kept kept{0, (span.end - span.begin + 1) * N * C};
-  Kept shared;  // once, whatever is in flight: the blocks' recomputed set
+  // Once, whatever is in flight: the blocks' shared set (recompute), the
+  // attention part's largest and each feed-forward kind's.
+  Kept shared_attn, shared_ffn[2];
+  auto larger = [](Kept& into, const Kept& k) {
+    if (k.half + k.other > into.half + into.other) into = k;
+  };
   auto add_block = [&](const BlockKept& b) {
+    Kept& ffn_set = shared_ffn[b.moe];
     switch (m.recompute) {
-      case Recompute::off: kept += b.kept; break;
+      case Recompute::off: kept += b.attn, kept += b.ffn, kept += b.own; break;
       case Recompute::selective:
-        kept += Kept{b.kept.half - b.selective, b.kept.other};
-        shared.half = std::max(shared.half, b.selective);
+        kept += Kept{b.attn.half - b.attn_selective, b.attn.other};
+        kept += Kept{b.ffn.half - b.ffn_selective, b.ffn.other};
+        kept += b.own;
+        larger(shared_attn, Kept{b.attn_selective, 0});
+        larger(ffn_set, Kept{b.ffn_selective, 0});
         break;
-      case Recompute::full:  // one block's set at a time; only the streams stay
-        if (b.kept.half + b.kept.other > shared.half + shared.other) shared = b.kept;
+      case Recompute::full:  // one block's set at a time; only the streams and `own` stay
+        kept += b.own;
+        larger(shared_attn, b.attn);
+        larger(ffn_set, b.ffn);
         break;
     }
   };
@@ -121,6 +141,8 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& 
       add_block(block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows));
     }
   }
+  Kept shared = shared_attn;
+  shared += shared_ffn[0], shared += shared_ffn[1];
   est.recomputed_elements = shared.half + shared.other;
   kept = Kept{kept.half * span.in_flight, kept.other * span.in_flight};
   kept += shared;

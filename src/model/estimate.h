@@ -48,11 +48,14 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
 //   off:       every block keeps its activations (the counts above);
 //   selective: a block no longer keeps its RMSNorm outputs (xn, xn2; MLA's
 //              cn, qan), its MLA up-projections (q, k, v) and its SwiGLU
-//              activation (dense FFN, shared experts, routed rows): one set of
-//              those, the largest block's, is shared by all blocks;
+//              activation (dense FFN, shared experts, routed rows; MHA's q,
+//              k, v stay kept): one set of those is shared by all blocks, its
+//              norms' and attention's part and one feed-forward part per kind
+//              (dense, MoE), as the model's Workspace shares them;
 //   full:      a block keeps only its input (the residual stream, kept
-//              anyway: L+1 streams of N x C), and one set of a block's
-//              activations, the largest block's, serves its recompute.
+//              anyway: L+1 streams of N x C) and its router's indices and
+//              gradients; one set of a block's activations (the same parts)
+//              serves its recompute.
 //
 // Pipeline stages (PipelinePlan): a stage's layers [begin, end) (stage_layers),
 // whether it is the first (the embedding) or the last (final norm, head, MTP),
