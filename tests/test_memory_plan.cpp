@@ -428,7 +428,7 @@ TEST_CASE("pipeline stages: the layers cut into P runs, every tensor in one stag
   const int64_t copy = P > 1 ? layout.at("embed").size : 0;  // MTP reads the embedding on the last stage
   int64_t params = 0, experts = 0, fp32_read = 0;
   for (int s = 0; s < P; ++s) {
-    const PipelinePlan pipe{P, PipeSchedule::one_f_one_b, 2};
+    const PipelinePlan pipe{P, PipelineSchedule::one_f_one_b, 2};
     const PlanBasis b = plan_basis(program, W, pipe, s);
     CAPTURE(s);
     CHECK(b.ranks == W / P);  // ZeRO over the stage's data-parallel ranks
@@ -458,7 +458,7 @@ TEST_CASE("pipeline stages: 1F1B keeps min(P - s, M) micro-batches in flight, GP
   CHECK(e2.halvable_elements == 2 * e1.halvable_elements);
   CHECK(e2.other_elements == 2 * e1.other_elements);
   CHECK(e2.scratch_elements == e1.scratch_elements);  // scratch once
-  const PipelinePlan f{4, PipeSchedule::one_f_one_b, 8}, g{4, PipeSchedule::gpipe, 8}, few{4, PipeSchedule::one_f_one_b, 2};
+  const PipelinePlan f{4, PipelineSchedule::one_f_one_b, 8}, g{4, PipelineSchedule::gpipe, 8}, few{4, PipelineSchedule::one_f_one_b, 2};
   CHECK((f.in_flight(0) == 4 && f.in_flight(3) == 1));
   CHECK((g.in_flight(0) == 8 && g.in_flight(3) == 8));
   CHECK((few.in_flight(0) == 2 && few.in_flight(3) == 1));
@@ -479,7 +479,7 @@ TEST_CASE("-plan: a grid's bad text is refused naming -plan and what was expecte
   CHECK_THAT(refusal("P=2x"), Catch::Contains("P=2x is not an integer >= 1"));
   CHECK_THAT(refusal("shard=zero"), Catch::Contains("shard=zero is not one of off, optimizer, gradients, params"));
   CHECK_THAT(refusal("recompute=some"), Catch::Contains("recompute=some is not one of off, selective, full"));
-  CHECK_THAT(refusal("schedule=dualpipe"), Catch::Contains("schedule=dualpipe is not one of 1f1b, gpipe"));
+  CHECK_THAT(refusal("schedule=dualpipe"), Catch::Contains("schedule=dualpipe is not one of gpipe, 1f1b, interleaved, dualpipev"));
   CHECK_THAT(refusal("P"), Catch::Contains("'P' has no '='"));
   CHECK_THAT(refusal("P=1,,2"), Catch::Contains("P has an empty value"));
   CHECK_THAT(refusal("P=1 P=2"), Catch::Contains("P given twice"));
@@ -520,7 +520,7 @@ TEST_CASE("-plan: one row per combination, the invalid ones with their reason, a
     Program variant = small_program(t, "bf16", "recompute selective\nshard optimizer\n", 2);
     double worst = 0;
     for (int s = 0; s < 2; ++s)
-      worst = std::max(worst, plan_level(plan_basis(variant, 8, {2, PipeSchedule::one_f_one_b, 2}, s),
+      worst = std::max(worst, plan_level(plan_basis(variant, 8, {2, PipelineSchedule::one_f_one_b, 2}, s),
                                          ShardLevel::optimizer).total());
     CHECK(valid.plan.total() == worst);
   }
@@ -580,7 +580,7 @@ TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented pl
   REQUIRE(smallest);
   CHECK(smallest->recompute == Recompute::full);
   // The model state alone fits on every stage; 61 layers over 16: 13 stages of 4, then 3 of 3.
-  const PipelinePlan pipe{16, PipeSchedule::one_f_one_b, 16};
+  const PipelinePlan pipe{16, PipelineSchedule::one_f_one_b, 16};
   const ParamLayout layout(program.phases.front().config.model);
   int64_t params = 0;
   for (int s = 0; s < 16; ++s) {
@@ -594,4 +594,28 @@ TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented pl
   // Selective fits with 5 micro-batches of one sequence in flight, not 6.
   CHECK(plan_rows(v3(5), 2048, parse_plan_grid("P=16 ep=64 micro=5")).front().plan.total() <= limit);
   CHECK(plan_rows(v3(6), 2048, parse_plan_grid("P=16 ep=64 micro=6")).front().plan.total() > limit);
+}
+
+TEST_CASE("-dry-run plans the deck's pipeline line: its worst stage, and -plan's default", "[model][plan][grid]") {
+  TempDir t;
+  const Program program = small_program(t, "bf16", "pipeline stages 2 schedule 1f1b micro 2\n");
+  const PipelinePlan pipe = deck_pipeline(program.phases.front().config);
+  CHECK((pipe.stages == 2 && pipe.schedule == PipelineSchedule::one_f_one_b && pipe.micro == 2));
+  double worst = 0;
+  for (int s = 0; s < 2; ++s) worst = std::max(worst, plan_level(plan_basis(program, 8, pipe, s), ShardLevel::off).total());
+  CHECK(plan_level(plan_basis(program, 8), ShardLevel::off).total() == worst);
+  // Without the line: P 1, the plan as before.
+  const Program plain = small_program(t, "bf16");
+  CHECK(plan_level(plan_basis(plain, 8), ShardLevel::off).total() ==
+        plan_level(plan_basis(plain, 8, PipelinePlan{}, 0), ShardLevel::off).total());
+  CHECK(plan_level(plan_basis(plain, 8), ShardLevel::off).total() != worst);
+  // -plan with no P, micro or schedule takes the deck's.
+  const auto rows = plan_rows(program, 8, parse_plan_grid("shard=off"));
+  REQUIRE(rows.size() == 1);
+  CHECK((rows[0].stages == 2 && rows[0].micro == 2 && rows[0].schedule == PipelineSchedule::one_f_one_b));
+  CHECK(rows[0].plan.total() == worst);
+  // The chunked schedules are not planned: a row saying so.
+  const auto chunked = plan_rows(program, 8, parse_plan_grid("schedule=dualpipev"));
+  REQUIRE(chunked.size() == 1);
+  CHECK(chunked[0].invalid == "schedule dualpipev is not planned (gpipe or 1f1b)");
 }

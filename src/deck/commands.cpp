@@ -888,6 +888,10 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   if (c.model.layers % p.stages != 0)
     input_error("{}: {} does not divide the model's {} layers ({}) (expected stages dividing layers: each stage "
                 "holds layers / stages consecutive blocks)", pipe, stages, c.model.layers, at("model"));
+  if (c.data.batch % p.micro != 0)
+    input_error("{}: pipeline micro {} does not divide the data batch {} ({}) (expected micro dividing batch: a "
+                "pipeline trains batch sequences per step as micro micro-batches of batch / micro)", pipe, p.micro,
+                c.data.batch, at("data"));
   const char* not_yet = "is not built with pipeline stages yet (expected";
   if (c.model.moe.ep != 1)
     input_error("{}: {} with moe ep {} ({}): expert parallelism {} moe ep 1)", pipe, stages, c.model.moe.ep,

@@ -388,7 +388,7 @@ struct PipelineConfig {
   int stages = 1;
   PipelineSchedule schedule = PipelineSchedule::gpipe;
   int virtual_stages = 1;  // chunks per stage (interleaved, dualpipev)
-  int micro = 1;           // micro-batches per step, each data batch sequences
+  int micro = 1;           // M: a pipeline's data batch (its sequences per step) cut into M micro-batches of batch / M
   bool operator==(const PipelineConfig&) const = default;
 };
 

@@ -307,7 +307,25 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
 
 }  // namespace
 
-PlanBasis plan_basis(const Program& program, int ranks) { return plan_basis(program, ranks, PipelinePlan{}, 0); }
+PipelinePlan deck_pipeline(const Config& c) {
+  const PipelineConfig& p = c.pipeline;
+  return p.stages > 1 ? PipelinePlan{p.stages, p.schedule, p.micro} : PipelinePlan{};
+}
+
+PlanBasis plan_basis(const Program& program, int ranks) {
+  const Config& first = program.phases.front().config;
+  const PipelinePlan pipe = deck_pipeline(first);
+  if (pipe.stages == 1 || ranks % pipe.stages) return plan_basis(program, ranks, PipelinePlan{}, 0);
+  // The stage whose rank needs the most at the deck's level.
+  PlanBasis worst;
+  double most = -1;
+  for (int s = 0; s < pipe.stages; ++s) {
+    PlanBasis b = plan_basis(program, ranks, pipe, s);
+    const double total = plan_level(b, first.shard.level).total();
+    if (total > most) most = total, worst = std::move(b);
+  }
+  return worst;
+}
 
 PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe, int stage) {
   const Config& first = program.phases.front().config;
@@ -632,7 +650,7 @@ PlanGrid parse_plan_grid(const std::string& text) {
     else if (key == "micro") grid.micro = plan_counts(text, key, values);
     else if (key == "shard") grid.shard = plan_modes<ShardLevel>(text, key, values);
     else if (key == "recompute") grid.recompute = plan_modes<Recompute>(text, key, values);
-    else if (key == "schedule") grid.schedule = plan_modes<PipeSchedule>(text, key, values);
+    else if (key == "schedule") grid.schedule = plan_modes<PipelineSchedule>(text, key, values);
     else bad_plan(text, fmt::format("unknown key '{}'{}", key,
                                     did_you_mean(key, {"P", "ep", "shard", "recompute", "micro", "schedule"})));
   }
@@ -645,11 +663,12 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
   const ModelConfig& m = c.model;
   const bool moe = m.moe.enabled();
   auto or_deck = [](auto values, auto deck) { return values.empty() ? decltype(values){deck} : values; };
-  const auto stages = or_deck(grid.stages, 1), eps = or_deck(grid.ep, moe ? m.moe.ep : 1),
-             micros = or_deck(grid.micro, 1);
+  const PipelinePlan deck = deck_pipeline(c);
+  const auto stages = or_deck(grid.stages, deck.stages), eps = or_deck(grid.ep, moe ? m.moe.ep : 1),
+             micros = or_deck(grid.micro, deck.micro);
   const auto shards = or_deck(grid.shard, c.shard.level);
   const auto recomputes = or_deck(grid.recompute, m.recompute);
-  const auto schedules = or_deck(grid.schedule, PipeSchedule::one_f_one_b);
+  const auto schedules = or_deck(grid.schedule, deck.schedule);
   std::vector<PlanRow> rows;
   for (int P : stages)
     for (int ep : eps)
@@ -670,6 +689,9 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
                 row.invalid = fmt::format("ep {} does not divide routed {}", ep, m.moe.routed);
               else if (dp % ep)
                 row.invalid = fmt::format("ep {} does not divide the W/P = {} data-parallel ranks of a stage", ep, dp);
+              else if (P > 1 && row.schedule != PipelineSchedule::gpipe &&
+                       row.schedule != PipelineSchedule::one_f_one_b)
+                row.invalid = fmt::format("schedule {} is not planned (gpipe or 1f1b)", row.schedule);
               else if (c.data.batch % row.micro)
                 row.invalid = fmt::format("micro {} does not divide batch {} (sequences per pipeline per step)",
                                           row.micro, c.data.batch);

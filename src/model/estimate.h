@@ -79,21 +79,20 @@ std::vector<std::pair<int, int>> stage_layers(int layers, int stages);
 // into M micro-batches of B / M. Stage s keeps in flight min(P - s, M)
 // micro-batches under 1F1B, M under GPipe. At P = 1 there is no pipeline: the
 // rank runs its whole batch at once (M is taken as 1).
-// No deck line sets P yet: -plan supplies it. When one lands, plan_basis(program,
-// ranks) (and so -dry-run's levels and memory_refusal) should plan the deck's
-// PipelinePlan at its worst stage, as plan_rows does, and plan_rows take it as
-// the default of P, micro and schedule.
-enum class PipeSchedule { one_f_one_b, gpipe };
-constexpr auto mode_words(PipeSchedule) { return std::array{"1f1b"sv, "gpipe"sv}; }
+// The deck's `pipeline stages P [schedule S] [micro M]` is what -dry-run plans
+// (plan_basis(program, ranks): its worst stage) and -plan's default; gpipe and
+// 1f1b are planned, the chunked schedules (interleaved, dualpipev) not yet.
 struct PipelinePlan {
   int stages = 1;  // P
-  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int micro = 1;   // M
   int in_flight(int stage) const {
     if (stages == 1) return 1;
-    return schedule == PipeSchedule::gpipe ? micro : std::min(stages - stage, micro);
+    return schedule == PipelineSchedule::gpipe ? micro : std::min(stages - stage, micro);
   }
 };
+// The deck's pipeline (P = 1: none).
+PipelinePlan deck_pipeline(const Config& c);
 
 // Sharding over the data-parallel ranks (ZeRO 1/2/3; deck: shard, built in
 // comm/sync_sharded.cpp), planned here so that a deck that cannot fit is
@@ -151,8 +150,8 @@ struct MemoryPlan {
 // The basis for a program: model, data and precision are per job; of the
 // phases, the one whose sync strategy keeps the most beside the model.
 // Throws InputError, naming the moe line, when ep does not divide `ranks`.
-PlanBasis plan_basis(const Program& program, int ranks);
-// Stage `stage` of `pipe` over `ranks` = W (P = 1, stage 0: the above).
+PlanBasis plan_basis(const Program& program, int ranks);  // the deck's pipeline, its worst stage
+// Stage `stage` of `pipe` over `ranks` = W.
 PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe, int stage);
 MemoryPlan plan_level(const PlanBasis& basis, ShardLevel level);
 // Whether a level keeps the fp32 master as this rank's pieces below params
@@ -172,13 +171,13 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
 // pipeline stages P, expert-parallel ep, shard level, recompute mode,
 // micro-batches M and schedule, each the worst stage's bytes per rank. Its
 // text is space-separated KEY=V1,V2,... with keys P, ep, shard, recompute,
-// micro, schedule; a key left out takes the deck's value (P 1, micro 1,
-// schedule 1f1b), e.g. "P=1,2,4 ep=1,8 shard=optimizer,params recompute=off,selective micro=8".
+// micro, schedule; a key left out takes the deck's value (its pipeline line:
+// P 1 without one), e.g. "P=1,2,4 ep=1,8 shard=optimizer,params recompute=off,selective micro=8".
 struct PlanGrid {
   std::vector<int> stages, ep, micro;
   std::vector<ShardLevel> shard;
   std::vector<Recompute> recompute;
-  std::vector<PipeSchedule> schedule;
+  std::vector<PipelineSchedule> schedule;
 };
 // Throws InputError naming -plan and what was expected.
 PlanGrid parse_plan_grid(const std::string& text);
@@ -188,7 +187,7 @@ struct PlanRow {
   int stages = 1, ep = 1, micro = 1;
   ShardLevel shard = ShardLevel::off;
   Recompute recompute = Recompute::off;
-  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   std::string invalid;    // why the combination cannot run ("" when it can)
   int worst_stage = 0;    // the stage whose rank needs the most
   MemoryPlan plan;        // that rank's bytes at `shard`

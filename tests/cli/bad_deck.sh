@@ -171,7 +171,7 @@ bad_deck "pipeline stages that do not divide the layers" 's/^run /pipeline stage
   "$D:11: pipeline stages 2 does not divide the model's 1 layers" "(expected stages dividing layers"
 bad_deck "pipeline 1f1b with fewer micro-batches than stages" 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 schedule 1f1b micro 1\nrun /' \
   "$D:11: pipeline 'micro' 1 is fewer than 'stages' 2 with schedule 1f1b" "(expected micro >= stages"
-bad_deck "pipeline stages that do not fill the ranks" 's/ layers 1 / layers 4 /; s/^run /pipeline stages 4 micro 4\nrun /' \
+bad_deck "pipeline stages that do not fill the ranks" 's/ layers 1 / layers 4 /; s/^run /pipeline stages 4 micro 2\nrun /' \
   "$D:11: pipeline stages 4 x moe ep 1 does not fill the " "ranks of this run" "(expected a world size that is a multiple of stages x ep"
 begin "pipeline stages 2 at 2 ranks: refused until the model's stage cut is built"
 sed -e 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 schedule 1f1b micro 2\nrun /' "$GOOD" >"$D"
