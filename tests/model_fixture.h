@@ -21,4 +21,13 @@ inline Kokkos::View<int32_t*, MemSpace> pattern_tokens(int64_t n, int vocab, int
   return t;
 }
 
+// n tokens of a fixed quadratic pattern, another for each seed.
+inline Kokkos::View<int32_t*, MemSpace> seeded_tokens(int64_t n, int vocab, uint64_t seed) {
+  Kokkos::View<int32_t*, MemSpace> t("tokens", n);
+  auto h = xx::host_staging(t);
+  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + seed * 3 + (i * i) % 5) % vocab);
+  Kokkos::deep_copy(t, h);
+  return t;
+}
+
 }  // namespace xx::test

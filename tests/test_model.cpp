@@ -28,14 +28,6 @@ ModelConfig tiny_model() {
   return m;
 }
 
-Kokkos::View<int32_t*, MemSpace> tokens(int64_t n, int vocab, uint64_t seed) {
-  Kokkos::View<int32_t*, MemSpace> t("tokens", n);
-  auto h = xx::host_staging(t);
-  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + seed * 3 + (i * i) % 5) % vocab);
-  Kokkos::deep_copy(t, h);
-  return t;
-}
-
 }  // namespace
 
 // The architectures the FD check covers: dense MHA, and DeepSeek's pieces.
@@ -80,7 +72,7 @@ TEST_CASE("whole-model gradient matches finite differences", "[model]") {
   const int B = 2;
   Transformer<double> model(cfg, B);
   model.init(42);
-  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  auto in = seeded_tokens(B * cfg.seq, cfg.vocab, 1), tgt = seeded_tokens(B * cfg.seq, cfg.vocab, 2);
   Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
   const auto loss0 = model.forward(tin, ttgt);
   REQUIRE(std::isfinite(loss0.total));
@@ -192,7 +184,7 @@ TEST_CASE("tied embeddings: an untied model whose head equals its embedding comp
       std::copy_n(from.data() + untied.layout().at(t.name).offset, t.size, to.data() + t.offset);
     Kokkos::deep_copy(tied.params(), to);
     Kokkos::deep_copy(untied.param("head"), untied.param("embed"));
-    auto in = tokens(B * m.seq, m.vocab, 3), tgt = tokens(B * m.seq, m.vocab, 4);
+    auto in = seeded_tokens(B * m.seq, m.vocab, 3), tgt = seeded_tokens(B * m.seq, m.vocab, 4);
     Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
     const double a = untied.forward(tin, ttgt).total, b = tied.forward(tin, ttgt).total;
     CHECK(a == b);
@@ -221,7 +213,7 @@ TEST_CASE("the missing-gradient check names tensors that got no gradient", "[mod
   const int B = 1;
   Transformer<float> model(cfg, B);
   model.init(3);
-  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  auto in = seeded_tokens(B * cfg.seq, cfg.vocab, 1), tgt = seeded_tokens(B * cfg.seq, cfg.vocab, 2);
   Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
   model.zero_grads();
   const auto& layout = model.layout();
@@ -269,7 +261,7 @@ TEST_CASE("idle experts are excused from the missing-gradient check, real misses
     for (size_t e = 0; e < h.extent(0); ++e) h(e) = e == 0 ? -100.0f : 0.0f;
     Kokkos::deep_copy(ffn->bias(), h);
   }
-  auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+  auto in = seeded_tokens(B * cfg.seq, cfg.vocab, 1), tgt = seeded_tokens(B * cfg.seq, cfg.vocab, 2);
   Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
   model.zero_grads();
   model.forward(tin, ttgt);
@@ -298,7 +290,7 @@ TEST_CASE("an MTP expert that got only unlabelled positions is excused, as it ha
   const auto& layout = model.layout();
   int only_unlabelled = 0;
   for (uint64_t seed = 0; seed < 60; ++seed) {
-    auto in = tokens(cfg.seq, cfg.vocab, seed), tgt = tokens(cfg.seq, cfg.vocab, seed * 5 + 1);
+    auto in = seeded_tokens(cfg.seq, cfg.vocab, seed), tgt = seeded_tokens(cfg.seq, cfg.vocab, seed * 5 + 1);
     Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
     model.zero_grads();
     model.forward(tin, ttgt);
@@ -508,7 +500,7 @@ TEST_CASE("pipeline stages: the Transformer's stage passes give forward and back
     const auto cfg = architecture(arch);
     const int B = 2;
     const int64_t NC = int64_t(B) * cfg.seq * cfg.dim;
-    auto in = tokens(B * cfg.seq, cfg.vocab, 1), tgt = tokens(B * cfg.seq, cfg.vocab, 2);
+    auto in = seeded_tokens(B * cfg.seq, cfg.vocab, 1), tgt = seeded_tokens(B * cfg.seq, cfg.vocab, 2);
     Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
     Transformer<float> whole(cfg, B), staged(cfg, B);
     whole.init(42), staged.init(42);

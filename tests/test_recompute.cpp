@@ -16,13 +16,6 @@ using namespace xx::test;
 
 namespace {
 
-Kokkos::View<int32_t*, MemSpace> some_tokens(int64_t n, int vocab, uint64_t seed) {
-  Kokkos::View<int32_t*, MemSpace> t("tokens", n);
-  auto h = xx::host_staging(t);
-  for (int64_t i = 0; i < n; ++i) h(i) = int32_t((i * 7 + seed * 3 + (i * i) % 5) % vocab);
-  Kokkos::deep_copy(t, h);
-  return t;
-}
 
 struct Run {
   LossParts loss;
@@ -37,7 +30,7 @@ Run run(ModelConfig cfg, Recompute mode, kernels::Precision type) {
   Transformer<float> model(cfg, B, type);
   model.init(42);
   model.set_loss_scale(type == kernels::Precision::fp32 ? 1.0 : 1024.0);
-  auto in = some_tokens(B * cfg.seq, cfg.vocab, 1), tgt = some_tokens(B * cfg.seq, cfg.vocab, 2);
+  auto in = seeded_tokens(B * cfg.seq, cfg.vocab, 1), tgt = seeded_tokens(B * cfg.seq, cfg.vocab, 2);
   Tokens tin(in.data(), in.extent(0)), ttgt(tgt.data(), tgt.extent(0));
   Run r;
   for (int step = 0; step < 2; ++step) {
