@@ -62,10 +62,8 @@ Block<T>::Block(const ModelConfig& m, const ParamStore<T>& store, const std::str
 // after attention, which it keeps (rstd comes out the same bits).
 template <class T>
 void Block<T>::restore_norms(Mat<const T> x_in) {
-  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
-  xn_.keep();
-  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
-  xn2_.keep();
+  norm_input(x_in);
+  norm_middle();
 }
 
 // full: the forward again from the block's input, its output to scratch; the
@@ -74,12 +72,7 @@ void Block<T>::restore_norms(Mat<const T> x_in) {
 // on every rank of the group in the same block order (ExchangeStats counts them).
 template <class T>
 void Block<T>::restore_forward(Mat<const T> x_in) {
-  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
-  xn_.keep();
-  Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));
-  attn_.forward(mat(xmid_, N_, C_), xn_.in());
-  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
-  xn2_.keep();
+  attention_half(x_in);
   auto out = ws_.mat("block_replay_out", N_, C_);
   Kokkos::deep_copy(Buffer<T>(out.data(), N_ * C_), xmid_);
   ffn_.replay(out, xn2_.in());
@@ -87,14 +80,31 @@ void Block<T>::restore_forward(Mat<const T> x_in) {
 
 template <class T>
 void Block<T>::forward(Mat<T> x_out, Mat<const T> x_in) {
-  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
-  xn_.keep();
-  Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));  // residual: the branch adds into x
-  attn_.forward(mat(xmid_, N_, C_), xn_.in());
-  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
-  xn2_.keep();
+  attention_half(x_in);
   Kokkos::deep_copy(Buffer<T>(x_out.data(), N_ * C_), xmid_);
   ffn_.forward(x_out, xn2_.in());
+}
+
+// The block's two normed inputs (xn from x_in, xn2 from the residual after attention).
+template <class T>
+void Block<T>::norm_input(Mat<const T> x_in) {
+  k::rmsnorm_forward<T>(xn_.target(), Vec<T>(rstd1_.data(), N_), x_in, attn_norm_.vec(C_), eps_);
+  xn_.keep();
+}
+
+template <class T>
+void Block<T>::norm_middle() {
+  k::rmsnorm_forward<T>(xn2_.target(), Vec<T>(rstd2_.data(), N_), mat(xmid_, N_, C_), ffn_norm_.vec(C_), eps_);
+  xn2_.keep();
+}
+
+// xmid = x_in + attention(norm(x_in)), and the FFN's normed input from it.
+template <class T>
+void Block<T>::attention_half(Mat<const T> x_in) {
+  norm_input(x_in);
+  Kokkos::deep_copy(xmid_, Buffer<T>(const_cast<T*>(x_in.data()), N_ * C_));  // residual: the branch adds into x
+  attn_.forward(mat(xmid_, N_, C_), xn_.in());
+  norm_middle();
 }
 
 template <class T>

@@ -58,6 +58,9 @@ class Block {
   // nothing (off); the two normed inputs (selective); the whole forward, its
   // side effects left out (full).
   using Restore = void (Block::*)(Mat<const T> x_in);
+  void norm_input(Mat<const T> x_in);
+  void norm_middle();
+  void attention_half(Mat<const T> x_in);
   void restore_nothing(Mat<const T>) {}
   void restore_norms(Mat<const T> x_in);
   void restore_forward(Mat<const T> x_in);
