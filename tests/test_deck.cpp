@@ -729,19 +729,21 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
   const std::string file = (t.dir / "test.deck").string();
   auto at = [&](int line) { return file + ":" + std::to_string(line); };
   const std::string four = "model dense vocab 256 dim 16 layers 4 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\n";
+  // under P > 1 no checkpoint yet: the line before run says so
+  auto staged = [](std::string text) { return text.insert(text.rfind("run "), "checkpoint at_end no\n"); };
   {
     const Program p = build(t, kBase + "run 2\n");
     CHECK(p.phases[0].config.pipeline == PipelineConfig{});  // stages 1: no pipeline
-    const Program q = build(t, four + "pipeline stages 2 schedule 1f1b micro 4\nrun 2\n");
+    const Program q = build(t, staged(four + "pipeline stages 2 schedule 1f1b micro 4\nrun 2\n"));
     const PipelineConfig& c = q.phases[0].config.pipeline;
     CHECK(c.stages == 2);
     CHECK(c.schedule == "1f1b");
     CHECK(c.micro == 4);
     CHECK(c.virtual_stages == 1);
-    CHECK(build(t, four + "pipeline stages 4 micro 2\nrun 2\n").phases[0].config.pipeline.schedule == "gpipe");
+    CHECK(build(t, staged(four + "pipeline stages 4 micro 2\nrun 2\n")).phases[0].config.pipeline.schedule == "gpipe");
   }
   auto check = [&](const std::string& text, const std::string& start, const std::string& also = "") {
-    const std::string msg = error_of(t, text);
+    const std::string msg = error_of(t, staged(text));
     INFO(msg);
     CHECK_THAT(msg, Catch::StartsWith(start));
     CHECK(msg.find(also) != std::string::npos);
@@ -767,5 +769,11 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
   check(four + "pipeline stages 2\nsync accumulate 2\nrun 2\n",
         at(3) + ": pipeline stages 2 with sync accumulate", "pipeline micro M takes the place of sync accumulate");
   check(four + "pipeline stages 2\ntopology ring\nrun 2\n", at(3) + ": pipeline stages 2 with sync dense topology ring");
-  CHECK(error_of(t, four + "pipeline stages 2 schedule gpipe micro 1\nrun 2\n").empty());  // gpipe takes M < P
+  CHECK(error_of(t, staged(four + "pipeline stages 2 schedule gpipe micro 1\nrun 2\n")).empty());  // gpipe takes M < P
+  // What needs the whole model on one rank is refused under P > 1, naming its line (checkpoints: the default too).
+  CHECK_THAT(error_of(t, four + "pipeline stages 2\nrun 2\n"),
+             Catch::StartsWith(at(3) + ": pipeline stages 2 with checkpoint every 0 at_end yes (the default)"));
+  check(four + "pipeline stages 2\nsample every 5\nrun 2\n",
+        at(3) + ": pipeline stages 2 with sample every 5 (" + at(4) + "): sampling is not built");
+  check(four + "pipeline stages 2\nlossagg mean\nrun 2\n", at(3) + ": pipeline stages 2 with lossagg mean");
 }

@@ -598,7 +598,7 @@ TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented pl
 
 TEST_CASE("-dry-run plans the deck's pipeline line: its worst stage, and -plan's default", "[model][plan][grid]") {
   TempDir t;
-  const Program program = small_program(t, "bf16", "pipeline stages 2 schedule 1f1b micro 2\n");
+  const Program program = small_program(t, "bf16", "pipeline stages 2 schedule 1f1b micro 2\ncheckpoint at_end no\n");
   const PipelinePlan pipe = deck_pipeline(program.phases.front().config);
   CHECK((pipe.stages == 2 && pipe.schedule == PipelineSchedule::one_f_one_b && pipe.micro == 2));
   double worst = 0;

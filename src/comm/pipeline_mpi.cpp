@@ -15,12 +15,14 @@ int tag_of(int micro, bool gradient) { return 2 * micro + (gradient ? 1 : 0); }
 StageLink::StageLink(MPI_Comm world, const StageCut& cut) : cut_(cut) {
   MPI_Comm_split(world, cut.stage, cut.replica, &replicas_);
   MPI_Comm_split(world, cut.replica, cut.stage, &chain_);
+  const bool end = cut.first() || cut.last();
+  MPI_Comm_split(chain_, end ? 0 : MPI_UNDEFINED, cut.stage, &ends_);
 }
 
 StageLink::~StageLink() {
   if (std::uncaught_exceptions() == 0 && !requests_.empty())
     MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
-  for (MPI_Comm* c : {&replicas_, &chain_})
+  for (MPI_Comm* c : {&replicas_, &chain_, &ends_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -57,6 +59,12 @@ void StageLink::recv_activation(int micro, float* x, int64_t n) {
 void StageLink::recv_gradient(int micro, float* g, int64_t n) {
   if (cut_.last()) throw std::logic_error("StageLink: the last stage receives no gradient");
   recv(cut_.stage + 1, tag_of(micro, true), g, n);
+}
+
+void StageLink::sum_between_ends(float* g, int64_t n) {
+  if (ends_ == MPI_COMM_NULL) throw std::logic_error("StageLink: only the first and the last stage share a tensor");
+  if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats in one sum", n));
+  MPI_Allreduce(MPI_IN_PLACE, g, int(n), MPI_FLOAT, MPI_SUM, ends_);  // two operands: a + b == b + a
 }
 
 double StageLink::finish_step() {

@@ -36,6 +36,11 @@ class StageLink {
   void recv_activation(int micro, float* x, int64_t n);
   void recv_gradient(int micro, float* g, int64_t n);
 
+  // The first and the last stage (both call it): `g` summed between them,
+  // the same bits on both. The embedding, which the last stage's MTP modules
+  // or tied head read too, gets one gradient so (V3's sharing).
+  void sum_between_ends(float* g, int64_t n);
+
   // End of a step: every send has left; the seconds this step waited on
   // receives, and the counters start again.
   double finish_step();
@@ -45,7 +50,7 @@ class StageLink {
   void send(int to, int tag, const float* data, int64_t n);
   void recv(int from, int tag, float* data, int64_t n);
   StageCut cut_;
-  MPI_Comm replicas_ = MPI_COMM_NULL, chain_ = MPI_COMM_NULL;
+  MPI_Comm replicas_ = MPI_COMM_NULL, chain_ = MPI_COMM_NULL, ends_ = MPI_COMM_NULL;
   std::deque<std::vector<float>> outgoing_;  // the copies in flight (a deque: they never move)
   std::vector<MPI_Request> requests_;
   double waited_ = 0;

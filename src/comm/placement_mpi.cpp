@@ -5,6 +5,7 @@
 namespace xx {
 
 PlacementMpi::PlacementMpi(MPI_Comm world, const Placement& placement) : world_(world), placement_(placement) {
+  if (const StageCut& s = placement.stage(); s.stages > 1) MPI_Comm_split(world, s.replica, s.stage, &chain_);
   const ExpertShare& e = placement.experts();
   if (e.ep == 1) return;
   MPI_Comm_split(world, e.holder, e.share, &ep_group_);
@@ -15,7 +16,7 @@ PlacementMpi::~PlacementMpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&ep_group_, &holders_})
+  for (MPI_Comm* c : {&ep_group_, &holders_, &chain_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -76,6 +77,12 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
     return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
   };
   const bool shard = placement_.gradients_sharded();
+  if (chain_ != MPI_COMM_NULL) {  // pipeline stages: each stage's tensors, the embedding's echo left out
+    const auto [echo_begin, echo_end] = placement_.echo();
+    double sum = squares(0, echo_begin) + squares(echo_end, values.extent(0));
+    MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, chain_);
+    return sum;
+  }
   if (placement_.experts().ep == 1 || shard) {  // (each piece of a shard, expert or not, has one owner in the world)
     double sum = squares(0, values.extent(0));
     if (shard) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, world_);

@@ -41,13 +41,15 @@ class PlacementMpi {
 
   // Collective: the squared global norm of the averaged gradients `values`
   // (this rank's shard, summed over the world; or the whole buffer, whose
-  // routed experts are summed over the expert-parallel group, the rest once).
+  // routed experts are summed over the expert-parallel group, the rest once;
+  // under pipeline stages summed over the stages, the embedding once).
   double gradient_sum_squares(Vec<const float> values) const;
 
  private:
   MPI_Comm world_;
   const Placement& placement_;
   MPI_Comm ep_group_ = MPI_COMM_NULL, holders_ = MPI_COMM_NULL;
+  MPI_Comm chain_ = MPI_COMM_NULL;  // pipeline stages: this replica's stages
 };
 
 }  // namespace xx

@@ -13,13 +13,16 @@ int64_t frame_total(const Frame& frame) {
 }
 
 Placement::Placement(Frame frame, int64_t local_total, ExpertShare experts, ShardLevel level, Ownership owned,
-                     std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces)
+                     std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces, const StageCut& stage)
     : frame_(std::move(frame)), whole_total_(frame_total(frame_)), local_total_(local_total),
-      experts_(std::move(experts)), level_(level), owned_(std::move(owned)), units_(std::move(units)),
+      experts_(std::move(experts)), stage_(stage), level_(level), owned_(std::move(owned)), units_(std::move(units)),
       master_in_pieces_(master_in_pieces) {
   for (size_t k = 0; k < frame_.size(); ++k)
     if (frame_[k].local >= 0) held_.push_back(k);
   std::sort(held_.begin(), held_.end(), [this](size_t a, size_t b) { return frame_[a].local < frame_[b].local; });
+  if (stage_.stages > 1 && stage_.last())
+    for (const FrameTensor& t : frame_)
+      if (t.name == "embed" && t.local >= 0) echo_ = {t.local, t.local + t.size};
   if (owned_.total() != local_total_) throw std::logic_error("placement: the pieces do not cover this rank's buffer");
 }
 

@@ -60,6 +60,8 @@ struct StageCut {
   int layer_begin = 0, layer_end = 0;
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
+  bool whole() const { return stages == 1; }  // no pipeline: every layer here
+  bool holds_layer(int l) const { return whole() || (l >= layer_begin && l < layer_end); }
   int rank_of(int stage_index, int replica_index) const { return stage_index * replicas + replica_index; }
 };
 // Throws std::invalid_argument where P does not divide the world or the layers.
@@ -81,8 +83,10 @@ class Placement {
   // `units`: the model's weight units, in its frame (shard params gathers them);
   // `master_in_pieces`: the fp32 weights are only this rank's pieces
   // (shard params, or a lower level under 16-bit precision).
+  // `stage`: this rank's pipeline stage (whole without stages).
   Placement(Frame frame, int64_t local_total, ExpertShare experts, ShardLevel level,
-            Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces);
+            Ownership owned, std::vector<std::pair<int64_t, int64_t>> units, bool master_in_pieces,
+            const StageCut& stage = {});
 
   // frames
   const Frame& frame() const { return frame_; }
@@ -96,6 +100,13 @@ class Placement {
 
   // experts
   const ExpertShare& experts() const { return experts_; }
+
+  // pipeline stages: this rank's, and the run of its buffer that another
+  // stage holds too (the embedding on the last stage, read by the MTP modules
+  // or a tied head: stage 0's tensor, its gradient summed with stage 0's and
+  // counted there); empty where none.
+  const StageCut& stage() const { return stage_; }
+  std::pair<int64_t, int64_t> echo() const { return echo_; }
 
   // ZeRO
   ShardLevel level() const { return level_; }
@@ -119,6 +130,8 @@ class Placement {
   std::vector<size_t> held_;  // the frame indices of this rank's tensors, in its buffer order
   int64_t whole_total_ = 0, local_total_ = 0;
   ExpertShare experts_;
+  StageCut stage_;
+  std::pair<int64_t, int64_t> echo_{0, 0};
   ShardLevel level_ = ShardLevel::off;
   Ownership owned_;
   std::vector<std::pair<int64_t, int64_t>> units_;

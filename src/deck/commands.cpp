@@ -903,6 +903,22 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
                 "gradients (expected sync dense over topology full, without compress: the data-parallel ranks of a "
                 "stage average its gradients; pipeline micro M takes the place of sync accumulate)",
                 pipe, stages, c.sync.kind, c.topology.kind, c.compress.kind, where);
+  // What reads or writes the whole model on one rank, or weighs one rank's losses: not across stages yet.
+  if (c.checkpoint.every > 0 || c.checkpoint.at_end)
+    input_error("{}: {} with checkpoint every {} at_end {} ({}): checkpoints {} checkpoint at_end no, and no "
+                "checkpoint every: each stage holds its own layers, and their file frame is not written yet)", pipe,
+                stages, c.checkpoint.every, c.checkpoint.at_end ? "yes" : "no", at("checkpoint"), not_yet);
+  if (c.sample.every > 0)
+    input_error("{}: {} with sample every {} ({}): sampling {} no sample line: no rank holds the whole model; "
+                "sample from a checkpoint with xuanxue generate)", pipe, stages, c.sample.every, at("sample"), not_yet);
+  if (c.init.kind != InitKind::random)
+    input_error("{}: {} with init hf ({}): importing weights {} init random)", pipe, stages, at("init"), not_yet);
+  if (c.lossagg.kind != LossAggKind::off)
+    input_error("{}: {} with lossagg {} (phase at {}): loss aggregation {} lossagg off: the last stage alone "
+                "sees the losses)", pipe, stages, c.lossagg.kind, where, not_yet);
+  if (c.schedule.restart_from == RestartFrom::best)
+    input_error("{}: {} with schedule restart_from best ({}): {} restart_from last)", pipe, stages, at("schedule"),
+                not_yet);
 }
 
 // moe ... ep N: what expert parallelism serves. The experts a rank holds

@@ -6,13 +6,14 @@
 
 namespace xx {
 
-ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank)
-    : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank), head_(m.tie_embeddings ? "embed" : "head") {
+ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank, const StageCut& stage)
+    : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank), stage_(stage), layers_(m.layers),
+      embed_on_last_(m.mtp.depth > 0 || m.tie_embeddings), head_(m.tie_embeddings ? "embed" : "head") {
+  if (stage_.whole()) stage_.layer_begin = 0, stage_.layer_end = m.layers;
   if (ep_ > 1) experts_per_rank_ = m.moe.routed / ep_;
   const int64_t C = m.dim, V = m.vocab;
   // Tied (model ... tie_embeddings yes): the embedding is also the head, a matrix product.
-  add("embed", {V, C}, -1, false, m.init_std, m.tie_embeddings);
-  tensors_.back().reads_fp32 = true;  // a lookup
+  add("embed", {V, C}, -1, false, m.init_std, m.tie_embeddings);  // (add: read in fp32, a lookup)
   if (m.tie_embeddings) active_ += V * C;  // every token's logits read all of it
   for (int l = 0; l < m.layers; ++l) {
     layer_begin_.push_back(total_);
@@ -87,8 +88,7 @@ void ParamLayout::add_block(const std::string& p, const ModelConfig& m, int laye
   }
   const auto& e = m.moe;
   const int64_t Fm = e.ffn;
-  add(p + "ffn.gate", {e.routed, C}, layer, false, std, true);
-  tensors_.back().reads_fp32 = true;  // the router's scores are fp32 (ffn.cpp)
+  add(p + "ffn.gate", {e.routed, C}, layer, false, std, true);  // (add: read in fp32, the router's scores)
   if (e.shared > 0) {
     add(p + "ffn.shared.w1", {e.shared * Fm, C}, layer, false, std, true);
     add(p + "ffn.shared.w3", {e.shared * Fm, C}, layer, false, std, true);
@@ -118,17 +118,26 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, int l
   t.layer = layer;
   t.expert = expert;
   t.is_norm = is_norm;
-  t.reads_fp32 = is_norm;
+  // (the lookup, and the router's gate: its scores are fp32, ffn.cpp)
+  t.reads_fp32 = is_norm || name == "embed" || name.ends_with("ffn.gate");
   t.decay = !is_norm;
   t.matmul = matmul;
   t.init_std = init_std;
   full_total_ += t.size;
   if (name != "embed") active_ += t.size;
   if (matmul) matmul_active_ += t.size;
-  // Another rank's expert: counted in the model, not held here.
+  // Another rank's expert, or another stage's tensor: counted in the model, not held here.
   if (expert >= 0 && ep_ > 1 && expert / experts_per_rank_ != ep_rank_) return;
+  if (!on_stage(t.name, layer)) return;
   total_ += t.size;
   tensors_.push_back(std::move(t));
+}
+
+bool ParamLayout::on_stage(const std::string& name, int layer) const {
+  if (stage_.whole()) return true;
+  if (name == "embed") return stage_.first() || (stage_.last() && embed_on_last_);
+  if (layer >= 0 && layer < layers_) return stage_.holds_layer(layer);
+  return stage_.last();  // the final norm, the head, the MTP modules
 }
 
 std::vector<std::pair<int64_t, int64_t>> ParamLayout::expert_runs() const {
@@ -185,7 +194,7 @@ double flops_per_token(const ModelConfig& m, const ParamLayout& layout) {
 }
 
 Frame whole_frame(const ParamLayout& whole) {
-  if (!whole.holds_all()) throw std::logic_error("whole_frame: the layout holds one expert share, not the whole model");
+  if (!whole.holds_all()) throw std::logic_error("whole_frame: the layout holds an expert share or a pipeline stage, not the whole model");
   Frame frame;
   for (const auto& t : whole.tensors()) frame.push_back({t.name, t.shape, t.offset, t.size, t.offset, -1});
   return frame;
@@ -216,7 +225,7 @@ Placement place_model(const ModelConfig& m, const ParamLayout& mine, ShardLevel 
                     : level == ShardLevel::params ? Ownership(units, bucket, world, rank, holders)
                                                   : Ownership({{0, total}}, bucket, world, rank, holders);
   return Placement(std::move(frame), total, std::move(experts), level, std::move(owned), std::move(units),
-                   master_in_pieces);
+                   master_in_pieces, mine.stage());
 }
 
 }  // namespace xx

@@ -44,8 +44,11 @@ class ParamLayout {
   // The tensors rank `ep_rank` of an expert-parallel group holds (moe ... ep
   // N): every tensor but the routed experts of the other ranks, which hold
   // experts [ep_rank * E/N, (ep_rank + 1) * E/N) of each MoE layer. With ep 1
-  // it is the whole model.
-  explicit ParamLayout(const ModelConfig& m, int ep_rank = 0);
+  // it is the whole model. Under pipeline stages (`stage`, core/placement.h)
+  // only the stage's tensors: its blocks; the embedding on the first stage,
+  // and on the last where the MTP modules or a tied head read it too; the
+  // final norm, the head and the MTP modules on the last.
+  explicit ParamLayout(const ModelConfig& m, int ep_rank = 0, const StageCut& stage = {});
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   std::vector<TensorSpan> spans() const;  // (name, offset, size) of every tensor, in layout order
@@ -54,6 +57,7 @@ class ParamLayout {
   int64_t total() const { return total_; }
   int64_t full_total() const { return full_total_; }  // the whole model's size (= total without ep)
   bool holds_all() const { return total_ == full_total_; }
+  const StageCut& stage() const { return stage_; }
   // Runs [begin, end) of this rank's routed-expert tensors (one per MoE layer): empty without ep.
   std::vector<std::pair<int64_t, int64_t>> expert_runs() const;
   // Between this rank's buffer and the whole model's (full_offset): every tensor copied.
@@ -82,10 +86,14 @@ class ParamLayout {
   void add(const std::string& name, std::vector<int64_t> shape, int layer, bool is_norm, double init_std,
            bool matmul, int expert = -1);
   void add_block(const std::string& prefix, const ModelConfig& m, int layer, bool moe);
+  bool on_stage(const std::string& name, int layer) const;
   std::vector<TensorInfo> tensors_;
   std::vector<int64_t> layer_begin_;
   int64_t total_ = 0, full_total_ = 0, active_ = 0, matmul_active_ = 0;
   int ep_ = 1, ep_rank_ = 0, experts_per_rank_ = 1;
+  StageCut stage_;
+  int layers_ = 0;
+  bool embed_on_last_ = false;  // MTP or a tied head: the last stage reads the embedding too
   std::string head_;
 };
 

@@ -126,8 +126,10 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 // Transformer
 
 template <class T>
-Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank)
-    : cfg_(config), layout_(config, ep_rank), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
+Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank,
+                            const StageCut& stage)
+    : cfg_(config), layout_(config, ep_rank, stage), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
+  const StageCut& cut = layout_.stage();
   const int64_t C = cfg_.dim, V = cfg_.vocab;
   if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
   gemm_type_ = gemm_type;
@@ -146,19 +148,22 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
                                     layout_.total());
   const ParamStore<T> store{&layout_, params_.data(), grads_.data(), params_half_.data(), gemm_type};
   units_ = layout_.weight_units();
-  embed_ = store("embed");
-  norm_ = store("norm");
-  head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
+  if (layout_.has("embed")) embed_ = store("embed");
   hold_embed_ = cfg_.mtp.depth > 0 || layout_.tied();
   // recompute: what every block remakes in its backward is one set for all of them
   ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
-  for (int l = 0; l < cfg_.layers; ++l) {
+  blocks_.resize(size_t(cfg_.layers));  // another stage's blocks stay null
+  for (int l = cut.layer_begin; l < cut.layer_end; ++l) {
     ws_.begin_owner();
-    blocks_.push_back(std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
-                                                 cfg_.moe.is_moe_layer(l), batch, ws_));
+    blocks_[size_t(l)] = std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
+                                                    cfg_.moe.is_moe_layer(l), batch, ws_);
   }
   ws_.share_kept({});
-  for (int l = 0; l <= cfg_.layers; ++l) resid_.push_back(activation<T>("resid", N_, C));
+  resid_.resize(size_t(cfg_.layers) + 1);  // the stage's L / P + 1 streams
+  for (int l = cut.layer_begin; l <= cut.layer_end; ++l) resid_[size_t(l)] = activation<T>("resid", N_, C);
+  if (!cut.last()) return;  // the head and the MTP modules are the last stage's
+  norm_ = store("norm");
+  head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
   xf_ = KeptActivation<T>("xf", N_, C, gemm_type, ws_);
   rstdf_ = activation<T>("rstdf", N_);
   logits_ = activation<T>("logits", N_, V);
@@ -269,7 +274,7 @@ template <class T>
 std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers() {
   std::vector<std::pair<std::string, FeedForward<T>*>> out;
   for (size_t l = 0; l < blocks_.size(); ++l)
-    if (blocks_[l]->ffn().is_moe()) out.emplace_back("layers." + std::to_string(l) + ".", &blocks_[l]->ffn());
+    if (blocks_[l] && blocks_[l]->ffn().is_moe()) out.emplace_back("layers." + std::to_string(l) + ".", &blocks_[l]->ffn());
   for (size_t d = 0; d < mtp_.size(); ++d)
     if (mtp_[d].block->ffn().is_moe()) out.emplace_back("mtp." + std::to_string(d) + ".", &mtp_[d].block->ffn());
   return out;
@@ -346,6 +351,7 @@ LossParts Transformer<T>::head_forward(Tokens targets) {
 template <class T>
 LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
+  check_whole("forward");
   use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
   k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
   if (!hold_embed_) let_go(0);
@@ -410,6 +416,7 @@ void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
 template <class T>
 void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
+  check_whole("backward");
   auto notify = [&](int64_t offset) {
     if (ready) ready(offset);
   };
@@ -435,9 +442,18 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
 // with stages (shard is: deck/commands.cpp).
 template <class T>
 void Transformer<T>::check_stage(int begin, int end) const {
-  if (begin < 0 || end > cfg_.layers || begin >= end || gate_)
+  const StageCut& cut = layout_.stage();
+  const bool held = cut.whole() || (begin == cut.layer_begin && end == cut.layer_end);
+  if (begin < 0 || end > cfg_.layers || begin >= end || gate_ || !held)
     throw std::invalid_argument(fmt::format("Transformer: stage blocks [{}, {}) of {}{}", begin, end, cfg_.layers,
-                                            gate_ ? " under a weight gate" : ""));
+                                            gate_ ? " under a weight gate" : !held ? " on another stage's model" : ""));
+}
+
+template <class T>
+void Transformer<T>::check_whole(const char* pass) const {
+  if (!layout_.stage().whole())
+    throw std::logic_error(fmt::format("Transformer: {} on a model of stage {} of {} (expected forward_stage and "
+                                       "backward_stage)", pass, layout_.stage().stage, layout_.stage().stages));
 }
 
 template <class T>

@@ -82,9 +82,11 @@ class Transformer {
   // sequences. gemm_type: what GEMM inputs are stored and multiplied as
   // (mixed precision; float only, a Transformer<double> runs double).
   // ep_rank: this rank's place in its expert-parallel group (moe ... ep N):
-  // which routed experts it holds (ParamLayout).
+  // which routed experts it holds (ParamLayout). stage: under pipeline
+  // stages, the one stage this model holds and runs (forward_stage,
+  // backward_stage); its other layers exist nowhere in this process.
   Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32,
-              int ep_rank = 0);
+              int ep_rank = 0, const StageCut& stage = {});
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -125,7 +127,8 @@ class Transformer {
   // starts from the losses where end is L, else from `dout` (d/d out), and
   // ends in the embedding's gradient where begin is 0, else writes d/d in to
   // `din`. The passes of every stage, in order, are forward and backward's
-  // kernel calls: the same bits.
+  // kernel calls: the same bits. A model built for one stage runs that
+  // stage's blocks only, and not forward or backward.
   LossParts forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out);
   void backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din);
 
@@ -164,6 +167,7 @@ class Transformer {
   LossParts head_forward(Tokens targets);              // final norm, head, MTP: the last stage's forward
   void head_backward(Tokens targets, Mat<T> dresid);  // ... its backward, d/d resid_[L] into dresid
   void check_stage(int begin, int end) const;
+  void check_whole(const char* pass) const;  // forward and backward run every layer
   void write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // Unit u's weights (ParamLayout::weight_units) are needed, then not.
   void use(int unit, int next);

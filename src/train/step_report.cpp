@@ -77,6 +77,7 @@ void StepReport::log_step(const StepFigures& f) {
   if (mfu) record_["mfu"] = *mfu;  // no peak, or a wrong one: no mfu
   if (f.mtp) record_["loss_mtp"] = f.parts.mtp;
   if (f.consensus >= 0) record_["consensus_distance"] = f.consensus;
+  if (!f.bubble.empty()) record_["pipeline_bubble"] = f.bubble, record_["pipeline_bubble_theory"] = f.bubble_theory;
   if (f.nonfinite_skipped > 0) record_["nonfinite_skipped"] = f.nonfinite_skipped;
   if (f.compress_ratio) record_["compress_ratio"] = *f.compress_ratio;
   if (f.scaler) {

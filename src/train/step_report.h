@@ -39,6 +39,8 @@ struct StepFigures {
   const LossAggregator* lossagg = nullptr;
   LossAggKind lossagg_kind = LossAggKind::off;
   int64_t batch_position = 0;             // batches this rank's loader handed out
+  std::vector<double> bubble;             // pipeline stages: each stage's idle fraction this step (replica 0's)
+  double bubble_theory = 0;               // ... the schedule's, with equal pass times
 };
 
 class StepReport {

@@ -33,18 +33,12 @@ double Trainer::train_step() {
   sync.begin_step(step_);
   sync.zero_gradients();
   precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
-  LossParts mean;
   nonfinite_.own = false;
-  for (int m = 0; m < micro; ++m) {
-    data_->load_training_batch(step_ * micro + m);
-    const LossParts parts = model_->forward(data_->inputs, data_->targets);
-    model_->set_loss_weights(weigh_losses(parts));
-    mean.total += parts.total / micro, mean.main += parts.main / micro;
-    mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
-    model_->backward(data_->inputs, data_->targets, gradient_hook(m + 1 == micro));
-  }
+  std::fill(step_load_.begin(), step_load_.end(), 0.0);
+  const LossParts mean = (this->*passes_)();
   last_.comm = CommStats{};
   sync.reduce_gradients(step_, last_.comm);
+  if (stages_) share_embedding();
   if (exchange_) last_.comm += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
   if (lossagg_on_ && world_ > 1) {  // one loss gather per micro-batch; on the wire, what it hands MPI
     const int64_t gathered = micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
@@ -70,6 +64,91 @@ double Trainer::train_step() {
   last_.norm = norm, last_.lr = lr;
   if (sync.consensus_distance() >= 0) last_.consensus = sync.consensus_distance();
   return last_.parts.total;
+}
+
+// Every micro-batch forward and backward through the whole model, in turn
+// (sync accumulate K: K of them), each from its own batch.
+LossParts Trainer::micro_batch_passes() {
+  const int micro = strategy_->micro_batches();
+  LossParts mean;
+  for (int m = 0; m < micro; ++m) {
+    data_->load_training_batch(step_ * micro + m);
+    const LossParts parts = model_->forward(data_->inputs, data_->targets);
+    count_expert_load();
+    model_->set_loss_weights(weigh_losses(parts));
+    mean.total += parts.total / micro, mean.main += parts.main / micro;
+    mean.mtp += parts.mtp / micro, mean.aux += parts.aux / micro;
+    model_->backward(data_->inputs, data_->targets, gradient_hook(m + 1 == micro));
+  }
+  return mean;
+}
+
+// Pipeline stages: this stage's passes over the step's M micro-batches (the
+// batch's sequences in M runs of batch / M) in its schedule's order, fed by
+// its neighbours (train/pipeline.h). The losses (the last stage's, and each
+// stage's own MoE layers' aux) are summed over the chain; the gradients are
+// all final at the end, checked, then handed to the strategy at once.
+LossParts Trainer::stage_passes() {
+  data_->load_training_batch(step_);
+  const StageCut& cut = stages_->cut();
+  const int M = cfg_.pipeline.micro;
+  const int64_t n = int64_t(micro_) * cfg_.model.seq, width = n * cfg_.model.dim;
+  auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
+  auto host = [width](const float* p) { return Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(const_cast<float*>(p), width); };
+  LossParts sum;
+  stage_resident_ = -1;
+  auto forward = [&](int m, const float* in) {
+    if (in) Kokkos::deep_copy(stage_in_, host(in));
+    stage_resident_ = m;
+    return model_->forward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
+                                 stage_in_.data(), stage_out_.data());
+  };
+  StagePasses passes;
+  passes.width = width;
+  passes.forward = [&](int m, const float* in, float* out) {
+    if (in) stage_kept_[m].assign(in, in + width);
+    const LossParts l = forward(m, in);
+    count_expert_load();  // (not the reruns below)
+    sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
+    if (out) Kokkos::deep_copy(host(out), stage_out_);
+  };
+  passes.backward = [&](int m, const float* dout, float* din) {
+    // The model holds the last forward's activations: another micro-batch's are remade from its input.
+    if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m).data());
+    stage_kept_.erase(m);
+    if (dout) Kokkos::deep_copy(stage_out_, host(dout));
+    model_->backward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
+                           stage_out_.data(), stage_in_.data());
+    if (din) Kokkos::deep_copy(host(din), stage_in_);
+  };
+  const PipelineStepTimes times = pipeline_->step(passes);
+  double parts[3] = {sum.main, sum.mtp, sum.aux};
+  MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, stages_->chain());
+  sum = {.total = parts[0] + cfg_.model.mtp.weight * parts[1] + parts[2], .main = parts[0], .mtp = parts[1], .aux = parts[2]};
+  // each stage's bubble, for rank 0's record (replica 0's chain)
+  last_.bubble.assign(size_t(cut.stages), 0.0);
+  last_.bubble[size_t(cut.stage)] = times.bubble();
+  MPI_Allreduce(MPI_IN_PLACE, last_.bubble.data(), cut.stages, MPI_DOUBLE, MPI_SUM, stages_->chain());
+  last_.bubble_theory = times.theory;
+  const int64_t total = model_->layout().total();
+  for (auto& check : on_gradients_) check(0, total);
+  strategy_->gradients_ready(0);
+  return sum;
+}
+
+// Pipeline stages with MTP or a tied head: the last stage reads the
+// embedding too; its gradient there and stage 0's, each averaged over the
+// replicas, are summed into one on both (the same bits, so the two copies
+// stay equal).
+void Trainer::share_embedding() {
+  const StageCut& cut = stages_->cut();
+  if (!(cfg_.model.mtp.depth > 0 || cfg_.model.tie_embeddings) || !(cut.first() || cut.last())) return;
+  const Vec<float> g = model_->grad("embed");
+  std::vector<float> h(g.extent(0));
+  const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> hv(h.data(), h.size());
+  Kokkos::deep_copy(hv, g);
+  stages_->sum_between_ends(h.data(), int64_t(h.size()));
+  Kokkos::deep_copy(g, hv);
 }
 
 // From the last micro-batch's backward: each final range is checked, then
@@ -109,21 +188,37 @@ LossWeights Trainer::weigh_losses(const LossParts& parts) {
 // V3 update of each layer's selection bias from its own global load.
 void Trainer::balance_experts() {
   auto layers = model_->moe_layers();
-  if (layers.empty()) return;
+  if (layers.empty() && (!stages_ || !cfg_.model.moe.enabled())) return;  // (a stage without one joins the others)
   const int64_t E = cfg_.model.moe.routed;
   const bool capped = cfg_.model.moe.capacity_factor > 0;
   std::vector<double> global(layers.size() * E + capped);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    for (int64_t e = 0; e < E; ++e) global[l * E + e] = layers[l].second->expert_counts()[e];
-    if (capped) global.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
-  }
-  sum_over_ranks(global, comm_);
+  if (!layers.empty()) std::copy_n(step_load_.begin(), global.size(), global.begin());
+  sum_over_ranks(global, replicas_);  // (pipeline stages: the ranks holding this stage's layers)
   last_.expert_dropped = capped ? global.back() : -1;
   last_.expert_load.assign(E, 0.0);
   for (size_t l = 0; l < layers.size(); ++l) {
     std::vector<double> load(global.begin() + l * E, global.begin() + (l + 1) * E);
     for (int64_t e = 0; e < E; ++e) last_.expert_load[e] += load[e];
     if (cfg_.model.moe.balance == Balance::bias) layers[l].second->update_bias(load, cfg_.model.moe.balance_coef);
+  }
+  if (stages_) {  // the record's load is every stage's layers'
+    last_.expert_load.push_back(last_.expert_dropped);
+    MPI_Allreduce(MPI_IN_PLACE, last_.expert_load.data(), int(E + 1), MPI_DOUBLE, MPI_SUM, stages_->chain());
+    last_.expert_dropped = capped ? last_.expert_load.back() : -1;
+    last_.expert_load.pop_back();
+  }
+}
+
+// MoE: the last forward's tokens per routed expert (and rows dropped past
+// capacity), added to this step's: every micro-batch counts.
+void Trainer::count_expert_load() {
+  auto layers = model_->moe_layers();
+  if (layers.empty()) return;
+  const int64_t E = cfg_.model.moe.routed;
+  step_load_.resize(layers.size() * E + 1, 0.0);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (int64_t e = 0; e < E; ++e) step_load_[l * E + e] += layers[l].second->expert_counts()[e];
+    step_load_.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
   }
 }
 
@@ -178,29 +273,50 @@ void Trainer::write_sample() {
   log_->text(step_, "samples/text", text);
 }
 
+// Collective. Validation batches in runs of the model's batch (pipeline
+// stages: through every stage, the last one scoring; else the batch at once).
 Validation Trainer::evaluate() {
-  const int64_t N = int64_t(cfg_.data.batch) * cfg_.model.seq;
+  const int runs = cfg_.data.batch / micro_;
+  const int64_t N = int64_t(micro_) * cfg_.model.seq;
   double sums[5] = {0, 0, 0, 0, 0};  // mean losses, nats, bytes of text predicted, argmax hits, tokens
   precision_->refresh_weights();
+  const bool scores = !stages_ || stages_->cut().last();
   for (int j = 0; j < cfg_.eval.batches; ++j) {
     const std::vector<int32_t> targets = data_->load_validation_batch(j);
-    const double loss = model_->forward(data_->inputs, data_->targets).main;
-    sums[0] += loss, sums[1] += loss * double(N);
-    for (int32_t t : targets) sums[2] += data_->tokenizer().bytes_of(t);
-    // next-token accuracy: the main head's argmax (the lowest id among equals) is the target
-    auto logits = host_copy(model_->logits());
-    const int64_t V = cfg_.model.vocab;
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = &logits(i, 0);
-      sums[3] += int64_t(std::max_element(row, row + V) - row) == targets[size_t(i)];
+    for (int r = 0; r < runs; ++r) {
+      const Tokens in(data_->inputs.data() + r * N, N), tgt(data_->targets.data() + r * N, N);
+      double loss = 0;
+      if (!stages_) {
+        loss = model_->forward(in, tgt).main;
+      } else {  // activations go forward by the stage messages (validation runs count as micro-batches 0..)
+        const StageCut& c = stages_->cut();
+        std::vector<float> act(size_t(stage_in_.extent(0)));
+        const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> h(act.data(), act.size());
+        if (!c.first()) stages_->recv_activation(r, act.data(), int64_t(act.size())), Kokkos::deep_copy(stage_in_, h);
+        loss = model_->forward_stage(c.layer_begin, c.layer_end, in, tgt, stage_in_.data(), stage_out_.data()).main;
+        if (!c.last()) Kokkos::deep_copy(h, stage_out_), stages_->send_activation(r, act.data(), int64_t(act.size()));
+      }
+      if (!scores) continue;
+      sums[0] += loss / runs, sums[1] += loss * double(N);
+      for (int64_t i = 0; i < N; ++i) sums[2] += data_->tokenizer().bytes_of(targets[size_t(r * N + i)]);
+      // next-token accuracy: the main head's argmax (the lowest id among equals) is the target
+      auto logits = host_copy(model_->logits());
+      const int64_t V = cfg_.model.vocab;
+      for (int64_t i = 0; i < N; ++i) {
+        const float* row = &logits(i, 0);
+        sums[3] += int64_t(std::max_element(row, row + V) - row) == targets[size_t(r * N + i)];
+      }
+      sums[4] += double(N);
     }
-    sums[4] += double(N);
   }
-  sum_over_ranks(sums, comm_);  // over every rank's batches
+  if (stages_) stages_->finish_step();
+  sum_over_ranks(sums, comm_);  // over every scoring rank's batches
+  int scorers = world_;
+  if (stages_) scorers = stages_->cut().replicas;
   // bits per byte = nats per token * tokens / bytes / ln 2
   const double bpb = data_->bytes_known() && sums[2] > 0 ? sums[1] / sums[2] / std::log(2.0)
                                                   : std::numeric_limits<double>::quiet_NaN();
-  return {sums[0] / double(world_ * cfg_.eval.batches), bpb, sums[3] / sums[4]};
+  return {sums[0] / double(scorers * cfg_.eval.batches), bpb, sums[3] / sums[4]};
 }
 
 // ---------------------------------------------------------------------------
@@ -264,7 +380,9 @@ void Trainer::run_phases() {
 void Trainer::after_step(double loss, double seconds) {
   const bool end = step_ == phase_end_;
   auto due = [this](int64_t every) { return every > 0 && step_ % every == 0; };
-  report_->step_done(step_, loss, seconds, int64_t(cfg_.data.batch) * cfg_.model.seq * world_ * strategy_->micro_batches());
+  // tokens trained this step: every replica's batch (pipeline stages: each replica's M micro-batches once)
+  const int64_t batches = stages_ ? stages_->cut().replicas : int64_t(world_) * strategy_->micro_batches();
+  report_->step_done(step_, loss, seconds, int64_t(cfg_.data.batch) * cfg_.model.seq * batches);
   losses_.push_back(loss);
   if (due(cfg_.health.every)) check_health_now();
   if (due(cfg_.output.log_every) || end) {

@@ -30,6 +30,7 @@
 #include "train/lossagg.h"
 #include "train/mixed_precision.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 #include "train/step_report.h"
 #include "train/training_data.h"
 #include "train/warm_restarts.h"
@@ -86,13 +87,23 @@ class Trainer {
   // init hf DIR: the weights this rank keeps (`mine`, ranges of its buffer) from the HF files
   void import_hf(const std::vector<std::pair<int64_t, int64_t>>& mine);
   void check_expert_groups(const std::string& resume_path);  // moe ... ep N: the world splits into groups
-  void check_pipeline_stages() const;  // pipeline stages P: the world splits into P stages (this slice refuses P > 1)
+  void check_pipeline_stages() const;  // pipeline stages P: the world splits into P stages
+  void build_stages();                 // ... their messages and executor (pipeline stages P > 1)
   void register_state();
   void enter_phase(size_t phase);  // the phase's settings and sync strategy
   bool keeps_strategy(size_t phase) const;  // its sync settings equal the phase before's
   std::function<void(int64_t)> gradient_hook(bool last);
+  // A step's forward and backward passes, chosen once (build_stages): every
+  // micro-batch through the whole model, or this stage's passes in its
+  // schedule's order. The step's mean losses (the same on every rank of a chain).
+  LossParts micro_batch_passes();
+  LossParts stage_passes();
+  LossParts (Trainer::*passes_)() = &Trainer::micro_batch_passes;
+  SyncSettings phase_sync(const Config& c, int64_t phase_start) const;
+  void share_embedding();  // pipeline stages: the embedding's gradient, one on the first and last stage
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
+  void count_expert_load();  // after a training forward: its expert load joins the step's
   void balance_experts();
   CommStats expert_traffic();  // this step's all-to-alls (ep), read and reset
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
@@ -121,6 +132,18 @@ class Trainer {
 
   MPI_Comm comm_;
   int rank_ = 0, world_ = 1;
+  // pipeline stages P > 1 (train/pipeline.h): this rank's stage, its
+  // neighbours' messages and the schedule; replicas_ is the communicator
+  // averaging this rank's gradients and splitting the data (the world, or
+  // its stage's data-parallel replicas).
+  std::unique_ptr<StageLink> stages_;
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  MPI_Comm replicas_ = MPI_COMM_NULL;
+  int micro_ = 1;                    // sequences per pass: data batch / pipeline micro
+  int64_t tokens_per_step_ = 0;      // every replica's sequences x seq
+  Buffer<float> stage_in_, stage_out_;  // a micro-batch's activation (or gradient) in kernel memory
+  std::map<int, std::vector<float>> stage_kept_;  // each micro-batch's input, kept until its backward
+  int stage_resident_ = -1;         // the micro-batch whose activations the model holds now
   const Program program_;  // a copy: callers may pass a temporary
   RunOptions options_;
   Config cfg_;             // the settings of the phase being run
@@ -164,6 +187,7 @@ class Trainer {
   double seed_main_ = 1;              // this micro-batch's main-loss weight (0: lossagg robust trimmed this rank)
   bool lossagg_on_ = false;           // this phase weighs the losses (lossagg other than off)
   std::vector<std::function<void(int64_t, int64_t)>> on_gradients_;  // on each final range [begin, end)
+  std::vector<double> step_load_;     // MoE: this step's tokens per layer and routed expert, then rows dropped
 
   // resilience (deck: health, fault, preempt; docs/RESILIENCE.md)
   struct Nonfinite {

@@ -62,7 +62,9 @@ void Trainer::check_health_now() {
   const Agreement agree = strategy_->agreement(step_);
   // (under ep each rank holds its own experts: no two need hold the same bits)
   // Fingerprints compare whole fp32 weights: not a rank's pieces of them, nor its expert share.
-  const bool comparable = agree.params && !placement_.master_sharded() && placement_.experts().ep == 1;
+  // (under pipeline stages each rank holds its own stage's layers)
+  const bool comparable = agree.params && !placement_.master_sharded() && placement_.experts().ep == 1 &&
+                          placement_.stage().whole();
   const HealthVerdict verdict = check_health(comm_, mine, comparable);
   if (!verdict.failure.empty()) throw HealthError(fmt::format("step {}: health check failed: {}", step_, verdict.failure));
   log_->rank(verdict.summary);

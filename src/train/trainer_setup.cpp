@@ -25,13 +25,14 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   MPI_Comm_size(comm, &world_);
   if (program.phases.empty()) throw InputError("deck: no run command: nothing to do");
   cfg_ = program.phases.front().config;  // per-job settings are the same in every phase (deck/commands.cpp)
-  data_ = std::make_unique<TrainingData>(comm_, program_);
+  check_pipeline_stages();
+  build_stages();
+  data_ = std::make_unique<TrainingData>(replicas_, program_);  // each stage's replica r reads replica r's data
   std::string resume_path;
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
   from_rank0(resume_path, comm_);
   resident_before_model_ = double(resident_bytes()) / (1024.0 * 1024.0);
   check_expert_groups(resume_path);
-  check_pipeline_stages();
   build_model(resume_path.empty());
   register_state();
   const double restore_start = MPI_Wtime();
@@ -100,20 +101,30 @@ void Trainer::check_expert_groups(const std::string& resume_path) {
 
 // pipeline stages P: world = P x ep x dp ranks (ep is refused under P > 1
 // for now: deck/commands.cpp), each stage's replicas consecutive ranks
-// (core/placement.h, StageCut). The schedules, the stage messages and their
-// executor are built (train/pipeline.h, comm/pipeline_mpi.h); the model's
-// stage cut is not, so P > 1 stops here, saying so.
+// (core/placement.h, StageCut).
 void Trainer::check_pipeline_stages() const {
   const PipelineConfig& p = cfg_.pipeline;
   if (p.stages == 1) return;
-  const std::string where = where_given(program_, "pipeline");
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   if (world_ % (p.stages * ep) != 0)
     input_error("{}: pipeline stages {} x moe ep {} does not fill the {} ranks of this run (expected a world size "
-                "that is a multiple of stages x ep: stages x ep x data-parallel replicas)", where, p.stages, ep, world_);
-  input_error("{}: pipeline stages {} is not built into training yet: its schedules, stage messages and executor "
-              "are (train/pipeline.h), the Transformer's stage cut is not (expected pipeline stages 1; "
-              "docs/SCALING.md, \"Pipeline parallelism\")", where, p.stages);
+                "that is a multiple of stages x ep: stages x ep x data-parallel replicas)",
+                where_given(program_, "pipeline"), p.stages, ep, world_);
+}
+
+// pipeline stages P > 1: rank r runs stage r / dp (its layers alone: the
+// model is built for it), as replica r % dp, whose data it reads; a step is
+// the schedule's passes over M micro-batches of batch / M sequences.
+void Trainer::build_stages() {
+  const PipelineConfig& p = cfg_.pipeline;
+  replicas_ = comm_;
+  micro_ = cfg_.data.batch;
+  if (p.stages == 1) return;
+  stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers));
+  replicas_ = stages_->data_parallel();
+  pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
+  micro_ = cfg_.data.batch / p.micro;
+  passes_ = &Trainer::stage_passes;
 }
 
 void Trainer::build_model(bool fresh) {
@@ -126,14 +137,20 @@ void Trainer::build_model(bool fresh) {
     input_error("deck: {} (expected gemm auto, or a backend this binary has)", e.what());
   }
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
-  model_ = std::make_unique<Transformer<float>>(cfg_.model, cfg_.data.batch,
-                                                cfg_.precision.kind, rank_ % ep);
+  model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, rank_ % ep,
+                                                stages_ ? stages_->cut() : StageCut{});
+  if (stages_) {
+    const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
+    stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
+  }
   // shard: this rank's pieces of every gradient bucket (the first phase's
   // buckets; the deck keeps them one size per job), under params cut inside
   // the weight units the model asks for.
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
-  placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, world_,
-                           rank_, fp32_weights_in_pieces(cfg_, world_));
+  int replicas = 1, replica = 0;  // the ranks sharing this rank's tensors (all of them without stages)
+  MPI_Comm_size(replicas_, &replicas), MPI_Comm_rank(replicas_, &replica);
+  placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, replicas,
+                           replica, fp32_weights_in_pieces(cfg_, replicas));
   placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
   saver_ = std::make_unique<CheckpointSaver>(comm_, placement_.frame(), [this](const std::string& line) {
     log_->console(line);
@@ -223,7 +240,7 @@ void Trainer::enter_phase(size_t phase) {
   if (strategy_ && keeps_strategy(phase)) {
     strategy_->continue_into(phase_start_);
   } else {
-    SyncBuffers buffers{comm_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
+    SyncBuffers buffers{replicas_, model_->params(), model_->grads(), {optimizer_->m(), optimizer_->v()},
                         comm_ops_.get(), cfg_.seed, [this](Buffer<float> target, const CompressConfig& c, double mb) {
                           return std::make_unique<CompressedSync>(model_->layout().spans(), target, c, mb);
                         },
@@ -234,7 +251,7 @@ void Trainer::enter_phase(size_t phase) {
     buffers.fp32_read = model_->layout().fp32_read_runs();
     model_->set_weight_gate(nullptr);  // the old strategy's gate and source go with it
     model_->set_half_weight_source(nullptr);
-    strategy_ = choose_sync_strategy(buffers, sync_settings(cfg_, phase_start_), &strategy_report_);
+    strategy_ = choose_sync_strategy(buffers, phase_sync(cfg_, phase_start_), &strategy_report_);
     model_->set_weight_gate(strategy_->weight_gate());
     model_->set_half_weight_source(strategy_->half_weight_source());
     strategy_state_ = StateRegistry();
@@ -245,7 +262,16 @@ void Trainer::enter_phase(size_t phase) {
 }
 
 bool Trainer::keeps_strategy(size_t phase) const {
-  return phase > 0 && sync_settings(program_.phases[phase - 1].config, 0) == sync_settings(program_.phases[phase].config, 0);
+  return phase > 0 && phase_sync(program_.phases[phase - 1].config, 0) == phase_sync(program_.phases[phase].config, 0);
+}
+
+// A phase's sync settings; under pipeline stages the M micro-batches take
+// the place of sync accumulate M: a stage's replicas average the gradients
+// summed over them.
+SyncSettings Trainer::phase_sync(const Config& c, int64_t phase_start) const {
+  SyncSettings s = sync_settings(c, phase_start);
+  if (stages_) s.sync.kind = SyncKind::accumulate, s.sync.every = c.pipeline.micro;
+  return s;
 }
 
 // Checks on each final range of this rank's gradients, in order: an
@@ -290,6 +316,17 @@ std::string Trainer::backends() const {
   row("recompute", recompute_report(cfg_.model));
   row("control", mpi_name);
   row("sync strategy", strategy_report_);
+  if (stages_) {
+    const StageCut& c = stages_->cut();
+    const PipelineConfig& p = cfg_.pipeline;
+    row("pipeline", fmt::format("{} stages x {} replicas, schedule {}, virtual {}, {} micro-batches of {} sequences; "
+                                "this rank stage {} (blocks [{}, {})), replica {}; expected bubble {:.1f}%; a "
+                                "micro-batch's activations remade from its input before its backward unless its "
+                                "forward was the last pass",
+                                p.stages, c.replicas, p.schedule, p.virtual_stages, p.micro, micro_, c.stage,
+                                c.layer_begin, c.layer_end, c.replica,
+                                100.0 * theory_bubble(p.schedule, p.stages, p.micro)));
+  }
   out += comm_ops_->report() + "\n";
   const auto& ck = cfg_.checkpoint;
   const char* writer = ck.writer == CheckpointWriter::rank0 ? "rank 0 writes (HDF5 POSIX driver, the ranks' state gathered)"
