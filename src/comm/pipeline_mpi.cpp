@@ -7,9 +7,10 @@
 namespace xx {
 
 namespace {
-// One tag per micro-batch and direction; MPI keeps the order of messages
-// with the same tag between two ranks, so steps need no tag of their own.
-int tag_of(int micro, bool gradient) { return 2 * micro + (gradient ? 1 : 0); }
+// One tag per micro-batch and kind; MPI keeps the order of messages with
+// the same tag between two ranks, so steps need no tag of their own.
+enum Kind { activation, gradient, lookups };
+int tag_of(int micro, Kind kind) { return 3 * micro + kind; }
 }  // namespace
 
 StageLink::StageLink(MPI_Comm world, const StageCut& cut) : cut_(cut) {
@@ -43,28 +44,38 @@ void StageLink::recv(int from, int tag, float* data, int64_t n) {
 
 void StageLink::send_activation(int micro, const float* x, int64_t n) {
   if (cut_.last()) throw std::logic_error("StageLink: the last stage sends no activation");
-  send(cut_.stage + 1, tag_of(micro, false), x, n);
+  send(cut_.stage + 1, tag_of(micro, activation), x, n);
 }
 
 void StageLink::send_gradient(int micro, const float* g, int64_t n) {
   if (cut_.first()) throw std::logic_error("StageLink: the first stage sends no gradient");
-  send(cut_.stage - 1, tag_of(micro, true), g, n);
+  send(cut_.stage - 1, tag_of(micro, gradient), g, n);
 }
 
 void StageLink::recv_activation(int micro, float* x, int64_t n) {
   if (cut_.first()) throw std::logic_error("StageLink: the first stage receives no activation");
-  recv(cut_.stage - 1, tag_of(micro, false), x, n);
+  recv(cut_.stage - 1, tag_of(micro, activation), x, n);
 }
 
 void StageLink::recv_gradient(int micro, float* g, int64_t n) {
   if (cut_.last()) throw std::logic_error("StageLink: the last stage receives no gradient");
-  recv(cut_.stage + 1, tag_of(micro, true), g, n);
+  recv(cut_.stage + 1, tag_of(micro, gradient), g, n);
 }
 
-void StageLink::sum_between_ends(float* g, int64_t n) {
+void StageLink::send_lookups(int micro, const float* g, int64_t n) {
+  if (!cut_.last() || cut_.first()) throw std::logic_error("StageLink: the last stage of several sends the lookups");
+  send(0, tag_of(micro, lookups), g, n);
+}
+
+void StageLink::recv_lookups(int micro, float* g, int64_t n) {
+  if (!cut_.first() || cut_.last()) throw std::logic_error("StageLink: the first stage of several receives the lookups");
+  recv(cut_.stages - 1, tag_of(micro, lookups), g, n);
+}
+
+void StageLink::first_to_last(float* g, int64_t n) {
   if (ends_ == MPI_COMM_NULL) throw std::logic_error("StageLink: only the first and the last stage share a tensor");
-  if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats in one sum", n));
-  MPI_Allreduce(MPI_IN_PLACE, g, int(n), MPI_FLOAT, MPI_SUM, ends_);  // two operands: a + b == b + a
+  if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats at once", n));
+  MPI_Bcast(g, int(n), MPI_FLOAT, 0, ends_);
 }
 
 double StageLink::finish_step() {

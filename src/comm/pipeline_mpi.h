@@ -36,10 +36,13 @@ class StageLink {
   void recv_activation(int micro, float* x, int64_t n);
   void recv_gradient(int micro, float* g, int64_t n);
 
-  // The first and the last stage (both call it): `g` summed between them,
-  // the same bits on both. The embedding, which the last stage's MTP modules
-  // or tied head read too, gets one gradient so (V3's sharing).
-  void sum_between_ends(float* g, int64_t n);
+  // The embedding, which the last stage's MTP modules read too (V3's
+  // sharing): the gradients of their lookups of micro-batch `micro`, from
+  // the last stage to the first, which adds them to its own; then the one
+  // gradient, from the first stage to the last (both call it).
+  void send_lookups(int micro, const float* g, int64_t n);
+  void recv_lookups(int micro, float* g, int64_t n);
+  void first_to_last(float* g, int64_t n);
 
   // End of a step: every send has left; the seconds this step waited on
   // receives, and the counters start again.

@@ -1,11 +1,11 @@
 #include "comm/placement_mpi.h"
 #include <algorithm>
+#include <stdexcept>
 #include "kernels/elementwise.h"
 
 namespace xx {
 
 PlacementMpi::PlacementMpi(MPI_Comm world, const Placement& placement) : world_(world), placement_(placement) {
-  if (const StageCut& s = placement.stage(); s.stages > 1) MPI_Comm_split(world, s.replica, s.stage, &chain_);
   const ExpertShare& e = placement.experts();
   if (e.ep == 1) return;
   MPI_Comm_split(world, e.holder, e.share, &ep_group_);
@@ -16,7 +16,7 @@ PlacementMpi::~PlacementMpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&ep_group_, &holders_, &chain_})
+  for (MPI_Comm* c : {&ep_group_, &holders_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -77,12 +77,6 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
     return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
   };
   const bool shard = placement_.gradients_sharded();
-  if (chain_ != MPI_COMM_NULL) {  // pipeline stages: each stage's tensors, the embedding's echo left out
-    const auto [echo_begin, echo_end] = placement_.echo();
-    double sum = squares(0, echo_begin) + squares(echo_end, values.extent(0));
-    MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, chain_);
-    return sum;
-  }
   if (placement_.experts().ep == 1 || shard) {  // (each piece of a shard, expert or not, has one owner in the world)
     double sum = squares(0, values.extent(0));
     if (shard) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, world_);
@@ -95,6 +89,21 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
   rest += squares(at, values.extent(0));
   MPI_Allreduce(MPI_IN_PLACE, &experts, 1, MPI_DOUBLE, MPI_SUM, ep_group_);
   return rest + experts;
+}
+
+double PlacementMpi::tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const {
+  if (placement_.gradients_sharded() || placement_.experts().ep > 1)
+    throw std::logic_error("tensor_sum_squares: a whole buffer of every tensor this rank holds");
+  const Frame& frame = placement_.frame();
+  const auto [echo_begin, echo_end] = placement_.echo();
+  std::vector<double> each(frame.size(), 0.0);  // exact sums: one term per tensor is not zero
+  for (size_t k = 0; k < frame.size(); ++k)
+    if (frame[k].local >= 0 && !(echo_end > echo_begin && frame[k].local == echo_begin))
+      each[k] = kernels::sum_squares<float>(Vec<const float>(values.data() + frame[k].local, frame[k].size));
+  MPI_Allreduce(MPI_IN_PLACE, each.data(), int(each.size()), MPI_DOUBLE, MPI_SUM, chain);
+  double sum = 0;
+  for (double x : each) sum += x;
+  return sum;
 }
 
 }  // namespace xx

@@ -41,15 +41,18 @@ class PlacementMpi {
 
   // Collective: the squared global norm of the averaged gradients `values`
   // (this rank's shard, summed over the world; or the whole buffer, whose
-  // routed experts are summed over the expert-parallel group, the rest once;
-  // under pipeline stages summed over the stages, the embedding once).
+  // routed experts are summed over the expert-parallel group, the rest once).
   double gradient_sum_squares(Vec<const float> values) const;
+  // Pipeline stages (and micro-batches at P = 1): the same, summed tensor by
+  // tensor in the whole model's order over `chain` (each tensor from the
+  // stage holding it; the embedding's echo left out), so that every P gives
+  // the same bits.
+  double tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const;
 
  private:
   MPI_Comm world_;
   const Placement& placement_;
   MPI_Comm ep_group_ = MPI_COMM_NULL, holders_ = MPI_COMM_NULL;
-  MPI_Comm chain_ = MPI_COMM_NULL;  // pipeline stages: this replica's stages
 };
 
 }  // namespace xx

@@ -873,18 +873,20 @@ void check_shard(const Config& c, const std::string& where, const std::map<std::
                 where, shard, c.sync.bucket_mb, at("sync"), first_bucket_mb);
 }
 
-// pipeline stages P > 1: the cut of the model and what this slice composes
-// with (docs/SCALING.md, "Pipeline parallelism"). The world size is checked at
-// start-up (train/trainer_setup.cpp).
+// pipeline stages P > 1, or micro M > 1 (at P = 1: M micro-batches of the
+// batch, one after another): the cut of the model and what this slice
+// composes with (docs/SCALING.md, "Pipeline parallelism"). The world size is
+// checked at start-up (train/trainer_setup.cpp).
 void check_pipeline(const Config& c, const std::string& where, const std::map<std::string, std::string>& set_at) {
   const PipelineConfig& p = c.pipeline;
-  if (p.stages == 1) return;
+  if (p.stages == 1 && p.micro == 1) return;
   auto at = [&](const std::string& name) {
     auto it = set_at.find(name);
     return it == set_at.end() ? std::string("the default") : it->second;
   };
   const std::string pipe = at("pipeline");
-  const std::string stages = fmt::format("pipeline stages {}", p.stages);
+  const std::string stages = p.stages > 1 ? fmt::format("pipeline stages {}", p.stages)
+                                          : fmt::format("pipeline stages 1 micro {}", p.micro);
   if (c.model.layers % p.stages != 0)
     input_error("{}: {} does not divide the model's {} layers ({}) (expected stages dividing layers: each stage "
                 "holds layers / stages consecutive blocks)", pipe, stages, c.model.layers, at("model"));
@@ -903,19 +905,23 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
                 "gradients (expected sync dense over topology full, without compress: the data-parallel ranks of a "
                 "stage average its gradients; pipeline micro M takes the place of sync accumulate)",
                 pipe, stages, c.sync.kind, c.topology.kind, c.compress.kind, where);
-  // What reads or writes the whole model on one rank, or weighs one rank's losses: not across stages yet.
+  if (c.lossagg.kind != LossAggKind::off)
+    input_error("{}: {} with lossagg {} (phase at {}): loss aggregation {} lossagg off: the last stage alone "
+                "sees the losses)", pipe, stages, c.lossagg.kind, where, not_yet);
+  if (p.stages == 1) return;
+  // What reads or writes the whole model on one rank: not across stages yet.
   if (c.checkpoint.every > 0 || c.checkpoint.at_end)
     input_error("{}: {} with checkpoint every {} at_end {} ({}): checkpoints {} checkpoint at_end no, and no "
                 "checkpoint every: each stage holds its own layers, and their file frame is not written yet)", pipe,
                 stages, c.checkpoint.every, c.checkpoint.at_end ? "yes" : "no", at("checkpoint"), not_yet);
+  if (c.model.tie_embeddings)
+    input_error("{}: {} with model ... tie_embeddings yes ({}): a tied head {} tie_embeddings no)", pipe, stages,
+                at("model"), not_yet);
   if (c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}): sampling {} no sample line: no rank holds the whole model; "
                 "sample from a checkpoint with xuanxue generate)", pipe, stages, c.sample.every, at("sample"), not_yet);
   if (c.init.kind != InitKind::random)
     input_error("{}: {} with init hf ({}): importing weights {} init random)", pipe, stages, at("init"), not_yet);
-  if (c.lossagg.kind != LossAggKind::off)
-    input_error("{}: {} with lossagg {} (phase at {}): loss aggregation {} lossagg off: the last stage alone "
-                "sees the losses)", pipe, stages, c.lossagg.kind, where, not_yet);
   if (c.schedule.restart_from == RestartFrom::best)
     input_error("{}: {} with schedule restart_from best ({}): {} restart_from last)", pipe, stages, at("schedule"),
                 not_yet);

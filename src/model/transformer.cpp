@@ -161,6 +161,10 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   ws_.share_kept({});
   resid_.resize(size_t(cfg_.layers) + 1);  // the stage's L / P + 1 streams
   for (int l = cut.layer_begin; l <= cut.layer_end; ++l) resid_[size_t(l)] = activation<T>("resid", N_, C);
+  if (!cut.whole() && cfg_.mtp.depth > 0) {  // the MTP lookups' gradients travel from the last stage to the first
+    if (cut.first()) mtp_in_ = Kokkos::View<int32_t*, MemSpace>("Transformer::mtp_in", N_);
+    else if (cut.last()) lookups_elsewhere_ = true, mtp_lookups_ = activation<T>("mtp_lookups", mtp_lookups_size());
+  }
   if (!cut.last()) return;  // the head and the MTP modules are the last stage's
   norm_ = store("norm");
   head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
@@ -402,7 +406,8 @@ void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
     k::concat_columns_backward<T>(dhn, den, dcat);
     auto de = ws_.mat("mtp_de", N_, C);
     k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
-    k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
+    if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(mtp_lookups_.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
+    else k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
     k::rmsnorm_backward<T>(dh_prev, m.hnorm.dvec(C), dhn, mat(h_prev, N_, C), m.hnorm.vec(C),
                            Vec<const T>(m.rstd_h.data(), N_));
     if (d == 0) k::add_inplace<T>(Vec<T>(dresid.data(), N_ * C), Vec<const T>(dh_prev.data(), N_ * C));
@@ -492,6 +497,16 @@ void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens ta
   for (int l = end - 1; l >= begin; --l) blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
   if (begin == 0) k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
   else Kokkos::deep_copy(Buffer<T>(din, NC), Buffer<T>(dresid.data(), NC));
+}
+
+template <class T>
+void Transformer<T>::add_mtp_lookups(Tokens targets, const T* lookups) {
+  const int64_t C = cfg_.dim, V = cfg_.vocab;
+  if (mtp_in_.extent(0) == 0) throw std::logic_error("Transformer: add_mtp_lookups on a model that is not stage 0 of several");
+  for (int d = cfg_.mtp.depth - 1; d >= 0; --d) {  // deepest first, as head_backward
+    k::shift_tokens(mtp_in_, targets, T_, int64_t(d), 0);
+    k::embedding_backward<T>(embed_.dmat(V, C), Mat<const T>(lookups + d * N_ * C, N_, C), Tokens(mtp_in_.data(), N_));
+  }
 }
 
 template class Block<float>;

@@ -131,6 +131,14 @@ class Transformer {
   // stage's blocks only, and not forward or backward.
   LossParts forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out);
   void backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din);
+  // The MTP modules' lookups of the embedding, on a last stage that is not
+  // the first: their gradients (D x N x C, deepest first after the backward)
+  // are not added to its embedding's but kept here, for stage 0 to add them
+  // (add_mtp_lookups) where the unsplit backward does, before its own
+  // lookup's: the one embedding gradient, in the unsplit model's order.
+  Buffer<T>& mtp_lookups() { return mtp_lookups_; }
+  void add_mtp_lookups(Tokens targets, const T* lookups);  // stage 0, before backward_stage
+  int64_t mtp_lookups_size() const { return int64_t(cfg_.mtp.depth) * N_ * cfg_.dim; }
 
   // Mixed precision (deck: precision): GEMMs read a 16-bit copy of the
   // parameters, made from them here (once per step, after the update), and
@@ -192,6 +200,9 @@ class Transformer {
   Workspace<T> ws_;
   Param<T> embed_, norm_, head_;  // tied: head_ is embed_ (ParamLayout::head_name)
   bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
+  bool lookups_elsewhere_ = false;  // a later stage: the MTP lookups' gradients go to stage 0 (mtp_lookups)
+  Buffer<T> mtp_lookups_;
+  Kokkos::View<int32_t*, MemSpace> mtp_in_;  // stage 0: the MTP lookups' tokens, depth by depth
   std::vector<std::unique_ptr<Block<T>>> blocks_;
   std::vector<MtpModule> mtp_;
   std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)

@@ -47,7 +47,9 @@ double Trainer::train_step() {
   const Vec<float> grads = sync.reduced_gradients();  // whole, or this rank's shard (the placement's)
   const bool overflow = precision_->skip_or_unscale(comm_, grads);
   const bool skip = agree_on_losses(mean) || overflow;  // the one NaN verdict, the same on every rank
-  const double norm = skip ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(placed_->gradient_sum_squares(grads));
+  const double norm = skip     ? std::numeric_limits<double>::quiet_NaN()
+                     : stages_ ? std::sqrt(placed_->tensor_sum_squares(grads, stages_->chain()))  // the same bits at any P
+                               : std::sqrt(placed_->gradient_sum_squares(grads));
   const double lr = Schedule(cfg_.optimizer, cfg_.schedule, cfg_.seed).lr(step_ + 1);
   sync.before_update();
   // clip_order scaled (the wrong order, for measuring it): the factor that
@@ -95,6 +97,8 @@ LossParts Trainer::stage_passes() {
   const int64_t n = int64_t(micro_) * cfg_.model.seq, width = n * cfg_.model.dim;
   auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
   auto host = [width](const float* p) { return Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(const_cast<float*>(p), width); };
+  // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
+  const bool travel = cut.stages > 1 && cfg_.model.mtp.depth > 0;
   LossParts sum;
   stage_resident_ = -1;
   auto forward = [&](int m, const float* in) {
@@ -117,9 +121,19 @@ LossParts Trainer::stage_passes() {
     if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m).data());
     stage_kept_.erase(m);
     if (dout) Kokkos::deep_copy(stage_out_, host(dout));
+    if (travel && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
+      stages_->recv_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
+      Kokkos::deep_copy(lookups_, Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()));
+      model_->add_mtp_lookups(tokens(data_->targets, m), lookups_.data());
+    }
     model_->backward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
                            stage_out_.data(), stage_in_.data());
     if (din) Kokkos::deep_copy(host(din), stage_in_);
+    if (travel && cut.last()) {
+      Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()),
+                        model_->mtp_lookups());
+      stages_->send_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
+    }
   };
   const PipelineStepTimes times = pipeline_->step(passes);
   double parts[3] = {sum.main, sum.mtp, sum.aux};
@@ -136,18 +150,17 @@ LossParts Trainer::stage_passes() {
   return sum;
 }
 
-// Pipeline stages with MTP or a tied head: the last stage reads the
-// embedding too; its gradient there and stage 0's, each averaged over the
-// replicas, are summed into one on both (the same bits, so the two copies
-// stay equal).
+// Pipeline stages with MTP: the last stage reads the embedding too. Stage
+// 0's gradient, which holds its lookups too (stage_passes), averaged over
+// the replicas, is the last stage's as well: the two copies stay equal.
 void Trainer::share_embedding() {
   const StageCut& cut = stages_->cut();
-  if (!(cfg_.model.mtp.depth > 0 || cfg_.model.tie_embeddings) || !(cut.first() || cut.last())) return;
+  if (cut.stages == 1 || cfg_.model.mtp.depth == 0 || !(cut.first() || cut.last())) return;
   const Vec<float> g = model_->grad("embed");
   std::vector<float> h(g.extent(0));
   const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> hv(h.data(), h.size());
   Kokkos::deep_copy(hv, g);
-  stages_->sum_between_ends(h.data(), int64_t(h.size()));
+  stages_->first_to_last(h.data(), int64_t(h.size()));
   Kokkos::deep_copy(g, hv);
 }
 
@@ -237,8 +250,11 @@ std::vector<std::string> tensors_without_gradient(const ParamLayout& layout, con
 
 // Before the sum hides one rank's miss.
 void Trainer::check_missing_gradients(int64_t begin, int64_t end) {
-  const auto missing = tensors_without_gradient(model_->layout(), model_->grads(), begin, end,
-                                                [&](const TensorInfo& t) { return model_->idle_expert(t); });
+  // (the last stage's copy of the embedding gets stage 0's gradient after the sum: share_embedding)
+  const auto echo = placement_.echo();
+  const auto missing = tensors_without_gradient(model_->layout(), model_->grads(), begin, end, [&](const TensorInfo& t) {
+    return model_->idle_expert(t) || (echo.second > echo.first && t.offset == echo.first);
+  });
   if (missing.empty()) return;
   const std::string msg = fmt::format("rank {}: step {}: no gradient reached {} tensor(s): {}", rank_, step_ + 1,
                                       missing.size(), fmt::join(missing, ", "));

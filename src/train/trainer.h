@@ -142,6 +142,8 @@ class Trainer {
   int micro_ = 1;                    // sequences per pass: data batch / pipeline micro
   int64_t tokens_per_step_ = 0;      // every replica's sequences x seq
   Buffer<float> stage_in_, stage_out_;  // a micro-batch's activation (or gradient) in kernel memory
+  Buffer<float> lookups_;               // MTP across stages: a micro-batch's lookup gradients (stage 0)
+  std::vector<float> stage_lookups_;    // ... as they travel, on the host
   std::map<int, std::vector<float>> stage_kept_;  // each micro-batch's input, kept until its backward
   int stage_resident_ = -1;         // the micro-batch whose activations the model holds now
   const Program program_;  // a copy: callers may pass a temporary

@@ -27,7 +27,7 @@ Trainer::Trainer(MPI_Comm comm, const Program& program, const RunOptions& option
   cfg_ = program.phases.front().config;  // per-job settings are the same in every phase (deck/commands.cpp)
   check_pipeline_stages();
   build_stages();
-  data_ = std::make_unique<TrainingData>(replicas_, program_);  // each stage's replica r reads replica r's data
+  data_ = std::make_unique<TrainingData>(comm_, replicas_, program_);
   std::string resume_path;
   on_rank0_or_throw(comm_, rank_, [&] { resume_path = resolve_resume(options_.resume); });
   from_rank0(resume_path, comm_);
@@ -114,12 +114,14 @@ void Trainer::check_pipeline_stages() const {
 
 // pipeline stages P > 1: rank r runs stage r / dp (its layers alone: the
 // model is built for it), as replica r % dp, whose data it reads; a step is
-// the schedule's passes over M micro-batches of batch / M sequences.
+// the schedule's passes over M micro-batches of batch / M sequences. At
+// P = 1 with micro M > 1, the one stage runs those M micro-batches in turn:
+// the same deck's losses at any P, to rounding.
 void Trainer::build_stages() {
   const PipelineConfig& p = cfg_.pipeline;
   replicas_ = comm_;
   micro_ = cfg_.data.batch;
-  if (p.stages == 1) return;
+  if (p.stages == 1 && p.micro == 1) return;
   stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers));
   replicas_ = stages_->data_parallel();
   pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
@@ -142,6 +144,11 @@ void Trainer::build_model(bool fresh) {
   if (stages_) {
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
     stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
+    const StageCut& c = stages_->cut();
+    if (c.stages > 1 && cfg_.model.mtp.depth > 0 && (c.first() || c.last())) {
+      stage_lookups_.resize(size_t(model_->mtp_lookups_size()));
+      if (c.first()) lookups_ = Buffer<float>("Trainer::lookups", model_->mtp_lookups_size());
+    }
   }
   // shard: this rank's pieces of every gradient bucket (the first phase's
   // buckets; the deck keeps them one size per job), under params cut inside

@@ -25,10 +25,11 @@ std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t stream) {
 
 }  // namespace
 
-TrainingData::TrainingData(MPI_Comm comm, const Program& program)
-    : comm_(comm), cfg_(program.phases.front().config), where_(program.phases.front().where) {
-  MPI_Comm_rank(comm, &rank_);
-  MPI_Comm_size(comm, &world_);
+TrainingData::TrainingData(MPI_Comm job, MPI_Comm replicas, const Program& program)
+    : job_(job), comm_(replicas), cfg_(program.phases.front().config), where_(program.phases.front().where) {
+  MPI_Comm_rank(job, &job_rank_);
+  MPI_Comm_rank(replicas, &rank_);
+  MPI_Comm_size(replicas, &world_);
   const DataConfig& d = cfg_.data;
   const int64_t seq = cfg_.model.seq;
   auto load = [&](bool check) {
@@ -40,7 +41,7 @@ TrainingData::TrainingData(MPI_Comm comm, const Program& program)
     split_ = valid_corpus_ ? WindowSplit{seq, corpus_.windows(seq), valid_corpus_->windows(seq)}
                            : split_windows(corpus_, seq, d.valid_fraction);
   };
-  on_rank0_or_throw(comm_, rank_, [&] {
+  on_rank0_or_throw(job_, job_rank_, [&] {
     load(true);
     for (const Corpus* c : {&corpus_, valid_corpus_.get()}) {
       if (!c) continue;
@@ -70,7 +71,7 @@ TrainingData::TrainingData(MPI_Comm comm, const Program& program)
     }
   });
   // Rank 0 checked all of it; the others map the same files.
-  if (rank_ != 0) load(false), split();
+  if (job_rank_ != 0) load(false), split();
   // Bits per byte: what each token stands for in bytes of text. A shard
   // without a named tokenizer has it only for bytes (vocab 256).
   bytes_known_ = !d.tokenizer.empty() || corpus_.vocab() <= 256;
@@ -111,7 +112,7 @@ std::string TrainingData::resume(uint64_t chaos_seed, int64_t batches, int old_w
 void TrainingData::start_stream(const std::string& resume_path, const std::function<void(const std::string&)>& say,
                                 const std::function<void(const std::string&)>& say_rank) {
   say(note_);
-  chaos_seed_ = choose_chaos_seed(comm_, cfg_.data, resume_path, chaos_seed_, where_);
+  chaos_seed_ = choose_chaos_seed(job_, cfg_.data, resume_path, chaos_seed_, where_);
   SamplerOptions sampling = sampler_options(cfg_.data, cfg_.seed, chaos_seed_);
   sampling.start = start_;  // a resume on another world size continues the epoch
   DistributedSampler sampler = training_sampler(split_.train_windows, world_, rank_, sampling, where_);
@@ -119,7 +120,7 @@ void TrainingData::start_stream(const std::string& resume_path, const std::funct
     pool_ = std::make_unique<CommonPool>(comm_, corpus_, sampler.pool_windows(), cfg_.model.seq);
   if (cfg_.data.shuffle != Shuffle::fixed || pool_ || cfg_.data.partition != Partition::shuffled)
     say("data: " + describe_sampling(cfg_.data, chaos_seed_, sampler));
-  if (rank_ == 0)
+  if (job_rank_ == 0)
     write_run_metadata(cfg_.output.dir, cfg_.data, cfg_.seed, chaos_seed_, int64_t(sampler.pool_windows().size()),
                        world_);
   say_rank(fmt::format("rank {} of {}: {} train windows, {} valid windows, {} samples per epoch", rank_, world_,

@@ -21,10 +21,12 @@ namespace xx {
 
 class TrainingData {
  public:
-  // Collective over comm: loads the deck's data and tokenizer. Rank 0 checks
+  // Collective over job: loads the deck's data and tokenizer. Rank 0 checks
   // them, and the sample prompts, first, so a bad file stops every rank
-  // alike (InputError); the others then map what they read.
-  TrainingData(MPI_Comm comm, const Program& program);
+  // alike (InputError); the others then map what they read. `replicas`
+  // splits the data: the job's ranks, or under pipeline stages a stage's
+  // data-parallel replicas (replica r of every stage reads the same).
+  TrainingData(MPI_Comm job, MPI_Comm replicas, const Program& program);
 
   const std::string& note() const { return note_; }  // the start-up line about the data
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -56,8 +58,8 @@ class TrainingData {
   std::vector<int32_t> load_validation_batch(int j);
 
  private:
-  MPI_Comm comm_;
-  int rank_ = 0, world_ = 1;
+  MPI_Comm job_, comm_;  // every rank; those splitting the data (rank_ of world_ of them)
+  int job_rank_ = 0, rank_ = 0, world_ = 1;
   const Config& cfg_;  // the first phase's: data settings are per job
   std::string where_;
   Corpus corpus_;
