@@ -911,7 +911,7 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   if (p.stages == 1) return;
   // What reads or writes the whole model on one rank: not across stages yet.
   if (c.checkpoint.every > 0 || c.checkpoint.at_end)
-    input_error("{}: {} with checkpoint every {} at_end {} ({}): checkpoints {} checkpoint at_end no, and no "
+    input_error("{}: {} with checkpoint every {} at_end {} ({}): a checkpoint {} checkpoint at_end no, and no "
                 "checkpoint every: each stage holds its own layers, and their file frame is not written yet)", pipe,
                 stages, c.checkpoint.every, c.checkpoint.at_end ? "yes" : "no", at("checkpoint"), not_yet);
   if (c.model.tie_embeddings)

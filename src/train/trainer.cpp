@@ -1,7 +1,8 @@
 // THE training loop: one step (train_step, between TRAINING STEP BEGIN and
 // END), and the phases with what falls due after each step (run_phases).
 // Set-up is in trainer_setup.cpp, checkpoints in trainer_checkpoint.cpp,
-// health and signals in trainer_resilience.cpp.
+// health and signals in trainer_resilience.cpp, a pipeline stage's passes in
+// trainer_stages.cpp.
 #include "core/device_memory.h"
 #include "train/trainer.h"
 #include "comm/agree.h"
@@ -83,85 +84,6 @@ LossParts Trainer::micro_batch_passes() {
     model_->backward(data_->inputs, data_->targets, gradient_hook(m + 1 == micro));
   }
   return mean;
-}
-
-// Pipeline stages: this stage's passes over the step's M micro-batches (the
-// batch's sequences in M runs of batch / M) in its schedule's order, fed by
-// its neighbours (train/pipeline.h). The losses (the last stage's, and each
-// stage's own MoE layers' aux) are summed over the chain; the gradients are
-// all final at the end, checked, then handed to the strategy at once.
-LossParts Trainer::stage_passes() {
-  data_->load_training_batch(step_);
-  const StageCut& cut = stages_->cut();
-  const int M = cfg_.pipeline.micro;
-  const int64_t n = int64_t(micro_) * cfg_.model.seq, width = n * cfg_.model.dim;
-  auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
-  auto host = [width](const float* p) { return Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(const_cast<float*>(p), width); };
-  // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
-  const bool travel = cut.stages > 1 && cfg_.model.mtp.depth > 0;
-  LossParts sum;
-  stage_resident_ = -1;
-  auto forward = [&](int m, const float* in) {
-    if (in) Kokkos::deep_copy(stage_in_, host(in));
-    stage_resident_ = m;
-    return model_->forward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
-                                 stage_in_.data(), stage_out_.data());
-  };
-  StagePasses passes;
-  passes.width = width;
-  passes.forward = [&](int m, const float* in, float* out) {
-    if (in) stage_kept_[m].assign(in, in + width);
-    const LossParts l = forward(m, in);
-    count_expert_load();  // (not the reruns below)
-    sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
-    if (out) Kokkos::deep_copy(host(out), stage_out_);
-  };
-  passes.backward = [&](int m, const float* dout, float* din) {
-    // The model holds the last forward's activations: another micro-batch's are remade from its input.
-    if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m).data());
-    stage_kept_.erase(m);
-    if (dout) Kokkos::deep_copy(stage_out_, host(dout));
-    if (travel && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
-      stages_->recv_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
-      Kokkos::deep_copy(lookups_, Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()));
-      model_->add_mtp_lookups(tokens(data_->targets, m), lookups_.data());
-    }
-    model_->backward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
-                           stage_out_.data(), stage_in_.data());
-    if (din) Kokkos::deep_copy(host(din), stage_in_);
-    if (travel && cut.last()) {
-      Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()),
-                        model_->mtp_lookups());
-      stages_->send_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
-    }
-  };
-  const PipelineStepTimes times = pipeline_->step(passes);
-  double parts[3] = {sum.main, sum.mtp, sum.aux};
-  MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, stages_->chain());
-  sum = {.total = parts[0] + cfg_.model.mtp.weight * parts[1] + parts[2], .main = parts[0], .mtp = parts[1], .aux = parts[2]};
-  // each stage's bubble, for rank 0's record (replica 0's chain)
-  last_.bubble.assign(size_t(cut.stages), 0.0);
-  last_.bubble[size_t(cut.stage)] = times.bubble();
-  MPI_Allreduce(MPI_IN_PLACE, last_.bubble.data(), cut.stages, MPI_DOUBLE, MPI_SUM, stages_->chain());
-  last_.bubble_theory = times.theory;
-  const int64_t total = model_->layout().total();
-  for (auto& check : on_gradients_) check(0, total);
-  strategy_->gradients_ready(0);
-  return sum;
-}
-
-// Pipeline stages with MTP: the last stage reads the embedding too. Stage
-// 0's gradient, which holds its lookups too (stage_passes), averaged over
-// the replicas, is the last stage's as well: the two copies stay equal.
-void Trainer::share_embedding() {
-  const StageCut& cut = stages_->cut();
-  if (cut.stages == 1 || cfg_.model.mtp.depth == 0 || !(cut.first() || cut.last())) return;
-  const Vec<float> g = model_->grad("embed");
-  std::vector<float> h(g.extent(0));
-  const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> hv(h.data(), h.size());
-  Kokkos::deep_copy(hv, g);
-  stages_->first_to_last(h.data(), int64_t(h.size()));
-  Kokkos::deep_copy(g, hv);
 }
 
 // From the last micro-batch's backward: each final range is checked, then

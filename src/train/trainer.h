@@ -3,7 +3,8 @@
 // checkpoints (core/state.h): the model and AdamW, the phase's sync strategy
 // (comm/sync_strategy.h), mixed precision, loss aggregation, warm restarts,
 // the data stream. trainer.cpp holds the loop; trainer_checkpoint.cpp save
-// and resume; trainer_resilience.cpp health, stop signals and faults.
+// and resume; trainer_resilience.cpp health, stop signals and faults;
+// trainer_stages.cpp a pipeline stage's passes.
 #pragma once
 #include <mpi.h>
 #include <functional>
