@@ -138,7 +138,7 @@ void Trainer::balance_experts() {
   }
   if (stages_) {  // the record's load is every stage's layers'
     last_.expert_load.push_back(last_.expert_dropped);
-    MPI_Allreduce(MPI_IN_PLACE, last_.expert_load.data(), int(E + 1), MPI_DOUBLE, MPI_SUM, stages_->chain());
+    sum_over_ranks(last_.expert_load, stages_->chain());
     last_.expert_dropped = capped ? last_.expert_load.back() : -1;
     last_.expert_load.pop_back();
   }

@@ -3,6 +3,7 @@
 // in its schedule's order (train/pipeline.h), and the embedding the first
 // and last stage share. The loop that calls them is trainer.cpp's.
 #include "train/trainer.h"
+#include "comm/agree.h"
 
 namespace xx {
 
@@ -58,12 +59,12 @@ LossParts Trainer::stage_passes() {
   };
   const PipelineStepTimes times = pipeline_->step(passes);
   double parts[3] = {sum.main, sum.mtp, sum.aux};
-  MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, stages_->chain());
+  sum_over_ranks(parts, stages_->chain());
   sum = {.total = parts[0] + cfg_.model.mtp.weight * parts[1] + parts[2], .main = parts[0], .mtp = parts[1], .aux = parts[2]};
   // each stage's bubble, for rank 0's record (replica 0's chain)
   last_.bubble.assign(size_t(cut.stages), 0.0);
   last_.bubble[size_t(cut.stage)] = times.bubble();
-  MPI_Allreduce(MPI_IN_PLACE, last_.bubble.data(), cut.stages, MPI_DOUBLE, MPI_SUM, stages_->chain());
+  sum_over_ranks(last_.bubble, stages_->chain());
   last_.bubble_theory = times.theory;
   const int64_t total = model_->layout().total();
   for (auto& check : on_gradients_) check(0, total);
