@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <vector>
+#include "ckpt/checkpoint.h"
 #include "comm/pipeline_mpi.h"
 #include "core/placement.h"
 #include "train/pipeline.h"
@@ -351,7 +352,7 @@ struct Curve {
 
 // Trains `extra`'s deck on `comm`, into dir/name (this group's own files).
 Curve train_on(MPI_Comm comm, const std::string& dir, const std::string& corpus, const std::string& name,
-               const std::string& extra) {
+               const std::string& extra, const std::string& resume = "") {
   const std::string out = dir + "/" + name, path = out + ".deck";
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
@@ -359,6 +360,7 @@ Curve train_on(MPI_Comm comm, const std::string& dir, const std::string& corpus,
   MPI_Barrier(comm);
   RunOptions options;
   options.quiet = true;
+  options.resume = resume;  // "": fresh
   Curve c;
   {
     Trainer t(comm, build_program(read_deck(path, {}), true), options);
@@ -452,4 +454,61 @@ TEST_CASE("pipeline stages train: the bits of the same deck at P = 1, at every P
       }
       MPI_Comm_free(&group);
     }
+}
+
+// A checkpoint of one P resumes at another (the file holds the whole model,
+// each stage's tensors and MoE biases from the stage holding them): the
+// resumed steps are the uninterrupted run's, bit for bit. At 2 ranks P 2 and
+// P 1 each way; at 4, P 4 into P 2 (each half of the world alone).
+TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going on bit for bit",
+          "[mpi][pipeline][train][ckpt]") {
+  using namespace xx::test;
+  const int world = mpi_size(), rank = mpi_rank();
+  if (world != 2 && world != 4) {
+    SUCCEED("needs 2 or 4 ranks");
+    return;
+  }
+  const std::string dir = shared_scratch("pipeline_resume");
+  const std::string corpus = make_corpus(dir, 60000);
+  const std::string bf16 = "precision bf16\n", every = "checkpoint every 10\n";
+  auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
+  auto file = [&](const std::string& run) { return dir + "/" + run + "/ckpt/step_00000010.h5"; };
+  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
+  MPI_Comm alone, half;
+  MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &alone);
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
+  // the uninterrupted curve, one rank at P 1 (each rank its own run)
+  const Curve want = train_on(alone, dir, corpus, fmt::format("want{}", rank), bf16 + line(1));
+  REQUIRE(want.losses.size() == 20);
+  if (world == 2) {
+    const Curve two = train_on(MPI_COMM_WORLD, dir, corpus, "p2", bf16 + line(2) + every);
+    REQUIRE(two.losses == want.losses);
+    const Curve one = train_on(alone, dir, corpus, fmt::format("p1_from_p2_{}", rank), bf16 + line(1), file("p2"));
+    REQUIRE(one.losses == tail(want.losses));
+    REQUIRE(xx::written_by_slabs(file("p2")));
+    // written by slabs above (each stage its own tensors); gathered and written by rank 0 here
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_rank0", bf16 + line(2) + "checkpoint every 10 writer rank0\n")
+                .losses == want.losses);
+    const Curve gathered =
+        train_on(alone, dir, corpus, fmt::format("p1_from_p2_rank0_{}", rank), bf16 + line(1), file("p2_rank0"));
+    REQUIRE(gathered.losses == tail(want.losses));
+    REQUIRE(!xx::written_by_slabs(file("p2_rank0")));
+    train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + line(1) + every);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + line(2), file("p1_0"));
+    REQUIRE(back.losses == tail(want.losses));
+  } else {
+    const Curve four = train_on(MPI_COMM_WORLD, dir, corpus, "p4", bf16 + line(4) + every);
+    REQUIRE(four.losses == want.losses);
+    const Curve two = train_on(half, dir, corpus, fmt::format("p2_from_p4_{}", rank / 2), bf16 + line(2), file("p4"));
+    REQUIRE(two.losses == tail(want.losses));
+    // 2 stages of 2 replicas: the second replica of each stage writes nothing
+    const Curve want2 = train_on(half, dir, corpus, fmt::format("want2_{}", rank / 2), bf16 + line(1));
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2x2", bf16 + line(2) + every).losses == want2.losses);
+    const Curve dp = train_on(half, dir, corpus, fmt::format("p1x2_from_p2x2_{}", rank / 2), bf16 + line(1),
+                              file("p2x2"));
+    REQUIRE(dp.losses == tail(want2.losses));
+  }
+  MPI_Comm_free(&alone);
+  MPI_Comm_free(&half);
 }

@@ -47,6 +47,7 @@ struct TrainState {
   uint64_t seed = 0;            // run seed; every random stream derives from it
   int world_size = 1;
   int ep = 1;                   // moe ... ep N of the run that wrote it (the file holds every expert whatever it is)
+  int stages = 1;               // pipeline stages P of the run that wrote it: world_size / P replicas read the data
   double last_loss = 0;
   uint64_t chaos_seed = 0;      // data shuffle chaos|independent: the drawn seed (0: none), for replay
 };

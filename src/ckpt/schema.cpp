@@ -33,6 +33,7 @@ const TrainField kTrainFields[] = {
     {"seed", &TrainState::seed},
     {"world_size", &TrainState::world_size, false, 1},
     {"ep", &TrainState::ep, true, 1},               // (absent before ep: 1)
+    {"stages", &TrainState::stages, true, 1},       // (absent before pipeline stages: 1)
     {"loss", &TrainState::last_loss},
     {"chaos_seed", &TrainState::chaos_seed, true},  // (absent before shuffle chaos: 0, no chaos seed)
 };

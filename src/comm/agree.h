@@ -29,6 +29,10 @@ void every_rank_arrives(MPI_Comm comm);
 // In place: each entry the mean over the ranks, summed on rank 0 and sent from there (every rank the same bits).
 void mean_from_rank0(std::vector<float>& values, MPI_Comm comm);
 
+// In place: every rank's named vectors joined (a name several ranks hold
+// keeps this rank's values): pipeline stages' state buffers, each stage's own.
+void union_over_ranks(std::map<std::string, std::vector<float>>& m, MPI_Comm comm);
+
 // Rank 0's value to every rank: a plain value (its bytes), a string, a vector
 // (its size first), a map of named vectors.
 template <class T>

@@ -3,9 +3,12 @@
 #include <stdexcept>
 #include "kernels/elementwise.h"
 
+static_assert(sizeof(float) == sizeof(int), "to_file_frame ORs a float's bits as an int's");
+
 namespace xx {
 
 PlacementMpi::PlacementMpi(MPI_Comm world, const Placement& placement) : world_(world), placement_(placement) {
+  if (const StageCut& s = placement.stage(); s.stages > 1) MPI_Comm_split(world, s.replica, s.stage, &chain_);
   const ExpertShare& e = placement.experts();
   if (e.ep == 1) return;
   MPI_Comm_split(world, e.holder, e.share, &ep_group_);
@@ -16,7 +19,7 @@ PlacementMpi::~PlacementMpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&ep_group_, &holders_})
+  for (MPI_Comm* c : {&ep_group_, &holders_, &chain_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -47,6 +50,19 @@ std::vector<float> PlacementMpi::owned_part(const std::vector<float>& mine) cons
 }
 
 std::vector<float> PlacementMpi::to_file_frame(const std::vector<float>& mine) const {
+  if (chain_ != MPI_COMM_NULL) {  // every tensor has one holder here: OR of its bits and the others' zeros
+    std::vector<float> whole(size_t(placement_.whole_total()), 0.0f);
+    placement_.to_whole(mine.data(), whole.data());
+    const auto [echo_begin, echo_end] = placement_.echo();
+    if (echo_end > echo_begin)
+      for (const FrameTensor& t : placement_.frame())
+        if (t.local == echo_begin) std::fill_n(whole.begin() + t.offset, t.size, 0.0f);
+    constexpr int64_t chunk = int64_t(1) << 30;  // (MPI counts are ints)
+    for (int64_t at = 0; at < int64_t(whole.size()); at += chunk)
+      MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, int64_t(whole.size()) - at)), MPI_INT,
+                    MPI_BOR, chain_);
+    return whole;
+  }
   const ExpertShare& e = placement_.experts();
   if (e.ep == 1) return mine;
   std::vector<float> whole(placement_.whole_total());

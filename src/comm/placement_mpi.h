@@ -34,6 +34,9 @@ class PlacementMpi {
   std::vector<float> owned_part(const std::vector<float>& mine) const;
 
   // Between this rank's frame and the whole model's (the checkpoint's).
+  // Under pipeline stages to_file_frame is collective over the replica's
+  // stages: each tensor from the stage holding it (the last stage's copy of
+  // the embedding left out), bit for bit.
   // to_file_frame is collective over the expert-parallel group: every
   // share's experts in their place, the same bits on every rank of it.
   std::vector<float> to_file_frame(const std::vector<float>& mine) const;
@@ -53,6 +56,7 @@ class PlacementMpi {
   MPI_Comm world_;
   const Placement& placement_;
   MPI_Comm ep_group_ = MPI_COMM_NULL, holders_ = MPI_COMM_NULL;
+  MPI_Comm chain_ = MPI_COMM_NULL;  // pipeline stages: this replica's stages (to_file_frame)
 };
 
 }  // namespace xx

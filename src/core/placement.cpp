@@ -56,6 +56,14 @@ std::vector<FrameSlab> Placement::whole_tensors() const {
   return out;
 }
 
+std::vector<FrameSlab> Placement::stage_slabs() const {
+  std::vector<FrameSlab> out;
+  if (stage_.replica != 0) return out;
+  for (const FrameSlab& s : whole_tensors())
+    if (echo_.second == echo_.first || frame_[s.tensor].local != echo_.first) out.push_back(s);
+  return out;
+}
+
 StageCut stage_cut(int world, int rank, int stages, int layers) {
   if (stages < 1 || world % stages != 0 || layers % stages != 0 || rank < 0 || rank >= world)
     throw std::invalid_argument(fmt::format("stage_cut: {} stages over {} ranks and {} layers (rank {})", stages,

@@ -124,6 +124,10 @@ class Placement {
   // its buffer).
   std::vector<FrameSlab> piece_slabs() const;
   std::vector<FrameSlab> whole_tensors() const;
+  // Under pipeline stages, what this rank writes: its stage's tensors whole
+  // but the echo (stage 0's), on the stage's first replica; none on the
+  // others, which hold the same bits. Together the ranks write every tensor once.
+  std::vector<FrameSlab> stage_slabs() const;
 
  private:
   Frame frame_;

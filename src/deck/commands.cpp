@@ -909,11 +909,7 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
     input_error("{}: {} with lossagg {} (phase at {}): loss aggregation {} lossagg off: the last stage alone "
                 "sees the losses)", pipe, stages, c.lossagg.kind, where, not_yet);
   if (p.stages == 1) return;
-  // What reads or writes the whole model on one rank: not across stages yet.
-  if (c.checkpoint.every > 0 || c.checkpoint.at_end)
-    input_error("{}: {} with checkpoint every {} at_end {} ({}): a checkpoint {} checkpoint at_end no, and no "
-                "checkpoint every: each stage holds its own layers, and their file frame is not written yet)", pipe,
-                stages, c.checkpoint.every, c.checkpoint.at_end ? "yes" : "no", at("checkpoint"), not_yet);
+  // What reads the whole model on one rank: not across stages yet.
   if (c.model.tie_embeddings)
     input_error("{}: {} with model ... tie_embeddings yes ({}): a tied head {} tie_embeddings no)", pipe, stages,
                 at("model"), not_yet);

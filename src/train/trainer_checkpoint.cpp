@@ -74,21 +74,29 @@ void Trainer::restore(const std::string& path) {
   finish_checkpoint();  // one HDF5 user at a time
   CheckpointData data;
   int per_rank = 0, old_world = world_, by_slabs = 0;
+  // The ranks that split the data: the world, or under pipeline stages each stage's replicas (then and now).
+  const int readers = stages_ ? stages_->cut().replicas : world_;
+  int old_readers = readers;
   on_rank0_or_throw(comm_, rank_, [&] {
-    // A sharded run reads its own slabs of a file that holds no per-rank tensors.
-    by_slabs = placement_.sharded() && written_by_slabs(path);
+    // A sharded or staged run reads its own slabs of a file that holds no per-rank tensors.
+    by_slabs = (placement_.sharded() || !placement_.stage().whole()) && written_by_slabs(path);
     data = read_checkpoint(path, placement_.frame(), required_buffers(StatePlace::shared_buffer), !by_slabs);
     old_world = data.state.world_size;
-    if (old_world != world_ && cfg_.data.shuffle == Shuffle::independent)
-      input_error("{}: written by {} ranks, resumed on {} (shuffle independent streams cannot be re-partitioned; "
-                  "expected {} ranks)", path, old_world, world_, old_world);
-    if (old_world != world_ && cfg_.data.partition == Partition::contiguous)
-      input_error("{}: written by {} ranks, resumed on {} (partition contiguous gives each rank its own slice: "
-                  "another world size would give each rank other data; expected {} ranks)", path, old_world, world_,
-                  old_world);
+    if (old_world % data.state.stages != 0)
+      input_error("{}: /train world_size {} with stages {} (expected a world size that the stages divide)", path,
+                  old_world, data.state.stages);
+    old_readers = old_world / data.state.stages;
+    const std::string ranks = data.state.stages > 1 || stages_ ? " data-parallel replicas" : " ranks";
+    if (old_readers != readers && cfg_.data.shuffle == Shuffle::independent)
+      input_error("{}: written by {}{}, resumed on {} (shuffle independent streams cannot be re-partitioned; "
+                  "expected {})", path, old_readers, ranks, readers, old_readers);
+    if (old_readers != readers && cfg_.data.partition == Partition::contiguous)
+      input_error("{}: written by {}{}, resumed on {} (partition contiguous gives each rank its own slice: "
+                  "another world size would give each rank other data; expected {})", path, old_readers, ranks,
+                  readers, old_readers);
     per_rank = has_rank_state(path);
   });
-  from_rank0(per_rank, comm_), from_rank0(by_slabs, comm_), from_rank0(old_world, comm_);
+  from_rank0(per_rank, comm_), from_rank0(by_slabs, comm_), from_rank0(old_world, comm_), from_rank0(old_readers, comm_);
   from_rank0(data.state, comm_);
   // The phase the checkpoint continues, and its strategy: the strategy's
   // state comes back unless the checkpoint ended the phase before a change.
@@ -118,7 +126,8 @@ void Trainer::restore(const std::string& path) {
     data.state.sampler_batches = mine.sampler_batches;
   }
   if (by_slabs) {
-    // This rank's pieces of the moments, and of the weights (whole unless they are sharded too).
+    // This rank's pieces of the moments, and of the weights (whole unless they are sharded too);
+    // under stages, every tensor the stage holds (the last stage's echo of the embedding too).
     const bool weights_sharded = placement_.master_sharded();
     std::array<TensorSlabs, 3> slabs;
     slabs[1].slabs = slabs[2].slabs = placement_.piece_slabs();
@@ -138,7 +147,7 @@ void Trainer::restore(const std::string& path) {
   for (const auto* registry : {&state_, &strategy_state_})
     load_state(*registry, data, per_rank ? &mine : nullptr, path, rank_);
   if (!strategy_goes_on) strategy_->register_state(strategy_state_);  // saved from here on
-  log_note_ = data_->resume(data.state.chaos_seed, data.state.sampler_batches, old_world);
+  log_note_ = data_->resume(data.state.chaos_seed, data.state.sampler_batches, old_readers);
   // The moments as the file kept them: bf16 into an fp32 run widens exactly;
   // fp32 into a bf16 run was rounded to nearest even by Moments::from_host.
   int file_moments = int(data.moments);
@@ -160,10 +169,12 @@ std::vector<float> Trainer::whole_params() {
 }
 
 // Sharded, with every rank holding the same model (the sharded strategy
-// guarantees it), writing one base file at a time with parallel HDF5: each
-// rank writes its own pieces. Otherwise the pieces are gathered whole first.
+// guarantees it), or under pipeline stages, writing one base file at a time
+// with parallel HDF5: each rank writes its own pieces (each stage its own
+// tensors). Otherwise the pieces are gathered whole first.
 bool Trainer::writes_slabs() const {
-  return placement_.sharded() && cfg_.checkpoint.base_every == 1 && cfg_.checkpoint.writer == CheckpointWriter::collective &&
+  return (placement_.sharded() || !placement_.stage().whole()) && cfg_.checkpoint.base_every == 1 &&
+         cfg_.checkpoint.writer == CheckpointWriter::collective &&
          strategy_->agreement(step_).all();
 }
 
@@ -175,7 +186,8 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   CheckpointData data;
   if (writes_slabs()) {  // this rank's pieces only: no whole copies
     std::array<TensorSlabs, 3> slabs;
-    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = placement_.piece_slabs();
+    const bool staged = !placement_.stage().whole();  // (stages refuse shard: the pieces are the whole buffer)
+    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = staged ? placement_.stage_slabs() : placement_.piece_slabs();
     slabs[0].values = take_pieces(model_->params(), placement_.owned());
     slabs[1].values = optimizer_->m().to_host();  // exact: bf16 moments widen to fp32
     slabs[2].values = optimizer_->v().to_host();
@@ -188,6 +200,12 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   }
   mine.sampler_batches = data_->position();
   for (const auto* registry : {&state_, &strategy_state_}) save_state(*registry, data, mine);
+  if (stages_ && stages_->cut().stages > 1) {  // each stage's own buffers (its MoE layers' biases), all in the file
+    std::map<std::string, std::vector<float>> own = data.buffers;
+    union_over_ranks(data.buffers, stages_->chain());
+    for (const auto& [name, values] : data.buffers)
+      if (!own.count(name)) data.state_index += "/buffers " + name + "\n";
+  }
   data.params = mine.params, data.adam_m = mine.adam_m, data.adam_v = mine.adam_v;
   // Every rank encodes its state against the same base bits: the ranks'
   // average where they may differ, else rank 0's own (equal to every
@@ -202,6 +220,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   data.state.seed = cfg_.seed;
   data.state.world_size = world_;
   data.state.ep = placement_.experts().ep;
+  data.state.stages = stages_ ? stages_->cut().stages : 1;
   data.state.last_loss = loss;
   data.deck = program_.deck_text;
   data.moments = optimizer_->moments_type();

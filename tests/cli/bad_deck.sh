@@ -165,17 +165,16 @@ bad_deck "moe ep that does not divide -ranks of a dry run" "$MOE" \
   "(expected a world size that is a multiple of ep, or an ep that divides 6 and routed 4)" \
   -- -dry-run -ranks 6
 # pipeline stages P: the layers must cut into P stages (at the run line), and
-# the world into P x ep x dp ranks (at start-up); a checkpoint, even the
-# default one at the end, is refused under P > 1 until stages write their
-# file frame (docs/SCALING.md).
+# the world into P x ep x dp ranks (at start-up); sampling is refused under
+# P > 1, no rank holding the whole model (docs/SCALING.md).
 bad_deck "pipeline stages that do not divide the layers" 's/^run /pipeline stages 2\ncheckpoint at_end no\nrun /' \
   "$D:11: pipeline stages 2 does not divide the model's 1 layers" "(expected stages dividing layers"
 bad_deck "pipeline 1f1b with fewer micro-batches than stages" 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 schedule 1f1b micro 1\ncheckpoint at_end no\nrun /' \
   "$D:11: pipeline 'micro' 1 is fewer than 'stages' 2 with schedule 1f1b" "(expected micro >= stages"
 bad_deck "pipeline stages that do not fill the ranks" 's/ layers 1 / layers 4 /; s/^run /pipeline stages 4 micro 2\ncheckpoint at_end no\nrun /' \
   "$D:11: pipeline stages 4 x moe ep 1 does not fill the " "ranks of this run" "(expected a world size that is a multiple of stages x ep"
-bad_deck "pipeline stages with the default checkpoint at the end" 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 micro 2\nrun /' \
-  "$D:11: pipeline stages 2 with checkpoint every 0 at_end yes (the default)" "(expected checkpoint at_end no"
+bad_deck "pipeline stages with sampling" 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 micro 2\nsample every 2\nrun /' \
+  "$D:11: pipeline stages 2 with sample every 2 ($D:12): sampling is not built with pipeline stages yet" "(expected no sample line"
 bad_deck "moe ep that does not divide routed" 's/^run /moe on routed 4 topk 2 ffn 16 ep 3\nrun /' \
   "$D:11: 'routed' 4 is not divisible by 'ep' 3" "(expected routed % ep == 0"
 bad_deck "moe ep with sync local" 's/^run /moe on routed 4 topk 2 ffn 16 ep 2\nsync local 2\nrun /' \
