@@ -764,8 +764,12 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
   check(four + "pipeline stages 2\nmoe on routed 4 topk 2 ffn 8 ep 2\nrun 2\n",
         at(3) + ": pipeline stages 2 with moe ep 2 (" + at(4) + "): expert parallelism is not built with pipeline "
         "stages yet");
-  check(four + "pipeline stages 2\nshard optimizer\nrun 2\n",
-        at(3) + ": pipeline stages 2 with shard optimizer (" + at(4) + "): sharding is not built with pipeline");
+  CHECK(error_of(t, four + "pipeline stages 2\nshard optimizer\nrun 2\n").empty());  // ZeRO-1 over a stage's replicas
+  check(four + "pipeline stages 2\nshard gradients\nrun 2\n",
+        at(3) + ": pipeline stages 2 with shard gradients (" + at(4) + "): sharding the gradients is not built with "
+        "pipeline");
+  check(four + "pipeline stages 1 micro 2\nshard params\nrun 2\n",
+        at(3) + ": pipeline stages 1 micro 2 with shard params (" + at(4) + "): sharding the weights is not built");
   check(four + "pipeline stages 2\nsync accumulate 2\nrun 2\n",
         at(3) + ": pipeline stages 2 with sync accumulate", "pipeline micro M takes the place of sync accumulate");
   check(four + "pipeline stages 2\ntopology ring\nrun 2\n", at(3) + ": pipeline stages 2 with sync dense topology ring");

@@ -7,12 +7,13 @@ static_assert(sizeof(float) == sizeof(int), "to_file_frame ORs a float's bits as
 
 namespace xx {
 
-PlacementMpi::PlacementMpi(MPI_Comm world, const Placement& placement) : world_(world), placement_(placement) {
+PlacementMpi::PlacementMpi(MPI_Comm world, MPI_Comm replicas, const Placement& placement)
+    : world_(world), replicas_(replicas), placement_(placement) {
   if (const StageCut& s = placement.stage(); s.stages > 1) MPI_Comm_split(world, s.replica, s.stage, &chain_);
   const ExpertShare& e = placement.experts();
   if (e.ep == 1) return;
-  MPI_Comm_split(world, e.holder, e.share, &ep_group_);
-  MPI_Comm_split(world, e.share, e.holder, &holders_);
+  MPI_Comm_split(replicas, e.holder, e.share, &ep_group_);
+  MPI_Comm_split(replicas, e.share, e.holder, &holders_);
 }
 
 PlacementMpi::~PlacementMpi() {
@@ -29,7 +30,7 @@ void PlacementMpi::gather_in_place(std::vector<float>& mine) const {
   for (const auto& b : owned.buckets())
     if (b.counts.size() > 1)
       MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mine.data() + b.begin, b.counts.data(), b.displs.data(),
-                     MPI_FLOAT, b.expert ? holders_ : world_);
+                     MPI_FLOAT, b.expert ? holders_ : replicas_);
 }
 
 std::vector<float> PlacementMpi::gather_whole(const std::vector<float>& shard) const {
@@ -93,9 +94,9 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
     return kernels::sum_squares<float>(Vec<const float>(g + begin, end - begin));
   };
   const bool shard = placement_.gradients_sharded();
-  if (placement_.experts().ep == 1 || shard) {  // (each piece of a shard, expert or not, has one owner in the world)
+  if (placement_.experts().ep == 1 || shard) {  // (each piece of a shard, expert or not, has one owner among the replicas)
     double sum = squares(0, values.extent(0));
-    if (shard) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, world_);
+    if (shard) MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, replicas_);
     return sum;
   }
   double rest = 0, experts = 0;

@@ -13,9 +13,11 @@ namespace xx {
 
 class PlacementMpi {
  public:
-  // Collective over world: under ep, the expert-parallel groups (N
-  // consecutive ranks) and the holders of each share (ranks r + kN).
-  PlacementMpi(MPI_Comm world, const Placement& placement);
+  // Collective over world. `replicas`: the ranks holding this rank's
+  // tensors (its stage's data-parallel ranks; the world without stages),
+  // over which the pieces are cut; under ep, its expert-parallel groups (N
+  // consecutive ranks of it) and the holders of each share (ranks r + kN).
+  PlacementMpi(MPI_Comm world, MPI_Comm replicas, const Placement& placement);
   ~PlacementMpi();
   PlacementMpi(const PlacementMpi&) = delete;
   PlacementMpi& operator=(const PlacementMpi&) = delete;
@@ -43,7 +45,7 @@ class PlacementMpi {
   std::vector<float> from_file_frame(const std::vector<float>& whole) const;
 
   // Collective: the squared global norm of the averaged gradients `values`
-  // (this rank's shard, summed over the world; or the whole buffer, whose
+  // (this rank's shard, summed over the replicas; or the whole buffer, whose
   // routed experts are summed over the expert-parallel group, the rest once).
   double gradient_sum_squares(Vec<const float> values) const;
   // Pipeline stages (and micro-batches at P = 1): the same, summed tensor by
@@ -53,7 +55,7 @@ class PlacementMpi {
   double tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const;
 
  private:
-  MPI_Comm world_;
+  MPI_Comm world_, replicas_;
   const Placement& placement_;
   MPI_Comm ep_group_ = MPI_COMM_NULL, holders_ = MPI_COMM_NULL;
   MPI_Comm chain_ = MPI_COMM_NULL;  // pipeline stages: this replica's stages (to_file_frame)

@@ -123,9 +123,9 @@ class ZeroOne : public SyncStrategy, public HalfWeightSource {
 
   // What the level does (describe adds the staging).
   virtual std::string describe_level() const {
-    return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over all ranks, at most {} "
-                       "at once{}{}",
-                       owned_.buckets().size(), settings_.sync.bucket_mb, kShardBucketsInFlight,
+    return fmt::format("ZeRO-1: {} buckets of {} MB all-reduced during the backward over the {} ranks holding "
+                       "them, at most {} at once{}{}",
+                       owned_.buckets().size(), settings_.sync.bucket_mb, world_, kShardBucketsInFlight,
                        micro_text(settings_.sync), gather_text());
   }
   std::string gather_text() const {

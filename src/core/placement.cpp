@@ -56,10 +56,10 @@ std::vector<FrameSlab> Placement::whole_tensors() const {
   return out;
 }
 
-std::vector<FrameSlab> Placement::stage_slabs() const {
+std::vector<FrameSlab> Placement::written_slabs() const {
   std::vector<FrameSlab> out;
-  if (stage_.replica != 0) return out;
-  for (const FrameSlab& s : whole_tensors())
+  if (!sharded() && stage_.replica != 0) return out;
+  for (const FrameSlab& s : sharded() ? piece_slabs() : whole_tensors())
     if (echo_.second == echo_.first || frame_[s.tensor].local != echo_.first) out.push_back(s);
   return out;
 }

@@ -124,10 +124,11 @@ class Placement {
   // its buffer).
   std::vector<FrameSlab> piece_slabs() const;
   std::vector<FrameSlab> whole_tensors() const;
-  // Under pipeline stages, what this rank writes: its stage's tensors whole
-  // but the echo (stage 0's), on the stage's first replica; none on the
-  // others, which hold the same bits. Together the ranks write every tensor once.
-  std::vector<FrameSlab> stage_slabs() const;
+  // What this rank writes of a checkpoint by slabs: under shard its pieces;
+  // else under pipeline stages its stage's tensors whole on the stage's
+  // first replica and none on the others, which hold the same bits; never
+  // the echo (stage 0's). Together the ranks write every tensor once.
+  std::vector<FrameSlab> written_slabs() const;
 
  private:
   Frame frame_;

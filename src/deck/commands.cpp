@@ -898,8 +898,11 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   if (c.model.moe.ep != 1)
     input_error("{}: {} with moe ep {} ({}): expert parallelism {} moe ep 1)", pipe, stages, c.model.moe.ep,
                 at("moe"), not_yet);
-  if (c.shard.level != ShardLevel::off)
-    input_error("{}: {} with shard {} ({}): sharding {} shard off)", pipe, stages, c.shard.level, at("shard"), not_yet);
+  // ZeRO-1 cuts the moments over each stage's replicas; a cut of the gradients or weights would leave the
+  // norm over the chain and the embedding both stages share without a whole buffer.
+  if (c.shard.level > ShardLevel::optimizer)
+    input_error("{}: {} with shard {} ({}): sharding the {} {} shard optimizer or off)", pipe, stages, c.shard.level,
+                at("shard"), c.shard.level == ShardLevel::gradients ? "gradients" : "weights", not_yet);
   if (c.sync.kind != SyncKind::dense || c.topology.kind != TopologyKind::full || c.compress.kind != CompressKind::off)
     input_error("{}: {} with sync {} topology {} compress {} (phase at {}): the pipeline averages only dense "
                 "gradients (expected sync dense over topology full, without compress: the data-parallel ranks of a "

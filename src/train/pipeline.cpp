@@ -31,3 +31,21 @@ PipelineStepTimes PipelineExecutor::step(const StagePasses& p) {
 }
 
 }  // namespace xx
+
+namespace xx {
+
+void StageInputs::keep(int micro, const float* in, int64_t width) {
+  std::vector<float> v;
+  if (!spare_.empty()) v = std::move(spare_.back()), spare_.pop_back();
+  v.assign(in, in + width);  // (a recycled buffer's capacity serves)
+  held_[micro] = std::move(v);
+}
+
+void StageInputs::release(int micro) {
+  auto it = held_.find(micro);
+  if (it == held_.end()) return;
+  spare_.push_back(std::move(it->second));
+  held_.erase(it);
+}
+
+}  // namespace xx

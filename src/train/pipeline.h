@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 #include "comm/pipeline_mpi.h"
 #include "train/pipeline_schedule.h"
@@ -23,6 +24,20 @@ struct StagePasses {
   int64_t width = 0;
   std::function<void(int micro, const float* in, float* out)> forward;
   std::function<void(int micro, const float* dout, float* din)> backward;
+};
+
+// The inputs a stage keeps from a micro-batch's forward to its backward
+// (the activation it received), their buffers recycled: after the first
+// step a step allocates nothing.
+class StageInputs {
+ public:
+  void keep(int micro, const float* in, int64_t width);
+  const float* at(int micro) const { return held_.at(micro).data(); }
+  void release(int micro);
+
+ private:
+  std::map<int, std::vector<float>> held_;
+  std::vector<std::vector<float>> spare_;
 };
 
 // A step's clock on this stage: its length, the part spent waiting for a

@@ -228,8 +228,8 @@ Validation Trainer::evaluate() {
         loss = model_->forward(in, tgt).main;
       } else {  // activations go forward by the stage messages (validation runs count as micro-batches 0..)
         const StageCut& c = stages_->cut();
-        std::vector<float> act(size_t(stage_in_.extent(0)));
-        const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> h(act.data(), act.size());
+        std::vector<float>& act = stage_host_;
+        const auto h = transfer::host_view(act);
         if (!c.first()) stages_->recv_activation(r, act.data(), int64_t(act.size())), Kokkos::deep_copy(stage_in_, h);
         loss = model_->forward_stage(c.layer_begin, c.layer_end, in, tgt, stage_in_.data(), stage_out_.data()).main;
         if (!c.last()) Kokkos::deep_copy(h, stage_out_), stages_->send_activation(r, act.data(), int64_t(act.size()));

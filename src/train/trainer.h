@@ -141,11 +141,12 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> pipeline_;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   int micro_ = 1;                    // sequences per pass: data batch / pipeline micro
-  int64_t tokens_per_step_ = 0;      // every replica's sequences x seq
   Buffer<float> stage_in_, stage_out_;  // a micro-batch's activation (or gradient) in kernel memory
   Buffer<float> lookups_;               // MTP across stages: a micro-batch's lookup gradients (stage 0)
   std::vector<float> stage_lookups_;    // ... as they travel, on the host
-  std::map<int, std::vector<float>> stage_kept_;  // each micro-batch's input, kept until its backward
+  bool mtp_travels_ = false;            // P > 1 with MTP: the last stage's lookups go to stage 0
+  StageInputs stage_kept_;              // each micro-batch's input, kept until its backward
+  std::vector<float> stage_host_;       // a validation run's activation as it travels, on the host
   int stage_resident_ = -1;         // the micro-batch whose activations the model holds now
   const Program program_;  // a copy: callers may pass a temporary
   RunOptions options_;

@@ -186,8 +186,7 @@ CheckpointData Trainer::snapshot(double loss, RankState& mine) {
   CheckpointData data;
   if (writes_slabs()) {  // this rank's pieces only: no whole copies
     std::array<TensorSlabs, 3> slabs;
-    const bool staged = !placement_.stage().whole();  // (stages refuse shard: the pieces are the whole buffer)
-    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = staged ? placement_.stage_slabs() : placement_.piece_slabs();
+    slabs[0].slabs = slabs[1].slabs = slabs[2].slabs = placement_.written_slabs();
     slabs[0].values = take_pieces(model_->params(), placement_.owned());
     slabs[1].values = optimizer_->m().to_host();  // exact: bf16 moments widen to fp32
     slabs[2].values = optimizer_->v().to_host();

@@ -127,6 +127,7 @@ void Trainer::build_stages() {
   pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
   micro_ = cfg_.data.batch / p.micro;
   passes_ = &Trainer::stage_passes;
+  mtp_travels_ = p.stages > 1 && cfg_.model.mtp.depth > 0;
 }
 
 void Trainer::build_model(bool fresh) {
@@ -144,8 +145,9 @@ void Trainer::build_model(bool fresh) {
   if (stages_) {
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
     stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
+    stage_host_.resize(size_t(width));
     const StageCut& c = stages_->cut();
-    if (c.stages > 1 && cfg_.model.mtp.depth > 0 && (c.first() || c.last())) {
+    if (mtp_travels_ && (c.first() || c.last())) {
       stage_lookups_.resize(size_t(model_->mtp_lookups_size()));
       if (c.first()) lookups_ = Buffer<float>("Trainer::lookups", model_->mtp_lookups_size());
     }
@@ -158,7 +160,7 @@ void Trainer::build_model(bool fresh) {
   MPI_Comm_size(replicas_, &replicas), MPI_Comm_rank(replicas_, &replica);
   placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, replicas,
                            replica, fp32_weights_in_pieces(cfg_, replicas));
-  placed_ = std::make_unique<PlacementMpi>(comm_, placement_);
+  placed_ = std::make_unique<PlacementMpi>(comm_, replicas_, placement_);
   saver_ = std::make_unique<CheckpointSaver>(comm_, placement_.frame(), [this](const std::string& line) {
     log_->console(line);
   });

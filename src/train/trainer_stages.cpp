@@ -4,6 +4,7 @@
 // and last stage share. The loop that calls them is trainer.cpp's.
 #include "train/trainer.h"
 #include "comm/agree.h"
+#include "train/transfer.h"
 
 namespace xx {
 
@@ -18,9 +19,7 @@ LossParts Trainer::stage_passes() {
   const int M = cfg_.pipeline.micro;
   const int64_t n = int64_t(micro_) * cfg_.model.seq, width = n * cfg_.model.dim;
   auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
-  auto host = [width](const float* p) { return Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(const_cast<float*>(p), width); };
-  // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
-  const bool travel = cut.stages > 1 && cfg_.model.mtp.depth > 0;
+  auto host = [width](const float* p) { return transfer::host_view(const_cast<float*>(p), size_t(width)); };
   LossParts sum;
   stage_resident_ = -1;
   auto forward = [&](int m, const float* in) {
@@ -32,7 +31,7 @@ LossParts Trainer::stage_passes() {
   StagePasses passes;
   passes.width = width;
   passes.forward = [&](int m, const float* in, float* out) {
-    if (in) stage_kept_[m].assign(in, in + width);
+    if (in) stage_kept_.keep(m, in, width);
     const LossParts l = forward(m, in);
     count_expert_load();  // (not the reruns below)
     sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
@@ -40,20 +39,20 @@ LossParts Trainer::stage_passes() {
   };
   passes.backward = [&](int m, const float* dout, float* din) {
     // The model holds the last forward's activations: another micro-batch's are remade from its input.
-    if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m).data());
-    stage_kept_.erase(m);
+    if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m));
+    stage_kept_.release(m);
     if (dout) Kokkos::deep_copy(stage_out_, host(dout));
-    if (travel && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
+    // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
+    if (mtp_travels_ && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
       stages_->recv_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
-      Kokkos::deep_copy(lookups_, Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()));
+      Kokkos::deep_copy(lookups_, transfer::host_view(stage_lookups_));
       model_->add_mtp_lookups(tokens(data_->targets, m), lookups_.data());
     }
     model_->backward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
                            stage_out_.data(), stage_in_.data());
     if (din) Kokkos::deep_copy(host(din), stage_in_);
-    if (travel && cut.last()) {
-      Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Unmanaged>(stage_lookups_.data(), stage_lookups_.size()),
-                        model_->mtp_lookups());
+    if (mtp_travels_ && cut.last()) {
+      Kokkos::deep_copy(transfer::host_view(stage_lookups_), model_->mtp_lookups());
       stages_->send_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
     }
   };
@@ -77,13 +76,12 @@ LossParts Trainer::stage_passes() {
 // the replicas, is the last stage's as well: the two copies stay equal.
 void Trainer::share_embedding() {
   const StageCut& cut = stages_->cut();
-  if (cut.stages == 1 || cfg_.model.mtp.depth == 0 || !(cut.first() || cut.last())) return;
+  if (!mtp_travels_ || !(cut.first() || cut.last())) return;
   const Vec<float> g = model_->grad("embed");
   std::vector<float> h(g.extent(0));
-  const Kokkos::View<float*, Kokkos::HostSpace, Unmanaged> hv(h.data(), h.size());
-  Kokkos::deep_copy(hv, g);
+  Kokkos::deep_copy(transfer::host_view(h), g);
   stages_->first_to_last(h.data(), int64_t(h.size()));
-  Kokkos::deep_copy(g, hv);
+  Kokkos::deep_copy(g, transfer::host_view(h));
 }
 
 }  // namespace xx

@@ -8,6 +8,16 @@
 
 namespace xx::transfer {
 
+// Host memory seen as a View (no copy): what a deep_copy to or from kernel memory takes.
+template <class T>
+Kokkos::View<T*, Kokkos::HostSpace, Unmanaged> host_view(T* p, size_t n) {
+  return Kokkos::View<T*, Kokkos::HostSpace, Unmanaged>(p, n);
+}
+template <class T>
+Kokkos::View<T*, Kokkos::HostSpace, Unmanaged> host_view(std::vector<T>& v) {
+  return host_view(v.data(), v.size());
+}
+
 template <class T>
 std::vector<T> to_host(const Buffer<T>& b) {
   std::vector<T> out(b.extent(0));
