@@ -493,6 +493,44 @@ TEST_CASE("pipeline stages with shard optimizer: the bits of P = 1, and a checkp
   MPI_Comm_free(&half);
 }
 
+// moe ... ep 2 inside each stage (its replicas are the expert-parallel
+// group): P 2 x dp 2 trains to the bits of P 1 x dp 2 at ep 2, the norm
+// summed tensor by tensor over the chain and the group; its checkpoint,
+// each stage's experts from their shares (by slabs, or gathered and
+// written by rank 0), resumes at P 1.
+TEST_CASE("pipeline stages with moe ep 2: the bits of P = 1, and its checkpoints resume at P = 1",
+          "[mpi][pipeline][train][ckpt]") {
+  using namespace xx::test;
+  const int world = mpi_size(), rank = mpi_rank();
+  if (world != 4) {
+    SUCCEED("needs 4 ranks: 2 stages of 2 replicas");
+    return;
+  }
+  const std::string dir = shared_scratch("pipeline_ep");
+  const std::string corpus = make_corpus(dir, 60000);
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
+  auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
+  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
+  // (staged_deck's moe line, with ep 2)
+  const std::string ep = "precision bf16\nmoe on dense_layers 1 shared 2 routed 4 topk 2 ffn 24 gate sigmoid balance bias "
+                         "balance_coef 0.001 seq_aux 1e-4 ep 2\n";
+  const Curve want = train_on(half, dir, corpus, fmt::format("want_{}", rank / 2), ep + line(1));
+  REQUIRE(want.losses.size() == 20);
+  for (const std::string writer : {"collective", "rank0"}) {
+    INFO("checkpoint writer " << writer);
+    const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, "p2_" + writer,
+                               ep + line(2) + "checkpoint every 10 writer " + writer + "\n");
+    REQUIRE(got.losses == want.losses);
+    if (rank == 0) REQUIRE(got.norms == want.norms);
+    const std::string file = dir + "/p2_" + writer + "/ckpt/step_00000010.h5";
+    REQUIRE(xx::written_by_slabs(file) == (writer == "collective"));
+    const Curve resumed = train_on(half, dir, corpus, fmt::format("p1_{}_{}", writer, rank / 2), ep + line(1), file);
+    REQUIRE(resumed.losses == tail(want.losses));
+  }
+  MPI_Comm_free(&half);
+}
+
 // A checkpoint of one P resumes at another (the file holds the whole model,
 // each stage's tensors and MoE biases from the stage holding them): the
 // resumed steps are the uninterrupted run's, bit for bit. At 2 ranks P 2 and

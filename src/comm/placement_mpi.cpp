@@ -58,10 +58,14 @@ std::vector<float> PlacementMpi::to_file_frame(const std::vector<float>& mine) c
     if (echo_end > echo_begin)
       for (const FrameTensor& t : placement_.frame())
         if (t.local == echo_begin) std::fill_n(whole.begin() + t.offset, t.size, 0.0f);
+    // Under ep the stage's expert-parallel group ORs in the other shares' experts: the tensors its ranks
+    // all hold are the same bits, and x | x is x.
     constexpr int64_t chunk = int64_t(1) << 30;  // (MPI counts are ints)
-    for (int64_t at = 0; at < int64_t(whole.size()); at += chunk)
-      MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, int64_t(whole.size()) - at)), MPI_INT,
-                    MPI_BOR, chain_);
+    for (MPI_Comm c : {chain_, ep_group_})
+      if (c != MPI_COMM_NULL)
+        for (int64_t at = 0; at < int64_t(whole.size()); at += chunk)
+          MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, int64_t(whole.size()) - at)), MPI_INT,
+                        MPI_BOR, c);
     return whole;
   }
   const ExpertShare& e = placement_.experts();
@@ -109,15 +113,19 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
 }
 
 double PlacementMpi::tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const {
-  if (placement_.gradients_sharded() || placement_.experts().ep > 1)
+  if (placement_.gradients_sharded())
     throw std::logic_error("tensor_sum_squares: a whole buffer of every tensor this rank holds");
   const Frame& frame = placement_.frame();
   const auto [echo_begin, echo_end] = placement_.echo();
-  std::vector<double> each(frame.size(), 0.0);  // exact sums: one term per tensor is not zero
+  const int share = placement_.experts().share;
+  // exact sums: one term per tensor is not zero (under ep a tensor every share holds counts on share 0's rank)
+  std::vector<double> each(frame.size(), 0.0);
   for (size_t k = 0; k < frame.size(); ++k)
-    if (frame[k].local >= 0 && !(echo_end > echo_begin && frame[k].local == echo_begin))
+    if (frame[k].local >= 0 && !(echo_end > echo_begin && frame[k].local == echo_begin) &&
+        (frame[k].share >= 0 || share == 0))
       each[k] = kernels::sum_squares<float>(Vec<const float>(values.data() + frame[k].local, frame[k].size));
   MPI_Allreduce(MPI_IN_PLACE, each.data(), int(each.size()), MPI_DOUBLE, MPI_SUM, chain);
+  if (ep_group_ != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, each.data(), int(each.size()), MPI_DOUBLE, MPI_SUM, ep_group_);
   double sum = 0;
   for (double x : each) sum += x;
   return sum;

@@ -37,8 +37,9 @@ class PlacementMpi {
 
   // Between this rank's frame and the whole model's (the checkpoint's).
   // Under pipeline stages to_file_frame is collective over the replica's
-  // stages: each tensor from the stage holding it (the last stage's copy of
-  // the embedding left out), bit for bit.
+  // stages (and its stage's expert-parallel group): each tensor from the
+  // stage holding it (the last stage's copy of the embedding left out), bit
+  // for bit.
   // to_file_frame is collective over the expert-parallel group: every
   // share's experts in their place, the same bits on every rank of it.
   std::vector<float> to_file_frame(const std::vector<float>& mine) const;
@@ -49,9 +50,9 @@ class PlacementMpi {
   // routed experts are summed over the expert-parallel group, the rest once).
   double gradient_sum_squares(Vec<const float> values) const;
   // Pipeline stages (and micro-batches at P = 1): the same, summed tensor by
-  // tensor in the whole model's order over `chain` (each tensor from the
-  // stage holding it; the embedding's echo left out), so that every P gives
-  // the same bits.
+  // tensor in the whole model's order over `chain` and the expert-parallel
+  // group (each tensor from the stage and share holding it; the embedding's
+  // echo left out), so that every P gives the same bits.
   double tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const;
 
  private:

@@ -58,9 +58,13 @@ std::vector<FrameSlab> Placement::whole_tensors() const {
 
 std::vector<FrameSlab> Placement::written_slabs() const {
   std::vector<FrameSlab> out;
-  if (!sharded() && stage_.replica != 0) return out;
-  for (const FrameSlab& s : sharded() ? piece_slabs() : whole_tensors())
-    if (echo_.second == echo_.first || frame_[s.tensor].local != echo_.first) out.push_back(s);
+  if (!sharded() && experts_.holder != 0) return out;  // (the first replicas' copy; under ep its first group's)
+  for (const FrameSlab& s : sharded() ? piece_slabs() : whole_tensors()) {
+    const FrameTensor& t = frame_[s.tensor];
+    const bool echo = echo_.second > echo_.first && t.local == echo_.first;
+    const bool every_share_holds = !sharded() && t.share < 0 && experts_.share != 0;  // share 0 writes it
+    if (!echo && !every_share_holds) out.push_back(s);
+  }
   return out;
 }
 

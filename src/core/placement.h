@@ -126,8 +126,10 @@ class Placement {
   std::vector<FrameSlab> whole_tensors() const;
   // What this rank writes of a checkpoint by slabs: under shard its pieces;
   // else under pipeline stages its stage's tensors whole on the stage's
-  // first replica and none on the others, which hold the same bits; never
-  // the echo (stage 0's). Together the ranks write every tensor once.
+  // first replica and none on the others, which hold the same bits (under
+  // ep: the first expert-parallel group, share 0 writing the tensors every
+  // share holds); never the echo (stage 0's). Together the ranks write
+  // every tensor once.
   std::vector<FrameSlab> written_slabs() const;
 
  private:

@@ -895,9 +895,6 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
                 "pipeline trains batch sequences per step as micro micro-batches of batch / micro)", pipe, p.micro,
                 c.data.batch, at("data"));
   const char* not_yet = "is not built with pipeline stages yet (expected";
-  if (c.model.moe.ep != 1)
-    input_error("{}: {} with moe ep {} ({}): expert parallelism {} moe ep 1)", pipe, stages, c.model.moe.ep,
-                at("moe"), not_yet);
   // ZeRO-1 cuts the moments over each stage's replicas; a cut of the gradients or weights would leave the
   // norm over the chain and the embedding both stages share without a whole buffer.
   if (c.shard.level > ShardLevel::optimizer)

@@ -139,8 +139,12 @@ void Trainer::build_model(bool fresh) {
   } catch (const std::runtime_error& e) {
     input_error("deck: {} (expected gemm auto, or a backend this binary has)", e.what());
   }
+  // the ranks sharing this rank's tensors (all of them without stages): the
+  // expert shares and the pieces are cut over them
+  int replicas = 1, replica = 0;
+  MPI_Comm_size(replicas_, &replicas), MPI_Comm_rank(replicas_, &replica);
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
-  model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, rank_ % ep,
+  model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, replica % ep,
                                                 stages_ ? stages_->cut() : StageCut{});
   if (stages_) {
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
@@ -156,8 +160,6 @@ void Trainer::build_model(bool fresh) {
   // buckets; the deck keeps them one size per job), under params cut inside
   // the weight units the model asks for.
   const int64_t bucket = std::max<int64_t>(1, int64_t(cfg_.sync.bucket_mb * 1024 * 1024 / sizeof(float)));
-  int replicas = 1, replica = 0;  // the ranks sharing this rank's tensors (all of them without stages)
-  MPI_Comm_size(replicas_, &replicas), MPI_Comm_rank(replicas_, &replica);
   placement_ = place_model(cfg_.model, model_->layout(), cfg_.shard.level, bucket, replicas,
                            replica, fp32_weights_in_pieces(cfg_, replicas));
   placed_ = std::make_unique<PlacementMpi>(comm_, replicas_, placement_);
