@@ -916,8 +916,6 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   if (c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}): sampling {} no sample line: no rank holds the whole model; "
                 "sample from a checkpoint with xuanxue generate)", pipe, stages, c.sample.every, at("sample"), not_yet);
-  if (c.init.kind != InitKind::random)
-    input_error("{}: {} with init hf ({}): importing weights {} init random)", pipe, stages, at("init"), not_yet);
   if (c.schedule.restart_from == RestartFrom::best)
     input_error("{}: {} with schedule restart_from best ({}): {} restart_from last)", pipe, stages, at("schedule"),
                 not_yet);
