@@ -456,11 +456,13 @@ TEST_CASE("pipeline stages train: the bits of the same deck at P = 1, at every P
     }
 }
 
-// shard optimizer (ZeRO-1) cuts AdamW's state over each stage's replicas:
-// P 2 x dp 2 trains to the bits of P 1 x dp 2 sharded alike, fp32 and bf16
-// (whose fp32 weights are then only the pieces too), and its checkpoint,
-// each replica writing its pieces, resumes at P 1 sharded or not.
-TEST_CASE("pipeline stages with shard optimizer: the bits of P = 1, and a checkpoint of pieces resumes at P = 1",
+// shard optimizer (ZeRO-1) cuts AdamW's state over each stage's replicas,
+// shard gradients (ZeRO-2) the averaged gradients too (the norm summed from
+// the pieces, the embedding's gradient put together on stage 0 for the
+// last stage): P 2 x dp 2 trains to the bits of P 1 x dp 2 sharded alike,
+// fp32 and bf16 (whose fp32 weights are then only the pieces too), and its
+// checkpoint, each replica writing its pieces, resumes at P 1 sharded or not.
+TEST_CASE("pipeline stages with shard optimizer|gradients: the bits of P = 1, and a checkpoint of pieces resumes at P = 1",
           "[mpi][pipeline][train][ckpt]") {
   using namespace xx::test;
   const int world = mpi_size(), rank = mpi_rank();
@@ -474,22 +476,24 @@ TEST_CASE("pipeline stages with shard optimizer: the bits of P = 1, and a checkp
   MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
   auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
   auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
-  for (const std::string precision : {"fp32", "bf16"}) {
-    INFO("precision " << precision);
-    const std::string zero1 = "precision " + precision + "\nshard optimizer\n";
-    const Curve want = train_on(half, dir, corpus, fmt::format("{}_want_{}", precision, rank / 2), zero1 + line(1));
-    REQUIRE(want.losses.size() == 20);
-    const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, precision + "_p2", zero1 + line(2) + "checkpoint every 10\n");
-    REQUIRE(got.losses == want.losses);
-    if (rank == 0) REQUIRE(got.norms == want.norms);
-    const std::string file = dir + "/" + precision + "_p2/ckpt/step_00000010.h5";
-    REQUIRE(xx::written_by_slabs(file));
-    const Curve sharded = train_on(half, dir, corpus, fmt::format("{}_p1_{}", precision, rank / 2), zero1 + line(1), file);
-    REQUIRE(sharded.losses == tail(want.losses));
-    const Curve whole = train_on(half, dir, corpus, fmt::format("{}_p1_off_{}", precision, rank / 2),
-                                 "precision " + precision + "\n" + line(1), file);
-    REQUIRE(whole.losses == tail(want.losses));
-  }
+  for (const std::string level : {"optimizer", "gradients"})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      INFO("shard " << level << ", precision " << precision);
+      const std::string tag = level + "_" + precision;
+      const std::string zero = "precision " + precision + "\nshard " + level + "\n";
+      const Curve want = train_on(half, dir, corpus, fmt::format("{}_want_{}", tag, rank / 2), zero + line(1));
+      REQUIRE(want.losses.size() == 20);
+      const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, tag + "_p2", zero + line(2) + "checkpoint every 10\n");
+      REQUIRE(got.losses == want.losses);
+      if (rank == 0) REQUIRE(got.norms == want.norms);
+      const std::string file = dir + "/" + tag + "_p2/ckpt/step_00000010.h5";
+      REQUIRE(xx::written_by_slabs(file));
+      const Curve sharded = train_on(half, dir, corpus, fmt::format("{}_p1_{}", tag, rank / 2), zero + line(1), file);
+      REQUIRE(sharded.losses == tail(want.losses));
+      const Curve whole = train_on(half, dir, corpus, fmt::format("{}_p1_off_{}", tag, rank / 2),
+                                   "precision " + precision + "\n" + line(1), file);
+      REQUIRE(whole.losses == tail(want.losses));
+    }
   MPI_Comm_free(&half);
 }
 

@@ -85,6 +85,29 @@ std::vector<float> PlacementMpi::to_file_frame(const std::vector<float>& mine) c
   return whole;
 }
 
+std::vector<float> PlacementMpi::gather_tensor(Vec<const float> shard, size_t tensor) const {
+  const FrameTensor& t = placement_.frame().at(tensor);
+  std::vector<float> whole(size_t(t.size), 0.0f);
+  for (const FrameSlab& s : placement_.piece_slabs())
+    if (s.tensor == tensor)
+      Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                            whole.data() + s.begin, size_t(s.count)),
+                        Vec<const float>(shard.data() + s.at, s.count));
+  // (each element has one owner among the replicas: an OR with the others' zeros gives its bits)
+  constexpr int64_t chunk = int64_t(1) << 30;
+  for (int64_t at = 0; at < t.size; at += chunk)
+    MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, t.size - at)), MPI_INT, MPI_BOR, replicas_);
+  return whole;
+}
+
+void PlacementMpi::put_tensor(const std::vector<float>& whole, Vec<float> shard, size_t tensor) const {
+  for (const FrameSlab& s : placement_.piece_slabs())
+    if (s.tensor == tensor)
+      Kokkos::deep_copy(Vec<float>(shard.data() + s.at, s.count),
+                        Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                            whole.data() + s.begin, size_t(s.count)));
+}
+
 std::vector<float> PlacementMpi::from_file_frame(const std::vector<float>& whole) const {
   if (placement_.holds_all()) return whole;
   std::vector<float> mine(placement_.local_total());
@@ -113,10 +136,19 @@ double PlacementMpi::gradient_sum_squares(Vec<const float> values) const {
 }
 
 double PlacementMpi::tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const {
-  if (placement_.gradients_sharded())
-    throw std::logic_error("tensor_sum_squares: a whole buffer of every tensor this rank holds");
   const Frame& frame = placement_.frame();
   const auto [echo_begin, echo_end] = placement_.echo();
+  if (placement_.gradients_sharded()) {  // this rank's pieces: each element has one owner among the replicas
+    std::vector<double> each(frame.size(), 0.0);
+    for (const FrameSlab& s : placement_.piece_slabs())
+      if (!(echo_end > echo_begin && frame[s.tensor].local == echo_begin))
+        each[s.tensor] += kernels::sum_squares<float>(Vec<const float>(values.data() + s.at, s.count));
+    for (MPI_Comm c : {replicas_, chain})
+      MPI_Allreduce(MPI_IN_PLACE, each.data(), int(each.size()), MPI_DOUBLE, MPI_SUM, c);
+    double sum = 0;
+    for (double x : each) sum += x;
+    return sum;
+  }
   const int share = placement_.experts().share;
   // exact sums: one term per tensor is not zero (under ep a tensor every share holds counts on share 0's rank)
   std::vector<double> each(frame.size(), 0.0);

@@ -45,6 +45,12 @@ class PlacementMpi {
   std::vector<float> to_file_frame(const std::vector<float>& mine) const;
   std::vector<float> from_file_frame(const std::vector<float>& whole) const;
 
+  // One tensor of the frame (an index into it) whole, from the replicas'
+  // pieces of it in `shard` (collective over the replicas); and this rank's
+  // pieces of it from a whole one into `shard`.
+  std::vector<float> gather_tensor(Vec<const float> shard, size_t tensor) const;
+  void put_tensor(const std::vector<float>& whole, Vec<float> shard, size_t tensor) const;
+
   // Collective: the squared global norm of the averaged gradients `values`
   // (this rank's shard, summed over the replicas; or the whole buffer, whose
   // routed experts are summed over the expert-parallel group, the rest once).
@@ -52,7 +58,9 @@ class PlacementMpi {
   // Pipeline stages (and micro-batches at P = 1): the same, summed tensor by
   // tensor in the whole model's order over `chain` and the expert-parallel
   // group (each tensor from the stage and share holding it; the embedding's
-  // echo left out), so that every P gives the same bits.
+  // echo left out), so that every P gives the same bits; under shard
+  // gradients `values` is this rank's shard, each tensor's pieces summed
+  // over the replicas first (the same within rounding: the pieces differ with P).
   double tensor_sum_squares(Vec<const float> values, MPI_Comm chain) const;
 
  private:

@@ -895,11 +895,11 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
                 "pipeline trains batch sequences per step as micro micro-batches of batch / micro)", pipe, p.micro,
                 c.data.batch, at("data"));
   const char* not_yet = "is not built with pipeline stages yet (expected";
-  // ZeRO-1 cuts the moments over each stage's replicas; a cut of the gradients or weights would leave the
-  // norm over the chain and the embedding both stages share without a whole buffer.
-  if (c.shard.level > ShardLevel::optimizer)
-    input_error("{}: {} with shard {} ({}): sharding the {} {} shard optimizer or off)", pipe, stages, c.shard.level,
-                at("shard"), c.shard.level == ShardLevel::gradients ? "gradients" : "weights", not_yet);
+  // ZeRO-1 and 2 cut the moments and gradients over each stage's replicas; ZeRO-3's weight gathers would
+  // meet the stages' messages in the middle of a pass.
+  if (c.shard.level == ShardLevel::params)
+    input_error("{}: {} with shard params ({}): sharding the weights {} shard optimizer, gradients or off)", pipe,
+                stages, at("shard"), not_yet);
   if (c.sync.kind != SyncKind::dense || c.topology.kind != TopologyKind::full || c.compress.kind != CompressKind::off)
     input_error("{}: {} with sync {} topology {} compress {} (phase at {}): the pipeline averages only dense "
                 "gradients (expected sync dense over topology full, without compress: the data-parallel ranks of a "

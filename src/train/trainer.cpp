@@ -39,7 +39,7 @@ double Trainer::train_step() {
   const LossParts mean = (this->*passes_)();
   last_.comm = CommStats{};
   sync.reduce_gradients(step_, last_.comm);
-  if (stages_) share_embedding();
+  if (stages_) share_embedding(sync.reduced_gradients());
   if (exchange_) last_.comm += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
   if (lossagg_on_ && world_ > 1) {  // one loss gather per micro-batch; on the wire, what it hands MPI
     const int64_t gathered = micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));

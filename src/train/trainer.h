@@ -101,7 +101,7 @@ class Trainer {
   LossParts stage_passes();
   LossParts (Trainer::*passes_)() = &Trainer::micro_batch_passes;
   SyncSettings phase_sync(const Config& c, int64_t phase_start) const;
-  void share_embedding();  // pipeline stages: the embedding's gradient, one on the first and last stage
+  void share_embedding(Vec<float> reduced);  // pipeline stages: the embedding's gradient, one on the first and last stage
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
   void count_expert_load();  // after a training forward: its expert load joins the step's

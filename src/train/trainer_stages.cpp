@@ -3,6 +3,7 @@
 // in its schedule's order (train/pipeline.h), and the embedding the first
 // and last stage share. The loop that calls them is trainer.cpp's.
 #include "train/trainer.h"
+#include <algorithm>
 #include "comm/agree.h"
 #include "train/transfer.h"
 
@@ -74,9 +75,22 @@ LossParts Trainer::stage_passes() {
 // Pipeline stages with MTP: the last stage reads the embedding too. Stage
 // 0's gradient, which holds its lookups too (stage_passes), averaged over
 // the replicas, is the last stage's as well: the two copies stay equal.
-void Trainer::share_embedding() {
+// Under shard gradients `reduced` holds only this rank's pieces: stage 0's
+// replicas put the tensor together, and each last-stage rank takes its own.
+void Trainer::share_embedding(Vec<float> reduced) {
   const StageCut& cut = stages_->cut();
   if (!mtp_travels_ || !(cut.first() || cut.last())) return;
+  if (placement_.gradients_sharded()) {
+    const Frame& frame = placement_.frame();
+    const auto embed = size_t(std::find_if(frame.begin(), frame.end(), [](const FrameTensor& t) {
+                                return t.name == "embed";
+                              }) - frame.begin());
+    std::vector<float> h = cut.first() ? placed_->gather_tensor(reduced, embed)
+                                       : std::vector<float>(size_t(frame.at(embed).size));
+    stages_->first_to_last(h.data(), int64_t(h.size()));
+    if (cut.last()) placed_->put_tensor(h, reduced, embed);
+    return;
+  }
   const Vec<float> g = model_->grad("embed");
   std::vector<float> h(g.extent(0));
   Kokkos::deep_copy(transfer::host_view(h), g);
