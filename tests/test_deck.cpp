@@ -764,6 +764,21 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
   CHECK(error_of(t, four + "pipeline stages 2\nmoe on routed 4 topk 2 ffn 8 ep 2\nrun 2\n").empty());  // ep in a stage
   CHECK(error_of(t, four + "pipeline stages 2\nshard optimizer\nrun 2\n").empty());  // ZeRO-1 over a stage's replicas
   CHECK(error_of(t, four + "pipeline stages 2\nshard gradients\nrun 2\n").empty());  // ZeRO-2 too
+  // cut N0,N1,...: each stage's blocks, uneven where P does not divide L, summing to L
+  {
+    const Program p = build(t, four + "pipeline stages 2 cut 3,1\nrun 2\n");
+    CHECK(p.phases[0].config.pipeline.cut == std::vector<int>{3, 1});
+  }
+  CHECK(error_of(t, "model dense vocab 256 dim 16 layers 3 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\n"
+                    "pipeline stages 2 cut 2,1\nrun 2\n").empty());
+  check(four + "pipeline stages 2 cut 3,2\nrun 2\n",
+        at(3) + ": pipeline cut 3,2 gives 5 blocks, the model has 4 layers (" + at(1) + ")", "expected a cut summing");
+  check(four + "pipeline stages 2 cut 4\nrun 2\n", at(3) + ": pipeline cut 4 names 1 stages, not 'stages' 2",
+        "expected one block count per stage");
+  check(four + "pipeline stages 2 cut 4,0\nrun 2\n", at(3) + ": bad value '4,0' for 'cut'", "integers >= 1");
+  check(four + "pipeline stages 2 cut 3,,1\nrun 2\n", at(3) + ": bad value '3,,1' for 'cut'", "separated by commas");
+  check("model dense vocab 256 dim 16 layers 3 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\npipeline stages 2\nrun 2\n",
+        at(3) + ": pipeline stages 2 does not divide the model's 3 layers", "or cut N0,N1,... naming each stage's");
   check(four + "pipeline stages 1 micro 2\nshard params\nrun 2\n",
         at(3) + ": pipeline stages 1 micro 2 with shard params (" + at(4) + "): sharding the weights is not built");
   check(four + "pipeline stages 2\nsync accumulate 2\nrun 2\n",

@@ -418,6 +418,13 @@ TEST_CASE("pipeline stages: the layers cut into P runs, every tensor in one stag
   CHECK(v3[12] == std::pair<int, int>{48, 52});
   CHECK(v3[13] == std::pair<int, int>{52, 55});
   CHECK(v3.back() == std::pair<int, int>{58, 61});
+  // the deck's cut wins: V3's layers with the short stages first
+  std::vector<int> cut(16, 4);
+  cut[0] = cut[1] = cut[2] = 3;
+  const auto given = stage_layers(61, 16, cut);
+  CHECK(given.front() == std::pair<int, int>{0, 3});
+  CHECK(given[3] == std::pair<int, int>{9, 13});
+  CHECK(given.back() == std::pair<int, int>{57, 61});
   const int ep = GENERATE(1, 2);
   const int P = GENERATE(1, 2, 4);
   CAPTURE(ep, P);

@@ -572,6 +572,11 @@ TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going o
         train_on(alone, dir, corpus, fmt::format("p1_from_p2_rank0_{}", rank), bf16 + line(1), file("p2_rank0"));
     REQUIRE(gathered.losses == tail(want.losses));
     REQUIRE(!xx::written_by_slabs(file("p2_rank0")));
+    // an uneven cut (3 blocks, then 1 with the head and MTP): the same bits, its checkpoint resuming at P 1
+    const std::string uneven = "pipeline stages 2 schedule 1f1b micro 4 cut 3,1\n";
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_cut", bf16 + uneven + every).losses == want.losses);
+    REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_cut_{}", rank), bf16 + line(1), file("p2_cut")).losses ==
+            tail(want.losses));
     train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + line(1) + every);
     MPI_Barrier(MPI_COMM_WORLD);
     const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + line(2), file("p1_0"));

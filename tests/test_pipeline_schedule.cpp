@@ -60,4 +60,14 @@ TEST_CASE("the stage cut: consecutive replicas per stage, L / P consecutive laye
   CHECK(stage_cut(1, 0, 1, 3).layer_end == 3);
   CHECK_THROWS_AS(stage_cut(6, 0, 4, 8), std::invalid_argument);  // 4 stages do not fill 6 ranks
   CHECK_THROWS_AS(stage_cut(4, 0, 4, 6), std::invalid_argument);  // nor cut 6 layers
+  // a cut of its own: each stage's blocks
+  const StageCut uneven = stage_cut(4, 3, 2, 5, {3, 2});  // P 2 x dp 2: rank 3 on stage 1, replica 1
+  CHECK(uneven.stage == 1);
+  CHECK(uneven.replica == 1);
+  CHECK(uneven.layer_begin == 3);
+  CHECK(uneven.layer_end == 5);
+  CHECK(stage_cut(2, 0, 2, 5, {3, 2}).layer_end == 3);
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {3, 1}), std::invalid_argument);     // 4 blocks of 5 layers
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {5, 0}), std::invalid_argument);     // a stage without one
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {1, 2, 2}), std::invalid_argument);  // 3 stages named
 }

@@ -68,14 +68,25 @@ std::vector<FrameSlab> Placement::written_slabs() const {
   return out;
 }
 
-StageCut stage_cut(int world, int rank, int stages, int layers) {
-  if (stages < 1 || world % stages != 0 || layers % stages != 0 || rank < 0 || rank >= world)
-    throw std::invalid_argument(fmt::format("stage_cut: {} stages over {} ranks and {} layers (rank {})", stages,
-                                            world, layers, rank));
+StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks) {
+  auto bad = [&] {
+    return std::invalid_argument(fmt::format("stage_cut: {} stages over {} ranks and {} layers (rank {}, cut {})",
+                                             stages, world, layers, rank, fmt::join(blocks, ",")));
+  };
+  if (stages < 1 || world % stages != 0 || rank < 0 || rank >= world) throw bad();
+  std::vector<int> cut = blocks;
+  if (cut.empty()) {
+    if (layers % stages != 0) throw bad();
+    cut.assign(size_t(stages), layers / stages);
+  }
+  int sum = 0;
+  for (int n : cut) sum += n;
+  if (int(cut.size()) != stages || sum != layers || *std::min_element(cut.begin(), cut.end()) < 1) throw bad();
   StageCut c;
   c.stages = stages, c.replicas = world / stages;
   c.stage = rank / c.replicas, c.replica = rank % c.replicas;
-  c.layer_begin = c.stage * (layers / stages), c.layer_end = c.layer_begin + layers / stages;
+  for (int s = 0; s < c.stage; ++s) c.layer_begin += cut[size_t(s)];
+  c.layer_end = c.layer_begin + cut[size_t(c.stage)];
   return c;
 }
 

@@ -64,8 +64,11 @@ struct StageCut {
   bool holds_layer(int l) const { return whole() || (l >= layer_begin && l < layer_end); }
   int rank_of(int stage_index, int replica_index) const { return stage_index * replicas + replica_index; }
 };
-// Throws std::invalid_argument where P does not divide the world or the layers.
-StageCut stage_cut(int world, int rank, int stages, int layers);
+// `blocks`: each stage's number of blocks (the deck's pipeline ... cut), or
+// empty for L / P each. Throws std::invalid_argument where P does not divide
+// the world, or the cut does not give each of the P stages a block and sum
+// to the layers (without a cut: P does not divide them).
+StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks = {});
 
 // A run of one frame tensor's elements that this rank holds in some buffer:
 // elements [begin, begin + count) of tensor `tensor` (an index into the

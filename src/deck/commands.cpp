@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <variant>
 #include <unistd.h>
@@ -220,7 +221,23 @@ void check_model(const ModelConfig& m, const std::string& where) {
 // a token keeps 1 to G of them, and the kept groups hold its k experts.
 // pipeline ...: what the line alone can say (the layers, the other commands
 // and the world size are checked at the run line and at start-up).
-void check_pipeline_line(const PipelineConfig& p, const std::string& where) {
+void check_pipeline_line(PipelineConfig& p, const std::string& where) {
+  // cut N0,N1,...: one positive block count per stage, read here once
+  p.cut.clear();
+  if (!p.cut_text.empty()) {
+    for (size_t at = 0; at <= p.cut_text.size();) {
+      const size_t comma = std::min(p.cut_text.find(',', at), p.cut_text.size());
+      const auto n = parse_number<int>(p.cut_text.substr(at, comma - at));
+      if (!n || *n < 1)
+        input_error("{}: bad value '{}' for 'cut' (expected each stage's number of blocks, integers >= 1 separated "
+                    "by commas, e.g. cut 3,1)", where, p.cut_text);
+      p.cut.push_back(*n);
+      at = comma + 1;
+    }
+    if (int(p.cut.size()) != p.stages)
+      input_error("{}: pipeline cut {} names {} stages, not 'stages' {} (expected one block count per stage)", where,
+                  p.cut_text, p.cut.size(), p.stages);
+  }
   const PipelineSchedule s = p.schedule;
   const bool chunked = s == PipelineSchedule::interleaved || s == PipelineSchedule::dualpipev;
   if (!chunked && p.virtual_stages != 1)
@@ -620,10 +637,12 @@ std::vector<Command> registry(Config& c, int64_t& steps) {
        {{"",
          {},
          {integer("stages", &c.pipeline.stages, at_least(1)), choice("schedule", &c.pipeline.schedule),
-          integer("virtual", &c.pipeline.virtual_stages, at_least(1)), integer("micro", &c.pipeline.micro, at_least(1))},
+          integer("virtual", &c.pipeline.virtual_stages, at_least(1)), integer("micro", &c.pipeline.micro, at_least(1)),
+          Option{"cut", &c.pipeline.cut_text, {}, {}, "each stage's blocks, comma-separated"}},
          {"stages"},
          [&p = c.pipeline](const std::string& where) { check_pipeline_line(p, where); }}},
-       "pipeline stages P [schedule gpipe|1f1b|interleaved|dualpipev] [virtual V] [micro M]", Scope::job},
+       "pipeline stages P [schedule gpipe|1f1b|interleaved|dualpipev] [virtual V] [micro M] [cut N0,N1,...]",
+       Scope::job},
       {"grad_check",
        nullptr,
        "",
@@ -887,9 +906,14 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   const std::string pipe = at("pipeline");
   const std::string stages = p.stages > 1 ? fmt::format("pipeline stages {}", p.stages)
                                           : fmt::format("pipeline stages 1 micro {}", p.micro);
-  if (c.model.layers % p.stages != 0)
+  if (p.cut.empty() && c.model.layers % p.stages != 0)
     input_error("{}: {} does not divide the model's {} layers ({}) (expected stages dividing layers: each stage "
-                "holds layers / stages consecutive blocks)", pipe, stages, c.model.layers, at("model"));
+                "holds layers / stages consecutive blocks; or cut N0,N1,... naming each stage's)", pipe, stages,
+                c.model.layers, at("model"));
+  if (!p.cut.empty() && std::accumulate(p.cut.begin(), p.cut.end(), 0) != c.model.layers)
+    input_error("{}: pipeline cut {} gives {} blocks, the model has {} layers ({}) (expected a cut summing to the "
+                "layers)", pipe, p.cut_text, std::accumulate(p.cut.begin(), p.cut.end(), 0), c.model.layers,
+                at("model"));
   if (c.data.batch % p.micro != 0)
     input_error("{}: pipeline micro {} does not divide the data batch {} ({}) (expected micro dividing batch: a "
                 "pipeline trains batch sequences per step as micro micro-batches of batch / micro)", pipe, p.micro,

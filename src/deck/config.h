@@ -389,6 +389,8 @@ struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::gpipe;
   int virtual_stages = 1;  // chunks per stage (interleaved, dualpipev)
   int micro = 1;           // M: a pipeline's data batch (its sequences per step) cut into M micro-batches of batch / M
+  std::string cut_text;    // cut N0,N1,...: each stage's blocks, as written ("": L / P each)
+  std::vector<int> cut;    // ... read once by the deck (empty: L / P each)
   bool operator==(const PipelineConfig&) const = default;
 };
 

@@ -82,11 +82,12 @@ static BlockKept block_activations(const ModelConfig& m, bool moe, int64_t B, in
 
 // The layers of each pipeline stage: P contiguous runs, the first L mod P one
 // layer longer than the rest.
-std::vector<std::pair<int, int>> stage_layers(int layers, int stages) {
+std::vector<std::pair<int, int>> stage_layers(int layers, int stages, const std::vector<int>& cut) {
   std::vector<std::pair<int, int>> spans;
   const int q = layers / stages, r = layers % stages;
+  const bool given = int(cut.size()) == stages;
   for (int s = 0, begin = 0; s < stages; ++s) {
-    const int n = q + (s < r);
+    const int n = given ? cut[size_t(s)] : q + (s < r);
     spans.emplace_back(begin, begin + n);
     begin += n;
   }
@@ -260,7 +261,7 @@ int stage_of(const TensorInfo& t, const ModelConfig& m, const std::vector<std::p
 PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks,
                    const PipelinePlan& pipe, int stage) {
   const ModelConfig& m = c.model;
-  const auto spans = stage_layers(m.layers, pipe.stages);
+  const auto spans = stage_layers(m.layers, pipe.stages, pipe.cut);
   const bool last = stage == pipe.stages - 1;
   auto holds = [&](const TensorInfo& t) { return pipe.stages == 1 || stage_of(t, m, spans) == stage; };
   PlanBasis b;
@@ -309,7 +310,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
 
 PipelinePlan deck_pipeline(const Config& c) {
   const PipelineConfig& p = c.pipeline;
-  return p.stages > 1 ? PipelinePlan{p.stages, p.schedule, p.micro} : PipelinePlan{};
+  return p.stages > 1 ? PipelinePlan{p.stages, p.schedule, p.micro, p.cut} : PipelinePlan{};
 }
 
 PlanBasis plan_basis(const Program& program, int ranks) {
@@ -331,7 +332,7 @@ PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe
   const Config& first = program.phases.front().config;
   check_expert_groups(program, ranks / pipe.stages);
   const ParamLayout layout(first.model);  // rank 0's experts under ep: every rank holds as many
-  const auto spans = stage_layers(first.model.layers, pipe.stages);
+  const auto spans = stage_layers(first.model.layers, pipe.stages, pipe.cut);
   const StageSpan span{spans[stage].first, spans[stage].second, stage == 0, stage == pipe.stages - 1,
                        pipe.in_flight(stage)};
   const int micro_batch = pipe.stages > 1 ? first.data.batch / pipe.micro : first.data.batch;
@@ -705,7 +706,7 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
                 phase.config.model.recompute = recompute;
                 phase.config.shard.level = shard;
               }
-              const PipelinePlan pipe{P, row.schedule, row.micro};
+              const PipelinePlan pipe{P, row.schedule, row.micro, P == deck.stages ? deck.cut : std::vector<int>{}};
               for (int s = 0; s < P; ++s) {
                 const MemoryPlan plan = plan_level(plan_basis(variant, ranks, pipe, s), shard);
                 if (s == 0 || plan.total() > row.plan.total()) row.plan = plan, row.worst_stage = s;
@@ -788,7 +789,8 @@ std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& 
     phase.config.model.recompute = shown->recompute;
     phase.config.shard.level = shown->shard;
   }
-  const PipelinePlan pipe{shown->stages, shown->schedule, shown->micro};
+  const PipelinePlan pipe{shown->stages, shown->schedule, shown->micro,
+                          shown->stages == c.pipeline.stages ? c.pipeline.cut : std::vector<int>{}};
   out += fmt::format("\n# its stages: P {} ep {} shard {} recompute {} micro {} {}\n", shown->stages, shown->ep,
                      shown->shard, shown->recompute, shown->micro, shown->schedule);
   out += fmt::format("  {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}\n", "stage", "layers",

@@ -68,9 +68,11 @@ struct StageSpan {
   int in_flight = 1;
 };
 MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& span, double expert_load = 1.0);
-// P contiguous runs of layers [begin, end): L = qP + r, the first r stages
-// take q + 1 layers and the rest q (61 over 16: 13 stages of 4, then 3 of 3).
-std::vector<std::pair<int, int>> stage_layers(int layers, int stages);
+// P contiguous runs of layers [begin, end): the deck's `cut` (each stage's
+// blocks) where given, else L = qP + r, the first r stages taking q + 1
+// layers and the rest q (61 over 16: 13 stages of 4, then 3 of 3; the deck
+// needs that cut written out where P does not divide L).
+std::vector<std::pair<int, int>> stage_layers(int layers, int stages, const std::vector<int>& cut = {});
 
 // Pipeline parallelism, planned (training with P > 1 is built elsewhere): W
 // ranks form P stages of W / P data-parallel ranks each (ZeRO shards over
@@ -86,6 +88,7 @@ struct PipelinePlan {
   int stages = 1;  // P
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int micro = 1;   // M
+  std::vector<int> cut;  // each stage's blocks (the deck's pipeline ... cut), or empty
   int in_flight(int stage) const {
     if (stages == 1) return 1;
     return schedule == PipelineSchedule::gpipe ? micro : std::min(stages - stage, micro);

@@ -122,7 +122,7 @@ void Trainer::build_stages() {
   replicas_ = comm_;
   micro_ = cfg_.data.batch;
   if (p.stages == 1 && p.micro == 1) return;
-  stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers));
+  stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers, p.cut));
   replicas_ = stages_->data_parallel();
   pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
   micro_ = cfg_.data.batch / p.micro;
