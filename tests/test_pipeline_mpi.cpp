@@ -388,6 +388,11 @@ void require_close(const std::vector<double>& got, const std::vector<double>& wa
   }
 }
 
+// The resume tests' pipeline: P stages, 1f1b over 4 micro-batches; and
+// steps 11-20 of a 20-step curve, what a resume from step 10 runs.
+std::string one_f_one_b(int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); }
+std::vector<double> after_step10(const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); }
+
 }  // namespace
 
 TEST_CASE("pipeline stages train: the bits of the same deck at P = 1, at every P, schedule, M and precision",
@@ -472,27 +477,25 @@ TEST_CASE("pipeline stages with shard optimizer|gradients: the bits of P = 1, an
   }
   const std::string dir = shared_scratch("pipeline_shard");
   const std::string corpus = make_corpus(dir, 60000);
-  MPI_Comm half;
+  MPI_Comm half;  // each half of the world alone
   MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
-  auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
-  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
   for (const std::string level : {"optimizer", "gradients"})
     for (const std::string precision : {"fp32", "bf16"}) {
       INFO("shard " << level << ", precision " << precision);
       const std::string tag = level + "_" + precision;
       const std::string zero = "precision " + precision + "\nshard " + level + "\n";
-      const Curve want = train_on(half, dir, corpus, fmt::format("{}_want_{}", tag, rank / 2), zero + line(1));
+      const Curve want = train_on(half, dir, corpus, fmt::format("{}_want_{}", tag, rank / 2), zero + one_f_one_b(1));
       REQUIRE(want.losses.size() == 20);
-      const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, tag + "_p2", zero + line(2) + "checkpoint every 10\n");
+      const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, tag + "_p2", zero + one_f_one_b(2) + "checkpoint every 10\n");
       REQUIRE(got.losses == want.losses);
       if (rank == 0) REQUIRE(got.norms == want.norms);
       const std::string file = dir + "/" + tag + "_p2/ckpt/step_00000010.h5";
       REQUIRE(xx::written_by_slabs(file));
-      const Curve sharded = train_on(half, dir, corpus, fmt::format("{}_p1_{}", tag, rank / 2), zero + line(1), file);
-      REQUIRE(sharded.losses == tail(want.losses));
+      const Curve sharded = train_on(half, dir, corpus, fmt::format("{}_p1_{}", tag, rank / 2), zero + one_f_one_b(1), file);
+      REQUIRE(sharded.losses == after_step10(want.losses));
       const Curve whole = train_on(half, dir, corpus, fmt::format("{}_p1_off_{}", tag, rank / 2),
-                                   "precision " + precision + "\n" + line(1), file);
-      REQUIRE(whole.losses == tail(want.losses));
+                                   "precision " + precision + "\n" + one_f_one_b(1), file);
+      REQUIRE(whole.losses == after_step10(want.losses));
     }
   MPI_Comm_free(&half);
 }
@@ -512,25 +515,23 @@ TEST_CASE("pipeline stages with moe ep 2: the bits of P = 1, and its checkpoints
   }
   const std::string dir = shared_scratch("pipeline_ep");
   const std::string corpus = make_corpus(dir, 60000);
-  MPI_Comm half;
+  MPI_Comm half;  // each half of the world alone
   MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
-  auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
-  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
   // (staged_deck's moe line, with ep 2)
   const std::string ep = "precision bf16\nmoe on dense_layers 1 shared 2 routed 4 topk 2 ffn 24 gate sigmoid balance bias "
                          "balance_coef 0.001 seq_aux 1e-4 ep 2\n";
-  const Curve want = train_on(half, dir, corpus, fmt::format("want_{}", rank / 2), ep + line(1));
+  const Curve want = train_on(half, dir, corpus, fmt::format("want_{}", rank / 2), ep + one_f_one_b(1));
   REQUIRE(want.losses.size() == 20);
   for (const std::string writer : {"collective", "rank0"}) {
     INFO("checkpoint writer " << writer);
     const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, "p2_" + writer,
-                               ep + line(2) + "checkpoint every 10 writer " + writer + "\n");
+                               ep + one_f_one_b(2) + "checkpoint every 10 writer " + writer + "\n");
     REQUIRE(got.losses == want.losses);
     if (rank == 0) REQUIRE(got.norms == want.norms);
     const std::string file = dir + "/p2_" + writer + "/ckpt/step_00000010.h5";
     REQUIRE(xx::written_by_slabs(file) == (writer == "collective"));
-    const Curve resumed = train_on(half, dir, corpus, fmt::format("p1_{}_{}", writer, rank / 2), ep + line(1), file);
-    REQUIRE(resumed.losses == tail(want.losses));
+    const Curve resumed = train_on(half, dir, corpus, fmt::format("p1_{}_{}", writer, rank / 2), ep + one_f_one_b(1), file);
+    REQUIRE(resumed.losses == after_step10(want.losses));
   }
   MPI_Comm_free(&half);
 }
@@ -550,48 +551,46 @@ TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going o
   const std::string dir = shared_scratch("pipeline_resume");
   const std::string corpus = make_corpus(dir, 60000);
   const std::string bf16 = "precision bf16\n", every = "checkpoint every 10\n";
-  auto line = [](int P) { return fmt::format("pipeline stages {} schedule 1f1b micro 4\n", P); };
   auto file = [&](const std::string& run) { return dir + "/" + run + "/ckpt/step_00000010.h5"; };
-  auto tail = [](const std::vector<double>& v) { return std::vector<double>(v.begin() + 10, v.end()); };
   MPI_Comm alone, half;
   MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &alone);
   MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &half);
   // the uninterrupted curve, one rank at P 1 (each rank its own run)
-  const Curve want = train_on(alone, dir, corpus, fmt::format("want{}", rank), bf16 + line(1));
+  const Curve want = train_on(alone, dir, corpus, fmt::format("want{}", rank), bf16 + one_f_one_b(1));
   REQUIRE(want.losses.size() == 20);
   if (world == 2) {
-    const Curve two = train_on(MPI_COMM_WORLD, dir, corpus, "p2", bf16 + line(2) + every);
+    const Curve two = train_on(MPI_COMM_WORLD, dir, corpus, "p2", bf16 + one_f_one_b(2) + every);
     REQUIRE(two.losses == want.losses);
-    const Curve one = train_on(alone, dir, corpus, fmt::format("p1_from_p2_{}", rank), bf16 + line(1), file("p2"));
-    REQUIRE(one.losses == tail(want.losses));
+    const Curve one = train_on(alone, dir, corpus, fmt::format("p1_from_p2_{}", rank), bf16 + one_f_one_b(1), file("p2"));
+    REQUIRE(one.losses == after_step10(want.losses));
     REQUIRE(xx::written_by_slabs(file("p2")));
     // written by slabs above (each stage its own tensors); gathered and written by rank 0 here
-    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_rank0", bf16 + line(2) + "checkpoint every 10 writer rank0\n")
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_rank0", bf16 + one_f_one_b(2) + "checkpoint every 10 writer rank0\n")
                 .losses == want.losses);
     const Curve gathered =
-        train_on(alone, dir, corpus, fmt::format("p1_from_p2_rank0_{}", rank), bf16 + line(1), file("p2_rank0"));
-    REQUIRE(gathered.losses == tail(want.losses));
+        train_on(alone, dir, corpus, fmt::format("p1_from_p2_rank0_{}", rank), bf16 + one_f_one_b(1), file("p2_rank0"));
+    REQUIRE(gathered.losses == after_step10(want.losses));
     REQUIRE(!xx::written_by_slabs(file("p2_rank0")));
     // an uneven cut (3 blocks, then 1 with the head and MTP): the same bits, its checkpoint resuming at P 1
     const std::string uneven = "pipeline stages 2 schedule 1f1b micro 4 cut 3,1\n";
     REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_cut", bf16 + uneven + every).losses == want.losses);
-    REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_cut_{}", rank), bf16 + line(1), file("p2_cut")).losses ==
-            tail(want.losses));
-    train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + line(1) + every);
+    REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_cut_{}", rank), bf16 + one_f_one_b(1), file("p2_cut")).losses ==
+            after_step10(want.losses));
+    train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + one_f_one_b(1) + every);
     MPI_Barrier(MPI_COMM_WORLD);
-    const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + line(2), file("p1_0"));
-    REQUIRE(back.losses == tail(want.losses));
+    const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + one_f_one_b(2), file("p1_0"));
+    REQUIRE(back.losses == after_step10(want.losses));
   } else {
-    const Curve four = train_on(MPI_COMM_WORLD, dir, corpus, "p4", bf16 + line(4) + every);
+    const Curve four = train_on(MPI_COMM_WORLD, dir, corpus, "p4", bf16 + one_f_one_b(4) + every);
     REQUIRE(four.losses == want.losses);
-    const Curve two = train_on(half, dir, corpus, fmt::format("p2_from_p4_{}", rank / 2), bf16 + line(2), file("p4"));
-    REQUIRE(two.losses == tail(want.losses));
+    const Curve two = train_on(half, dir, corpus, fmt::format("p2_from_p4_{}", rank / 2), bf16 + one_f_one_b(2), file("p4"));
+    REQUIRE(two.losses == after_step10(want.losses));
     // 2 stages of 2 replicas: the second replica of each stage writes nothing
-    const Curve want2 = train_on(half, dir, corpus, fmt::format("want2_{}", rank / 2), bf16 + line(1));
-    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2x2", bf16 + line(2) + every).losses == want2.losses);
-    const Curve dp = train_on(half, dir, corpus, fmt::format("p1x2_from_p2x2_{}", rank / 2), bf16 + line(1),
+    const Curve want2 = train_on(half, dir, corpus, fmt::format("want2_{}", rank / 2), bf16 + one_f_one_b(1));
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2x2", bf16 + one_f_one_b(2) + every).losses == want2.losses);
+    const Curve dp = train_on(half, dir, corpus, fmt::format("p1x2_from_p2x2_{}", rank / 2), bf16 + one_f_one_b(1),
                               file("p2x2"));
-    REQUIRE(dp.losses == tail(want2.losses));
+    REQUIRE(dp.losses == after_step10(want2.losses));
   }
   MPI_Comm_free(&alone);
   MPI_Comm_free(&half);

@@ -88,7 +88,7 @@ struct PipelinePlan {
   int stages = 1;  // P
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int micro = 1;   // M
-  std::vector<int> cut;  // each stage's blocks (the deck's pipeline ... cut), or empty
+  std::vector<int> cut = {};  // each stage's blocks (the deck's pipeline ... cut), or empty
   int in_flight(int stage) const {
     if (stages == 1) return 1;
     return schedule == PipelineSchedule::gpipe ? micro : std::min(stages - stage, micro);
