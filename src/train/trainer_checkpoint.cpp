@@ -89,11 +89,11 @@ void Trainer::restore(const std::string& path) {
     const std::string ranks = data.state.stages > 1 || stages_ ? " data-parallel replicas" : " ranks";
     if (old_readers != readers && cfg_.data.shuffle == Shuffle::independent)
       input_error("{}: written by {}{}, resumed on {} (shuffle independent streams cannot be re-partitioned; "
-                  "expected {})", path, old_readers, ranks, readers, old_readers);
+                  "expected {}{})", path, old_readers, ranks, readers, old_readers, ranks);
     if (old_readers != readers && cfg_.data.partition == Partition::contiguous)
       input_error("{}: written by {}{}, resumed on {} (partition contiguous gives each rank its own slice: "
-                  "another world size would give each rank other data; expected {})", path, old_readers, ranks,
-                  readers, old_readers);
+                  "another world size would give each rank other data; expected {}{})", path, old_readers, ranks,
+                  readers, old_readers, ranks);
     per_rank = has_rank_state(path);
   });
   from_rank0(per_rank, comm_), from_rank0(by_slabs, comm_), from_rank0(old_world, comm_), from_rank0(old_readers, comm_);
