@@ -6,6 +6,18 @@
 static_assert(sizeof(float) == sizeof(int), "to_file_frame ORs a float's bits as an int's");
 
 namespace xx {
+namespace {
+
+// In place: each float the bitwise OR of its bits over `comm`. Where one
+// rank holds a value and the others zeros (or all the same bits), every
+// rank gets that value exactly, -0 and NaN payloads included.
+void or_bits(float* values, int64_t n, MPI_Comm comm) {
+  constexpr int64_t chunk = int64_t(1) << 30;  // (MPI counts are ints)
+  for (int64_t at = 0; at < n; at += chunk)
+    MPI_Allreduce(MPI_IN_PLACE, values + at, int(std::min(chunk, n - at)), MPI_INT, MPI_BOR, comm);
+}
+
+}  // namespace
 
 PlacementMpi::PlacementMpi(MPI_Comm world, MPI_Comm replicas, const Placement& placement)
     : world_(world), replicas_(replicas), placement_(placement) {
@@ -60,12 +72,8 @@ std::vector<float> PlacementMpi::to_file_frame(const std::vector<float>& mine) c
         if (t.local == echo_begin) std::fill_n(whole.begin() + t.offset, t.size, 0.0f);
     // Under ep the stage's expert-parallel group ORs in the other shares' experts: the tensors its ranks
     // all hold are the same bits, and x | x is x.
-    constexpr int64_t chunk = int64_t(1) << 30;  // (MPI counts are ints)
     for (MPI_Comm c : {chain_, ep_group_})
-      if (c != MPI_COMM_NULL)
-        for (int64_t at = 0; at < int64_t(whole.size()); at += chunk)
-          MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, int64_t(whole.size()) - at)), MPI_INT,
-                        MPI_BOR, c);
+      if (c != MPI_COMM_NULL) or_bits(whole.data(), int64_t(whole.size()), c);
     return whole;
   }
   const ExpertShare& e = placement_.experts();
@@ -93,10 +101,7 @@ std::vector<float> PlacementMpi::gather_tensor(Vec<const float> shard, size_t te
       Kokkos::deep_copy(Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                             whole.data() + s.begin, size_t(s.count)),
                         Vec<const float>(shard.data() + s.at, s.count));
-  // (each element has one owner among the replicas: an OR with the others' zeros gives its bits)
-  constexpr int64_t chunk = int64_t(1) << 30;
-  for (int64_t at = 0; at < t.size; at += chunk)
-    MPI_Allreduce(MPI_IN_PLACE, whole.data() + at, int(std::min(chunk, t.size - at)), MPI_INT, MPI_BOR, replicas_);
+  or_bits(whole.data(), t.size, replicas_);  // (each element has one owner among the replicas)
   return whole;
 }
 
