@@ -490,9 +490,8 @@ TEST_CASE("rope: YaRN's ramp, tables and score scale, as DeepSeek-V2's code comp
 // Pipeline stages (Transformer::forward_stage, backward_stage): the model cut
 // after each block, its stages run in order with the activation and its
 // gradient handed on, give forward's and backward's losses and gradients bit
-// for bit (MLA, MoE, MTP; tied too), and so do M micro-batches with every
-// stage's forward rerun before its backward, as a stage with several in
-// flight does.
+// for bit (MLA, MoE, MTP; tied too), and so does the forward run again
+// before each backward.
 TEST_CASE("pipeline stages: the Transformer's stage passes give forward and backward bit for bit",
           "[model][pipeline]") {
   for (const std::string arch : {"deepseek-mtp", "deepseek-mtp-tied", "dense"}) {
@@ -526,7 +525,7 @@ TEST_CASE("pipeline stages: the Transformer's stage passes give forward and back
       std::vector<Buffer<float>> grad;
       for (int s = 0; s <= P; ++s) grad.emplace_back("grad", NC);
       for (int s = P - 1; s >= 0; --s) {
-        if (s + 1 < P)  // a stage with several micro-batches in flight reruns its forward first
+        if (s + 1 < P)  // the forward again: its activations are the same bits
           staged.forward_stage(s * per, (s + 1) * per, tin, ttgt, act[size_t(s)].data(), act[size_t(s + 1)].data());
         staged.backward_stage(s * per, (s + 1) * per, tin, ttgt, grad[size_t(s + 1)].data(), grad[size_t(s)].data());
       }
@@ -537,4 +536,52 @@ TEST_CASE("pipeline stages: the Transformer's stage passes give forward and back
     }
     CHECK_THROWS_AS(staged.forward_stage(1, 1, tin, ttgt, nullptr, nullptr), std::invalid_argument);
   }
+}
+
+// A stage with several micro-batches in flight keeps each in a set of
+// activations of its own: micro-batches a and b forwarded into sets 0 and 1,
+// then backwarded in turn, give the losses and gradients of a model that
+// runs a then b with one set; a MoE layer's sets share its selection bias.
+TEST_CASE("pipeline stages: sets of activations keep micro-batches in flight apart", "[model][pipeline]") {
+  const auto cfg = architecture("deepseek-mtp");
+  const int B = 2;
+  const int64_t N = int64_t(B) * cfg.seq;
+  auto in = seeded_tokens(2 * N, cfg.vocab, 3), tgt = seeded_tokens(2 * N, cfg.vocab, 4);
+  auto tokens = [&](const auto& all, int m) { return Tokens(all.data() + m * N, N); };
+  Transformer<float> one(cfg, B), two(cfg, B, kernels::Precision::fp32, 0, StageCut{}, 2);
+  one.init(7), two.init(7);
+  one.zero_grads(), two.zero_grads();
+  const int L = cfg.layers;
+  std::vector<LossParts> want;
+  for (int m = 0; m < 2; ++m) {
+    want.push_back(one.forward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr));
+    one.backward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
+  }
+  for (int m = 0; m < 2; ++m) {
+    two.use_activations(m);
+    const LossParts got = two.forward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
+    CHECK(got.main == want[size_t(m)].main);
+    CHECK(got.mtp == want[size_t(m)].mtp);
+  }
+  for (int m = 0; m < 2; ++m) {
+    two.use_activations(m);
+    two.backward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
+  }
+  const auto g1 = host_copy(one.grads()), g2 = host_copy(two.grads());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < int64_t(g1.extent(0)); ++i) differ += g1(i) != g2(i);
+  CHECK(differ == 0);
+  // one selection bias per MoE layer, whichever set runs it
+  two.use_activations(0);
+  const auto first = two.moe_layers();
+  REQUIRE(!first.empty());
+  two.use_activations(1);
+  const auto second = two.moe_layers();
+  REQUIRE(second.size() == first.size());
+  for (size_t l = 0; l < first.size(); ++l) {
+    CHECK(first[l].second != second[l].second);
+    CHECK(first[l].second->bias().data() == second[l].second->bias().data());
+  }
+  CHECK_THROWS_AS(two.use_activations(2), std::invalid_argument);
+  CHECK_THROWS_AS(Transformer<float>(cfg, B, kernels::Precision::fp32, 0, StageCut{}, 0), std::invalid_argument);
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <stdexcept>
 #include "core/placement.h"
+#include "model/estimate.h"
+#include "train/pipeline.h"
 #include "train/pipeline_schedule.h"
 
 using namespace xx;
@@ -38,6 +40,9 @@ TEST_CASE("gpipe and 1f1b: every pass once, backwards in micro-batch order, the 
         for (int st = 0; st < P; ++st) {
           CHECK(t.bubble[size_t(st)] == Approx(theory_bubble(s, P, M)).margin(1e-12));
           CHECK(t.max_in_flight[size_t(st)] == (s == PipelineSchedule::gpipe ? M : std::min(P - st, M)));
+          // the sets of activations a stage builds, counted from its table, as the plan counts them
+          CHECK(most_in_flight(stage_order(s, P, M, st)) == t.max_in_flight[size_t(st)]);
+          if (P > 1) CHECK(PipelinePlan{P, s, M}.in_flight(st) == t.max_in_flight[size_t(st)]);
         }
       }
   CHECK(theory_bubble(PipelineSchedule::one_f_one_b, 4, 8) == Approx(3.0 / 11.0));
@@ -70,4 +75,26 @@ TEST_CASE("the stage cut: consecutive replicas per stage, L / P consecutive laye
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {3, 1}), std::invalid_argument);     // 4 blocks of 5 layers
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {5, 0}), std::invalid_argument);     // a stage without one
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {1, 2, 2}), std::invalid_argument);  // 3 stages named
+}
+
+// Which set of activations holds a micro-batch: the lowest free one, freed by
+// its backward; under 1f1b's table min(P - s, M) sets never run out.
+TEST_CASE("activation sets: a free set per forward, freed by its backward", "[pipeline]") {
+  ActivationSets sets(2);
+  CHECK(sets.take(0) == 0);
+  CHECK(sets.take(1) == 1);
+  CHECK_THROWS_AS(sets.take(2), std::logic_error);  // both held
+  CHECK(sets.release(0) == 0);
+  CHECK_THROWS_AS(sets.release(0), std::logic_error);  // its set was freed
+  CHECK(sets.take(2) == 0);
+  CHECK(sets.release(1) == 1);
+  CHECK(sets.release(2) == 0);
+  for (const PipelineSchedule s : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b})
+    for (int P = 2; P <= 4; ++P)
+      for (int st = 0; st < P; ++st) {
+        const auto order = stage_order(s, P, 8, st);
+        ActivationSets run(most_in_flight(order));
+        for (const PipeOp& op : order)
+          CHECK_NOTHROW(op.kind == PipeOp::forward ? run.take(op.micro) : run.release(op.micro));
+      }
 }

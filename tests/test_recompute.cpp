@@ -93,7 +93,8 @@ TEST_CASE("recompute selective and full give the losses and gradients of off, bi
 
 // Per block, in elements (N = B*T tokens): selective shares xn, xn2 (N C
 // each), MLA's cn (N R), qan (N Q), q, k (N H qk), v (N H v), and SwiGLU's
-// output (N F dense or shared; N K Fe routed) among all blocks; full shares
+// output (N F dense or shared; N K Fe routed) and the routed rows' inputs
+// and outputs (N K C each) among all blocks; full shares
 // every activation a block allocates. The shared set is one block's.
 TEST_CASE("recompute selective keeps fewer activation bytes, full fewer still, by the shapes", "[model][recompute]") {
   const std::string name = GENERATE(as<std::string>{}, "dense", "mla-qlora", "deepseek-mtp");
@@ -118,10 +119,12 @@ TEST_CASE("recompute selective keeps fewer activation bytes, full fewer still, b
       if (a.q_lora_rank > 0) ++count[{"qan", N * a.q_lora_rank}];
     }
     if (!cfg.moe.is_moe_layer(l)) ++count[{"ffn_a", N * cfg.ffn}];
-    else ++count[{"ffn_a", N * cfg.moe.shared * cfg.moe.ffn}], ++count[{"expert_a", N * cfg.moe.topk * cfg.moe.ffn}];
+    else
+      ++count[{"ffn_a", N * cfg.moe.shared * cfg.moe.ffn}], ++count[{"expert_a", N * cfg.moe.topk * cfg.moe.ffn}],
+          ++count[{"expert_in", N * cfg.moe.topk * C}], ++count[{"expert_out", N * cfg.moe.topk * C}];
   }
-  int64_t saved = 0;
-  for (const auto& [what, n] : count) saved += g * (n - 1) * what.second;
+  int64_t saved = 0;  // (the routed rows' outputs are fp32 at any precision)
+  for (const auto& [what, n] : count) saved += (what.first == "expert_out" ? 4 : g) * (n - 1) * what.second;
   CHECK(off - sel == saved);
   // full: where all blocks are alike (no MoE, no MTP), one block's whole set
   // for all of them: off less (blocks - 1) x what one more block keeps under off

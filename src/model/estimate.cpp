@@ -37,11 +37,13 @@ static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) 
 // precision): the RMSNorm outputs (xn, xn2; MLA's cn, qan), MLA's q, k, v
 // (MHA's are kept: they come from the fused GEMM, not a latent) and the
 // SwiGLU activations (the dense FFN's, the shared experts', the routed
-// rows'). `own`: what stays each block's under full (the router's indices and
+// rows'), the routed rows sent (gathered again; under ep not read again)
+// and under ep 1 their outputs (multiplied again). `own`: what stays each block's under full (the router's indices and
 // its score and sequence-loss gradients).
 struct BlockKept {
   Kept attn, ffn, own;
   int64_t attn_selective = 0, ffn_selective = 0;  // of attn.half, ffn.half
+  int64_t ffn_selective_other = 0;                // of ffn.other (the routed rows' outputs, ep 1)
   bool moe = false;
 };
 
@@ -76,7 +78,8 @@ static BlockKept block_activations(const ModelConfig& m, bool moe, int64_t B, in
   f.half += N * K * C;                                                           // expert in (the rows sent)
   f.other += N * K * C;                                                          // expert out
   f.half += rows * (e.ep > 1 ? C + 3 * Fm : 3 * Fm);                             // the rows run: (ep: in), h, a
-  b.ffn_selective = N * e.shared * Fm + rows * Fm;                               // the shared experts' a, the rows' a
+  b.ffn_selective = N * e.shared * Fm + rows * Fm + N * K * C;                   // the shared experts' a, the rows' a, in
+  if (e.ep <= 1) b.ffn_selective_other = N * K * C;                              // ep 1: the rows' out
   return b;
 }
 
@@ -122,10 +125,10 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& 
       case Recompute::off: kept += b.attn, kept += b.ffn, kept += b.own; break;
       case Recompute::selective:
         kept += Kept{b.attn.half - b.attn_selective, b.attn.other};
-        kept += Kept{b.ffn.half - b.ffn_selective, b.ffn.other};
+        kept += Kept{b.ffn.half - b.ffn_selective, b.ffn.other - b.ffn_selective_other};
         kept += b.own;
         larger(shared_attn, Kept{b.attn_selective, 0});
-        larger(ffn_set, Kept{b.ffn_selective, 0});
+        larger(ffn_set, Kept{b.ffn_selective, b.ffn_selective_other});
         break;
       case Recompute::full:  // one block's set at a time; only the streams and `own` stay
         kept += b.own;

@@ -69,7 +69,23 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
   if (F_ > 0)
     h_ = KeptActivation<T>("ffn_h", N_, 2 * F_, store.type, ws, 1), a_ = KeptActivation<T>("ffn_a", N_, F_, store.type, ws);
   if (m.recompute == Recompute::selective)
-    remake_ = &FeedForward::remake_swiglu, remake_experts_ = &FeedForward::remake_experts_swiglu;
+    remake_ = &FeedForward::remake_swiglu, remake_experts_ = &FeedForward::remake_experts_swiglu,
+    remake_routed_ = &FeedForward::remake_routed;
+}
+
+// Each routed row's input, the normed input's row of its token (16-bit
+// inputs gathered as they are: a copy, no rounding twice).
+template <class T>
+void FeedForward<T>::gather_rows(In xn) {
+  if (xn.is_half()) k::dispatch_forward<uint16_t>(Mat<uint16_t>(xe_.half(), N_ * K_, C_), Mat<const uint16_t>(xn.half, N_, C_), token_of_);
+  else k::dispatch_forward<T>(xe_.target(), Mat<const T>(xn.values, N_, C_), token_of_);
+}
+
+template <class T>
+void FeedForward<T>::remake_routed(In xn) {
+  gather_rows(xn);
+  remake_experts_swiglu(xe_, he_, ae_);
+  experts_down(mat(ye_, N_ * K_, C_), ae_);
 }
 
 // recompute selective: SwiGLU's output a was not kept (one set shared by all
@@ -159,9 +175,7 @@ void FeedForward<T>::run(Mat<T> out, In xn) {
   Kokkos::deep_copy(Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(counts_host_.data(), E_), counts_);
   Kokkos::deep_copy(Kokkos::View<int32_t*, Kokkos::HostSpace, Unmanaged>(offsets_host_.data(), E_ + 1), offsets_);
   // dispatch, one grouped GEMM pass over the experts that got tokens, combine
-  // (16-bit inputs are gathered as they are: a copy, no rounding twice)
-  if (xn.is_half()) k::dispatch_forward<uint16_t>(Mat<uint16_t>(xe_.half(), N_ * K_, C_), Mat<const uint16_t>(xn.half, N_, C_), token_of_);
-  else k::dispatch_forward<T>(xe_.target(), Mat<const T>(xn.values, N_, C_), token_of_);
+  gather_rows(xn);
   if (exchange_) {
     parallel_forward(out, xn);
   } else {
@@ -235,6 +249,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   }
   if (F_ > 0 && !exchange_) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
+  if (!exchange_) (this->*remake_routed_)(xn);
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
   k::combine_backward<T>(dye, dw, dout, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   auto dxe = ws_.mat("moe_dxe", N_ * K_, C_);
@@ -279,10 +294,15 @@ void FeedForward<T>::zero_rows(Mat<T> m, int64_t from, int64_t to) {
 // source's rows per held expert under ep.
 template <class T>
 void FeedForward<T>::experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a) {
-  const int64_t Fm = m_.moe.ffn;
   experts_up(in, h);
   k::swiglu_forward<T>(a.target(), h.target());
   h.keep(), a.keep();
+  experts_down(out, a);
+}
+
+template <class T>
+void FeedForward<T>::experts_down(Mat<T> out, KeptActivation<T>& a) {
+  const int64_t Fm = m_.moe.ffn;
   for (const auto& b : blocks_) {
     if (b.kept > 0)
       k::linear_forward<T>(Mat<T>(out.data() + b.row0 * C_, b.kept, C_), a.in().rows_from(b.row0, b.kept).varying_rows(),
@@ -308,7 +328,6 @@ template <class T>
 void FeedForward<T>::experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
                                       KeptActivation<T>& a) {
   const int64_t Fm = m_.moe.ffn, rows = int64_t(din.extent(0));
-  (this->*remake_experts_)(in, h, a);
   auto da = ws_.mat("moe_dae", rows, Fm), dh = ws_.mat("moe_dhe", rows, 2 * Fm);
   for (const auto& b : blocks_) {
     if (b.kept > 0)
@@ -399,6 +418,7 @@ void FeedForward<T>::parallel_backward(Mat<T> dxn, Mat<const T> dout, In xn, Mat
   if (F_ > 0) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));  // the shared experts meanwhile
   X.wait();
   auto dx = ws_.mat("moe_held_dx", R, C_);
+  (this->*remake_experts_)(ox_, oh_, oa_);
   experts_backward(dx, dy, ox_, oh_, oa_);
   X.start(dx.data(), recv_rows_, dxe.data(), send_rows_, C_ * int64_t(sizeof(T)));  // home
   X.wait();

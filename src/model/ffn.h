@@ -66,6 +66,15 @@ class FeedForward {
   void remake_experts_swiglu(KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a);
   Remake remake_ = &FeedForward::remake_nothing;
   RemakeExperts remake_experts_ = &FeedForward::remake_experts_nothing;
+  // ep 1, selective: the routed rows (xe_), their SwiGLU output (ae_) and
+  // their outputs (ye_) were not kept; before the combine's backward they
+  // are made again (a gather from the remade xn, SwiGLU, the down GEMM: the
+  // same bits). Under ep the holders keep what they ran, and ye_ came home.
+  using RemakeRouted = void (FeedForward::*)(In);
+  void gather_rows(In xn);
+  void remake_routed_nothing(In) {}
+  void remake_routed(In xn);
+  RemakeRouted remake_routed_ = &FeedForward::remake_routed_nothing;
   void swiglu_forward(Mat<T> out, In x, Param<T> w13, Param<T> w2, int64_t width, KeptActivation<T>& h,
                       KeptActivation<T>& a);
   void swiglu_backward(Mat<T> dx, Mat<const T> dout, In x, Param<T> w13, Param<T> w2, int64_t width,
@@ -102,6 +111,7 @@ class FeedForward {
   int64_t capacity(int group) const;
   void zero_rows(Mat<T> m, int64_t from, int64_t to);
   void experts_forward(Mat<T> out, KeptActivation<T>& in, KeptActivation<T>& h, KeptActivation<T>& a);
+  void experts_down(Mat<T> out, KeptActivation<T>& a);  // out = W2 . a over blocks_ (dropped rows zero)
   void experts_up(KeptActivation<T>& in, KeptActivation<T>& h);
   void experts_backward(Mat<T> din, Mat<const T> dout, KeptActivation<T>& in, KeptActivation<T>& h,
                         KeptActivation<T>& a);

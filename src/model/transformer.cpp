@@ -21,8 +21,10 @@ namespace k = kernels;
 
 std::set<std::string> recomputed_activations(const ModelConfig& m) {
   if (m.recompute == Recompute::off) return {};
-  std::set<std::string> names{"xn", "xn2", "ffn_a", "expert_a", "held_a"};
+  // expert_in: the routed rows sent, gathered again (ep 1) or not read again (ep: the holders keep what they ran)
+  std::set<std::string> names{"xn", "xn2", "ffn_a", "expert_a", "held_a", "expert_in"};
   if (m.attention.mla()) names.insert({"qan", "cn", "q", "k", "v"});
+  if (m.moe.ep <= 1) names.insert("expert_out");  // the routed rows' outputs, multiplied again (under ep they came home)
   return names;  // (full shares every activation of a block: Workspace::share_kept)
 }
 
@@ -31,7 +33,11 @@ std::string recompute_report(const ModelConfig& m) {
     case Recompute::selective:
       return std::string("selective: the backward remakes the RMSNorm outputs") +
              (m.attention.mla() ? ", MLA's normed latents and q, k, v from them (wq_b, wkv_b)" : "") +
-             " and the SwiGLU outputs (from the kept gate/up; under 16 bits its GEMM again); one set for all blocks";
+             ", the SwiGLU outputs (from the kept gate/up; under 16 bits its GEMM again)" +
+             (!m.moe.enabled() ? ""
+              : m.moe.ep <= 1 ? " and the routed rows' inputs and outputs (gathered, down GEMM)"
+                              : " and the routed rows sent (not read again)") +
+             "; one set for all blocks";
     case Recompute::full:
       return "full: each block's input kept; its backward reruns its forward into one set shared by all blocks "
              "(MTP's too), balance loss and expert counts left as the forward set them";
@@ -127,10 +133,11 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank,
-                            const StageCut& stage)
+                            const StageCut& stage, int activation_sets)
     : cfg_(config), layout_(config, ep_rank, stage), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
   const StageCut& cut = layout_.stage();
-  const int64_t C = cfg_.dim, V = cfg_.vocab;
+  if (activation_sets < 1)
+    throw std::invalid_argument(fmt::format("Transformer: {} sets of activations (expected 1 or more)", activation_sets));
   if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
   gemm_type_ = gemm_type;
   // Not touched here: init writes them, and under sharding a rank never
@@ -150,28 +157,46 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   units_ = layout_.weight_units();
   if (layout_.has("embed")) embed_ = store("embed");
   hold_embed_ = cfg_.mtp.depth > 0 || layout_.tied();
-  // recompute: what every block remakes in its backward is one set for all of them
-  ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
-  blocks_.resize(size_t(cfg_.layers));  // another stage's blocks stay null
-  for (int l = cut.layer_begin; l < cut.layer_end; ++l) {
-    ws_.begin_owner();
-    blocks_[size_t(l)] = std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
-                                                    cfg_.moe.is_moe_layer(l), batch, ws_);
-  }
-  ws_.share_kept({});
-  resid_.resize(size_t(cfg_.layers) + 1);  // the stage's L / P + 1 streams
-  for (int l = cut.layer_begin; l <= cut.layer_end; ++l) resid_[size_t(l)] = activation<T>("resid", N_, C);
   if (!cut.whole() && cfg_.mtp.depth > 0) {  // the MTP lookups' gradients travel from the last stage to the first
     if (cut.first()) mtp_in_ = Kokkos::View<int32_t*, MemSpace>("Transformer::mtp_in", N_);
-    else if (cut.last()) lookups_elsewhere_ = true, mtp_lookups_ = activation<T>("mtp_lookups", mtp_lookups_size());
+    else if (cut.last()) lookups_elsewhere_ = true;
   }
+  if (cut.last()) norm_ = store("norm"), head_ = store(layout_.head_name());  // tied: the embedding itself
+  sets_.resize(size_t(activation_sets));
+  for (auto& a : sets_) build_activations(a, store, batch);
+  // A MoE layer's selection bias is the layer's, whichever set runs it.
+  const auto first = moe_layers(sets_[0]);
+  for (size_t k = 1; k < sets_.size(); ++k) {
+    const auto layers = moe_layers(sets_[k]);
+    for (size_t l = 0; l < layers.size(); ++l) layers[l].second->bias() = first[l].second->bias();
+  }
+  act_ = &sets_[0];
+}
+
+// One set of a micro-batch's activations: the stage's blocks, its residual
+// streams, and on the last stage the head's and the MTP modules'.
+template <class T>
+void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& store, int batch) {
+  const StageCut& cut = layout_.stage();
+  const int64_t C = cfg_.dim, V = cfg_.vocab;
+  // recompute: what every block remakes in its backward is one set for all
+  // of them, and for every set of activations (it is remade before it is read)
+  ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
+  a.blocks.resize(size_t(cfg_.layers));  // another stage's blocks stay null
+  for (int l = cut.layer_begin; l < cut.layer_end; ++l) {
+    ws_.begin_owner();
+    a.blocks[size_t(l)] = std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
+                                                     cfg_.moe.is_moe_layer(l), batch, ws_);
+  }
+  ws_.share_kept({});
+  a.resid.resize(size_t(cfg_.layers) + 1);  // the stage's L / P + 1 streams
+  for (int l = cut.layer_begin; l <= cut.layer_end; ++l) a.resid[size_t(l)] = activation<T>("resid", N_, C);
+  if (lookups_elsewhere_) a.mtp_lookups = activation<T>("mtp_lookups", mtp_lookups_size());
   if (!cut.last()) return;  // the head and the MTP modules are the last stage's
-  norm_ = store("norm");
-  head_ = store(layout_.head_name());  // tied: the embedding itself, its gradient summing both
-  xf_ = KeptActivation<T>("xf", N_, C, gemm_type, ws_);
-  rstdf_ = activation<T>("rstdf", N_);
-  logits_ = activation<T>("logits", N_, V);
-  losses_ = activation<T>("losses", N_);
+  a.xf = KeptActivation<T>("xf", N_, C, gemm_type_, ws_);
+  a.rstdf = activation<T>("rstdf", N_);
+  a.logits = activation<T>("logits", N_, V);
+  a.losses = activation<T>("losses", N_);
   for (int d = 0; d < cfg_.mtp.depth; ++d) {
     const std::string p = "mtp." + std::to_string(d) + ".";
     MtpModule mod;
@@ -185,14 +210,21 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     ws_.share_kept({});
     for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
-    mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type, ws_);
-    mod.cat = KeptActivation<T>("mtp_cat", N_, 2 * C, gemm_type, ws_);
+    mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type_, ws_);
+    mod.cat = KeptActivation<T>("mtp_cat", N_, 2 * C, gemm_type_, ws_);
     mod.logits = activation<T>("mtp_logits", N_, V);
     mod.in = Kokkos::View<int32_t*, MemSpace>("mtp_in", N_);
     mod.target = Kokkos::View<int32_t*, MemSpace>("mtp_target", N_);
     mod.labelled = B_ * std::max<int64_t>(0, T_ - d - 1);
-    mtp_.push_back(std::move(mod));
+    a.mtp.push_back(std::move(mod));
   }
+}
+
+template <class T>
+void Transformer<T>::use_activations(int set) {
+  if (set < 0 || set >= activation_sets())
+    throw std::invalid_argument(fmt::format("Transformer: activation set {} of {}", set, activation_sets()));
+  act_ = &sets_[size_t(set)];
 }
 
 template <class T>
@@ -242,7 +274,8 @@ void Transformer<T>::zero_grads() {
 template <class T>
 void Transformer<T>::set_loss_scale(double scale) {
   loss_scale_ = scale;
-  for (auto& [name, f] : moe_layers()) f->set_loss_scale(scale);
+  for (auto& a : sets_)
+    for (auto& [name, f] : moe_layers(a)) f->set_loss_scale(scale);
 }
 
 template <class T>
@@ -275,12 +308,12 @@ void Transformer<T>::let_go(int unit) {
 }
 
 template <class T>
-std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers() {
+std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers(Activations& a) {
   std::vector<std::pair<std::string, FeedForward<T>*>> out;
-  for (size_t l = 0; l < blocks_.size(); ++l)
-    if (blocks_[l] && blocks_[l]->ffn().is_moe()) out.emplace_back("layers." + std::to_string(l) + ".", &blocks_[l]->ffn());
-  for (size_t d = 0; d < mtp_.size(); ++d)
-    if (mtp_[d].block->ffn().is_moe()) out.emplace_back("mtp." + std::to_string(d) + ".", &mtp_[d].block->ffn());
+  for (size_t l = 0; l < a.blocks.size(); ++l)
+    if (a.blocks[l] && a.blocks[l]->ffn().is_moe()) out.emplace_back("layers." + std::to_string(l) + ".", &a.blocks[l]->ffn());
+  for (size_t d = 0; d < a.mtp.size(); ++d)
+    if (a.mtp[d].block->ffn().is_moe()) out.emplace_back("mtp." + std::to_string(d) + ".", &a.mtp[d].block->ffn());
   return out;
 }
 
@@ -288,7 +321,7 @@ template <class T>
 bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (t.expert < 0) return false;
   const bool main = t.layer < cfg_.layers;
-  auto& ffn = main ? const_cast<Block<T>&>(*blocks_[t.layer]).ffn() : mtp_[t.layer - cfg_.layers].block->ffn();
+  auto& ffn = main ? const_cast<Block<T>&>(*act_->blocks[t.layer]).ffn() : act_->mtp[t.layer - cfg_.layers].block->ffn();
   if (ffn.held() < cfg_.moe.routed) {  // ep: the rows of the whole group
     const int64_t x = t.expert - ffn.first_held();
     return main ? ffn.held_rows(x) == 0 : ffn.held_labelled_rows(x) == 0;
@@ -296,36 +329,38 @@ bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (main) return ffn.expert_counts()[t.expert] == 0;
   // An MTP expert whose tokens all sit past the window's end (no label) gets
   // no gradient either: those positions reach no loss.
-  const auto& m = mtp_[t.layer - cfg_.layers];
+  const auto& m = act_->mtp[t.layer - cfg_.layers];
   return ffn.labelled_expert_counts(Tokens(m.target.data(), N_))[t.expert] == 0;
 }
 
 template <class T>
 void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
-  for (auto& [prefix, ffn] : moe_layers()) ffn->set_exchange(exchange);
-  for (auto& m : mtp_)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
-    if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
+  for (auto& a : sets_) {
+    for (auto& [prefix, ffn] : moe_layers(a)) ffn->set_exchange(exchange);
+    for (auto& m : a.mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
+      if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
+  }
 }
 
 // The last stage's part of the forward: the final norm, the head and the MTP
-// modules on the residual stream resid_[L]; the main and MTP losses.
+// modules on the residual stream act_->resid[L]; the main and MTP losses.
 template <class T>
 LossParts Transformer<T>::head_forward(Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
-  const int D = int(mtp_.size());
+  const int D = int(act_->mtp.size());
   use(final_unit(), D > 0 ? mtp_unit(0) : -1);  // the head serves every MTP depth too
-  k::rmsnorm_forward<T>(xf_.target(), Vec<T>(rstdf_.data(), N_), mat(resid_[L], N_, C), norm_.vec(C), cfg_.norm_eps);
-  xf_.keep();
-  k::linear_forward<T>(mat(logits_, N_, V), xf_.in(), head_.in(V, C));
-  k::cross_entropy_forward<T>(Vec<T>(losses_.data(), N_), mat(logits_, N_, V), targets);
-  loss.main = k::sum<T>(Vec<const T>(losses_.data(), N_)) / double(N_);
+  k::rmsnorm_forward<T>(act_->xf.target(), Vec<T>(act_->rstdf.data(), N_), mat(act_->resid[L], N_, C), norm_.vec(C), cfg_.norm_eps);
+  act_->xf.keep();
+  k::linear_forward<T>(mat(act_->logits, N_, V), act_->xf.in(), head_.in(V, C));
+  k::cross_entropy_forward<T>(Vec<T>(act_->losses.data(), N_), mat(act_->logits, N_, V), targets);
+  loss.main = k::sum<T>(Vec<const T>(act_->losses.data(), N_)) / double(N_);
 
   // Multi-token prediction: depth d sees the hidden state of depth d-1 and the
   // embedding of token t+d+1, and predicts token t+d+2.
-  Buffer<T> h_prev = resid_[L];
-  for (size_t d = 0; d < mtp_.size(); ++d) {
-    auto& m = mtp_[d];
+  Buffer<T> h_prev = act_->resid[L];
+  for (size_t d = 0; d < act_->mtp.size(); ++d) {
+    auto& m = act_->mtp[d];
     use(mtp_unit(int(d)), int(d) + 1 < D ? mtp_unit(int(d) + 1) : -1);
     k::shift_tokens(m.in, targets, T_, int64_t(d), 0);
     k::shift_tokens(m.target, targets, T_, int64_t(d) + 1, -1);
@@ -348,7 +383,7 @@ LossParts Transformer<T>::head_forward(Tokens targets) {
   }
   let_go(final_unit());
   if (hold_embed_) let_go(0);
-  if (!mtp_.empty()) loss.mtp /= double(mtp_.size());
+  if (!act_->mtp.empty()) loss.mtp /= double(act_->mtp.size());
   return loss;
 }
 
@@ -357,11 +392,11 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   check_whole("forward");
   use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
-  k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
+  k::embedding_forward<T>(mat(act_->resid[0], N_, C), inputs, embed_.mat(V, C));
   if (!hold_embed_) let_go(0);
   for (int l = 0; l < L; ++l) {
     use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
-    blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+    act_->blocks[l]->forward(mat(act_->resid[l + 1], N_, C), mat(act_->resid[l], N_, C));
     let_go(block_unit(l));
   }
   LossParts loss = head_forward(targets);
@@ -371,42 +406,42 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
 }
 
 // The last stage's part of the backward: the head, the final norm and the
-// MTP modules, deepest first; d(loss)/d(resid_[L]) into dresid.
+// MTP modules, deepest first; d(loss)/d(act_->resid[L]) into dresid.
 template <class T>
 void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   // main head and final norm; dlogits overwrite the logits in place
-  const int D = int(mtp_.size());
+  const int D = int(act_->mtp.size());
   if (layout_.tied()) use(0, final_unit());  // the head's weights are the embedding's
   use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
   auto dnorm = ws_.mat("dnorm", N_, C);
-  k::cross_entropy_backward<T>(mat(logits_, N_, V), mat(logits_, N_, V), targets,
+  k::cross_entropy_backward<T>(mat(act_->logits, N_, V), mat(act_->logits, N_, V), targets,
                                T(loss_scale_ * loss_weights_.main / double(N_)));
-  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(logits_, N_, V), xf_.in(), head_.in(V, C));
-  k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(resid_[L], N_, C), norm_.vec(C),
-                         Vec<const T>(rstdf_.data(), N_));
+  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(act_->logits, N_, V), act_->xf.in(), head_.in(V, C));
+  k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(act_->resid[L], N_, C), norm_.vec(C),
+                         Vec<const T>(act_->rstdf.data(), N_));
 
   // MTP modules, deepest first; each hands a gradient to the hidden state it read.
   auto dh = ws_.mat("mtp_dh", N_, C), dh_prev = ws_.mat("mtp_dh_prev", N_, C);
-  for (int d = int(mtp_.size()) - 1; d >= 0; --d) {
-    auto& m = mtp_[d];
+  for (int d = int(act_->mtp.size()) - 1; d >= 0; --d) {
+    auto& m = act_->mtp[d];
     use(mtp_unit(d), d > 0 ? mtp_unit(d - 1) : L > 0 ? block_unit(L - 1) : -1);
-    const Buffer<T>& h_prev = d == 0 ? resid_[L] : mtp_[d - 1].h;
+    const Buffer<T>& h_prev = d == 0 ? act_->resid[L] : act_->mtp[d - 1].h;
     const double seed = loss_scale_ * loss_weights_.mtp * cfg_.mtp.weight;
-    const T dloss = m.labelled > 0 ? T(seed / double(mtp_.size()) / double(m.labelled)) : T(0);
+    const T dloss = m.labelled > 0 ? T(seed / double(act_->mtp.size()) / double(m.labelled)) : T(0);
     k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
     k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), m.hf.in(), head_.in(V, C));
     auto dbranch = ws_.mat("mtp_dbranch", N_, C);
     k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
                            Vec<const T>(m.rstd_f.data(), N_));
-    if (d + 1 < int(mtp_.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
+    if (d + 1 < int(act_->mtp.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
     m.block->backward(dbranch, mat(m.x0, N_, C));  // dbranch is now d/dx0
     auto dcat = ws_.mat("mtp_dcat", N_, 2 * C), dhn = ws_.mat("mtp_dhn", N_, C), den = ws_.mat("mtp_den", N_, C);
     k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, m.cat.in(), m.proj.in(C, 2 * C));
     k::concat_columns_backward<T>(dhn, den, dcat);
     auto de = ws_.mat("mtp_de", N_, C);
     k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
-    if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(mtp_lookups_.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
+    if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(act_->mtp_lookups.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
     else k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
     k::rmsnorm_backward<T>(dh_prev, m.hnorm.dvec(C), dhn, mat(h_prev, N_, C), m.hnorm.vec(C),
                            Vec<const T>(m.rstd_h.data(), N_));
@@ -434,7 +469,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
 
   for (int l = L - 1; l >= 0; --l) {
     use(block_unit(l), l > 0 ? block_unit(l - 1) : -1);  // the embedding's backward reads no weight
-    blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
+    act_->blocks[l]->backward(dresid, mat(act_->resid[l], N_, C));
     let_go(block_unit(l));
     notify(layout_.layer_begin(l));
   }
@@ -465,16 +500,16 @@ template <class T>
 LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out) {
   check_stage(begin, end);
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
-  if (begin == 0) k::embedding_forward<T>(mat(resid_[0], N_, C), inputs, embed_.mat(V, C));
-  else Kokkos::deep_copy(Buffer<T>(resid_[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
-  for (int l = begin; l < end; ++l) blocks_[l]->forward(mat(resid_[l + 1], N_, C), mat(resid_[l], N_, C));
+  if (begin == 0) k::embedding_forward<T>(mat(act_->resid[0], N_, C), inputs, embed_.mat(V, C));
+  else Kokkos::deep_copy(Buffer<T>(act_->resid[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
+  for (int l = begin; l < end; ++l) act_->blocks[l]->forward(mat(act_->resid[l + 1], N_, C), mat(act_->resid[l], N_, C));
   LossParts loss;
   if (end == L) loss = head_forward(targets);
-  else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(resid_[end].data(), NC));
+  else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(act_->resid[end].data(), NC));
   for (int l = begin; l < end; ++l)
-    if (blocks_[l]->ffn().is_moe()) loss.aux += blocks_[l]->ffn().aux_loss();
+    if (act_->blocks[l]->ffn().is_moe()) loss.aux += act_->blocks[l]->ffn().aux_loss();
   if (end == L)
-    for (auto& m : mtp_)
+    for (auto& m : act_->mtp)
       if (m.block->ffn().is_moe()) loss.aux += m.block->ffn().aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
   return loss;
@@ -486,15 +521,15 @@ void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens ta
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
   if (loss_weights_.aux != 1) {
     for (int l = begin; l < end; ++l)
-      if (blocks_[l]->ffn().is_moe()) blocks_[l]->ffn().scale_balance_gradient(loss_weights_.aux);
+      if (act_->blocks[l]->ffn().is_moe()) act_->blocks[l]->ffn().scale_balance_gradient(loss_weights_.aux);
     if (end == L)
-      for (auto& m : mtp_)
+      for (auto& m : act_->mtp)
         if (m.block->ffn().is_moe()) m.block->ffn().scale_balance_gradient(loss_weights_.aux);
   }
   auto dresid = ws_.mat("dresid", N_, C);
   if (end == L) head_backward(targets, dresid);
   else Kokkos::deep_copy(Buffer<T>(dresid.data(), NC), Buffer<T>(const_cast<T*>(dout), NC));
-  for (int l = end - 1; l >= begin; --l) blocks_[l]->backward(dresid, mat(resid_[l], N_, C));
+  for (int l = end - 1; l >= begin; --l) act_->blocks[l]->backward(dresid, mat(act_->resid[l], N_, C));
   if (begin == 0) k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
   else Kokkos::deep_copy(Buffer<T>(din, NC), Buffer<T>(dresid.data(), NC));
 }

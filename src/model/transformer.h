@@ -85,8 +85,11 @@ class Transformer {
   // which routed experts it holds (ParamLayout). stage: under pipeline
   // stages, the one stage this model holds and runs (forward_stage,
   // backward_stage); its other layers exist nowhere in this process.
+  // activation_sets: the micro-batches a stage holds between their forward
+  // and backward at once (its schedule's in-flight count), each in a set of
+  // its own (use_activations); 1 without a pipeline line.
   Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32,
-              int ep_rank = 0, const StageCut& stage = {});
+              int ep_rank = 0, const StageCut& stage = {}, int activation_sets = 1);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -109,7 +112,7 @@ class Transformer {
   // Loss of a batch (mean over tokens); keeps what backward needs.
   LossParts forward(Tokens inputs, Tokens targets);
   // The main head's logits (B*T, V) of the last forward (the backward overwrites them).
-  Mat<const T> logits() const { return Mat<const T>(logits_.data(), N_, cfg_.vocab); }
+  Mat<const T> logits() const { return Mat<const T>(act_->logits.data(), N_, cfg_.vocab); }
 
   // grads += d(total loss)/d(params) for the last forward. `ready(offset)` is
   // called whenever every gradient from `offset` to the end of the buffer is
@@ -122,8 +125,8 @@ class Transformer {
   // kernel memory, the previous stage's activation), and ends in the losses
   // where end is L (the final norm, the head, the MTP modules), else writes
   // the activation to `out`; aux is this stage's MoE layers' alone. Only the
-  // last forward's activations are kept: a stage with several micro-batches
-  // in flight reruns forward_stage before backward_stage. backward_stage
+  // forward's activations land in the set in use (use_activations), where
+  // that micro-batch's backward_stage reads them. backward_stage
   // starts from the losses where end is L, else from `dout` (d/d out), and
   // ends in the embedding's gradient where begin is 0, else writes d/d in to
   // `din`. The passes of every stage, in order, are forward and backward's
@@ -131,12 +134,15 @@ class Transformer {
   // stage's blocks only, and not forward or backward.
   LossParts forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out);
   void backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din);
+  // The set of activations the passes from now on use (0 <= set < activation_sets()).
+  void use_activations(int set);
+  int activation_sets() const { return int(sets_.size()); }
   // The MTP modules' lookups of the embedding, on a last stage that is not
   // the first: their gradients (D x N x C, deepest first after the backward)
   // are not added to its embedding's but kept here, for stage 0 to add them
   // (add_mtp_lookups) where the unsplit backward does, before its own
   // lookup's: the one embedding gradient, in the unsplit model's order.
-  Buffer<T>& mtp_lookups() { return mtp_lookups_; }
+  Buffer<T>& mtp_lookups() { return act_->mtp_lookups; }
   void add_mtp_lookups(Tokens targets, const T* lookups);  // stage 0, before backward_stage
   int64_t mtp_lookups_size() const { return int64_t(cfg_.mtp.depth) * N_ * cfg_.dim; }
 
@@ -164,10 +170,11 @@ class Transformer {
   // through `exchange` (null: this rank holds every expert).
   void set_expert_exchange(ExpertExchange* exchange);
   // MoE: the feed-forward layers with routed experts and their name prefixes
-  // ("layers.3.", "mtp.0."), main blocks first.
-  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers();
+  // ("layers.3.", "mtp.0."), main blocks first: those of the set in use (a
+  // layer's sets share its selection bias, so any set's bias is the layer's).
+  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers() { return moe_layers(*act_); }
   // True when tensor t belongs to a routed expert that got no token in the
-  // last forward: it legitimately has no gradient.
+  // last forward (of the set in use): it legitimately has no gradient.
   bool idle_expert(const TensorInfo& t) const;
 
  private:
@@ -191,6 +198,18 @@ class Transformer {
     Kokkos::View<int32_t*, MemSpace> in, target;  // tokens t+d+1 and labels t+d+2 (-1 past the end)
     int64_t labelled = 0;
   };
+  // One micro-batch's activations between its forward and backward, with the
+  // blocks that keep them (over the one set of parameters and gradients).
+  struct Activations {
+    std::vector<std::unique_ptr<Block<T>>> blocks;  // another stage's stay null
+    std::vector<MtpModule> mtp;
+    std::vector<Buffer<T>> resid;  // L+1 residual streams, each (N, C): the stage's own
+    KeptActivation<T> xf;
+    Buffer<T> rstdf, logits, losses;
+    Buffer<T> mtp_lookups;  // a later stage: the MTP lookups' gradients for stage 0
+  };
+  void build_activations(Activations& a, const ParamStore<T>& store, int batch);
+  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers(Activations& a);
 
   ModelConfig cfg_;
   ParamLayout layout_;
@@ -201,13 +220,9 @@ class Transformer {
   Param<T> embed_, norm_, head_;  // tied: head_ is embed_ (ParamLayout::head_name)
   bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
   bool lookups_elsewhere_ = false;  // a later stage: the MTP lookups' gradients go to stage 0 (mtp_lookups)
-  Buffer<T> mtp_lookups_;
   Kokkos::View<int32_t*, MemSpace> mtp_in_;  // stage 0: the MTP lookups' tokens, depth by depth
-  std::vector<std::unique_ptr<Block<T>>> blocks_;
-  std::vector<MtpModule> mtp_;
-  std::vector<Buffer<T>> resid_;  // L+1 residual streams, each (N, C)
-  KeptActivation<T> xf_;
-  Buffer<T> rstdf_, logits_, losses_;
+  std::vector<Activations> sets_;  // one, or a stage's micro-batches in flight
+  Activations* act_ = nullptr;     // the set in use
   kernels::Precision gemm_type_ = kernels::Precision::fp32;
   Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty
   double loss_scale_ = 1.0;

@@ -1,5 +1,7 @@
 #include "train/pipeline.h"
+#include <algorithm>
 #include <chrono>
+#include <fmt/format.h>
 
 namespace xx {
 
@@ -34,18 +36,20 @@ PipelineStepTimes PipelineExecutor::step(const StagePasses& p) {
 
 namespace xx {
 
-void StageInputs::keep(int micro, const float* in, int64_t width) {
-  std::vector<float> v;
-  if (!spare_.empty()) v = std::move(spare_.back()), spare_.pop_back();
-  v.assign(in, in + width);  // (a recycled buffer's capacity serves)
-  held_[micro] = std::move(v);
+int ActivationSets::take(int micro) {
+  const auto free = std::find(holder_.begin(), holder_.end(), -1);
+  if (free == holder_.end())
+    throw std::logic_error(fmt::format("pipeline: micro-batch {} finds all {} activation sets held", micro, holder_.size()));
+  *free = micro;
+  return int(free - holder_.begin());
 }
 
-void StageInputs::release(int micro) {
-  auto it = held_.find(micro);
-  if (it == held_.end()) return;
-  spare_.push_back(std::move(it->second));
-  held_.erase(it);
+int ActivationSets::release(int micro) {
+  const auto held = std::find(holder_.begin(), holder_.end(), micro);
+  if (held == holder_.end())
+    throw std::logic_error(fmt::format("pipeline: the backward of micro-batch {}, whose forward holds no set", micro));
+  *held = -1;
+  return int(held - holder_.begin());
 }
 
 }  // namespace xx

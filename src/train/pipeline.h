@@ -7,7 +7,6 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <vector>
 #include "comm/pipeline_mpi.h"
 #include "train/pipeline_schedule.h"
@@ -19,25 +18,26 @@ namespace xx {
 // on stage 0: its tokens) and writes `out` (null on the last stage: it ends
 // in the loss); a backward reads `dout` (null on the last stage) and writes
 // `din` (null on stage 0). A stage keeps what its backward of a micro-batch
-// needs until that backward (gpipe: M micro-batches, 1f1b: up to P - s).
+// needs until that backward (gpipe: M micro-batches, 1f1b: up to P - s;
+// PipelineExecutor::in_flight).
 struct StagePasses {
   int64_t width = 0;
   std::function<void(int micro, const float* in, float* out)> forward;
   std::function<void(int micro, const float* dout, float* din)> backward;
 };
 
-// The inputs a stage keeps from a micro-batch's forward to its backward
-// (the activation it received), their buffers recycled: after the first
-// step a step allocates nothing.
-class StageInputs {
+// Which of a stage's sets of activations (Transformer::use_activations)
+// holds each micro-batch in flight: the lowest free one from its forward,
+// free again after its backward. As many sets as the schedule keeps
+// micro-batches in flight (most_in_flight) never run out.
+class ActivationSets {
  public:
-  void keep(int micro, const float* in, int64_t width);
-  const float* at(int micro) const { return held_.at(micro).data(); }
-  void release(int micro);
+  explicit ActivationSets(int sets = 1) : holder_(size_t(sets), -1) {}
+  int take(int micro);     // throws when every set is held
+  int release(int micro);  // micro's set; throws when micro holds none
 
  private:
-  std::map<int, std::vector<float>> held_;
-  std::vector<std::vector<float>> spare_;
+  std::vector<int> holder_;  // per set: the micro-batch it holds, or -1
 };
 
 // A step's clock on this stage: its length, the part spent waiting for a
@@ -51,6 +51,7 @@ class PipelineExecutor {
  public:
   PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link);
   const std::vector<PipeOp>& order() const { return order_; }
+  int in_flight() const { return most_in_flight(order_); }  // micro-batches this stage holds at once
   // Runs every pass of the step on this stage; every send has left on return.
   PipelineStepTimes step(const StagePasses& passes);
 

@@ -28,6 +28,12 @@ std::vector<PipeOp> stage_order(PipelineSchedule schedule, int stages, int micro
   }
 }
 
+int most_in_flight(const std::vector<PipeOp>& order) {
+  int now = 0, most = 0;
+  for (const PipeOp& op : order) most = std::max(most, now += op.kind == PipeOp::forward ? 1 : -1);
+  return most;
+}
+
 double theory_bubble(PipelineSchedule, int stages, int micro) {
   return double(stages - 1) / double(micro + stages - 1);
 }

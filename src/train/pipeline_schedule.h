@@ -27,6 +27,10 @@ struct PipeOp {
 // 1f1b only (the deck refuses the others).
 std::vector<PipeOp> stage_order(PipelineSchedule schedule, int stages, int micro, int stage);
 
+// The most micro-batches an order holds between their forward and backward:
+// the sets of activations its stage keeps (gpipe M, 1f1b min(P - s, M)).
+int most_in_flight(const std::vector<PipeOp>& order);
+
 // The idle fraction of every stage with equal pass times: (P - 1) / (M + P - 1).
 double theory_bubble(PipelineSchedule schedule, int stages, int micro);
 

@@ -145,9 +145,8 @@ class Trainer {
   Buffer<float> lookups_;               // MTP across stages: a micro-batch's lookup gradients (stage 0)
   std::vector<float> stage_lookups_;    // ... as they travel, on the host
   bool mtp_travels_ = false;            // P > 1 with MTP: the last stage's lookups go to stage 0
-  StageInputs stage_kept_;              // each micro-batch's input, kept until its backward
+  ActivationSets stage_sets_;           // which of the model's sets of activations holds each micro-batch
   std::vector<float> stage_host_;       // a validation run's activation as it travels, on the host
-  int stage_resident_ = -1;         // the micro-batch whose activations the model holds now
   const Program program_;  // a copy: callers may pass a temporary
   RunOptions options_;
   Config cfg_;             // the settings of the phase being run

@@ -145,8 +145,10 @@ void Trainer::build_model(bool fresh) {
   MPI_Comm_size(replicas_, &replicas), MPI_Comm_rank(replicas_, &replica);
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, replica % ep,
-                                                stages_ ? stages_->cut() : StageCut{});
+                                                stages_ ? stages_->cut() : StageCut{},
+                                                pipeline_ ? pipeline_->in_flight() : 1);
   if (stages_) {
+    stage_sets_ = ActivationSets(pipeline_->in_flight());
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
     stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
     stage_host_.resize(size_t(width));

@@ -22,26 +22,19 @@ LossParts Trainer::stage_passes() {
   auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
   auto host = [width](const float* p) { return transfer::host_view(const_cast<float*>(p), size_t(width)); };
   LossParts sum;
-  stage_resident_ = -1;
-  auto forward = [&](int m, const float* in) {
-    if (in) Kokkos::deep_copy(stage_in_, host(in));
-    stage_resident_ = m;
-    return model_->forward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
-                                 stage_in_.data(), stage_out_.data());
-  };
   StagePasses passes;
   passes.width = width;
   passes.forward = [&](int m, const float* in, float* out) {
-    if (in) stage_kept_.keep(m, in, width);
-    const LossParts l = forward(m, in);
-    count_expert_load();  // (not the reruns below)
+    model_->use_activations(stage_sets_.take(m));  // kept there until m's backward
+    if (in) Kokkos::deep_copy(stage_in_, host(in));
+    const LossParts l = model_->forward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m),
+                                              tokens(data_->targets, m), stage_in_.data(), stage_out_.data());
+    count_expert_load();
     sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
     if (out) Kokkos::deep_copy(host(out), stage_out_);
   };
   passes.backward = [&](int m, const float* dout, float* din) {
-    // The model holds the last forward's activations: another micro-batch's are remade from its input.
-    if (stage_resident_ != m) forward(m, cut.first() ? nullptr : stage_kept_.at(m));
-    stage_kept_.release(m);
+    model_->use_activations(stage_sets_.release(m));
     if (dout) Kokkos::deep_copy(stage_out_, host(dout));
     // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
     if (mtp_travels_ && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
