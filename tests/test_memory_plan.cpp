@@ -623,6 +623,16 @@ TEST_CASE("-dry-run plans the deck's pipeline line: its worst stage, and -plan's
   REQUIRE(rows.size() == 1);
   CHECK((rows[0].stages == 2 && rows[0].micro == 2 && rows[0].schedule == PipelineSchedule::one_f_one_b));
   CHECK(rows[0].plan.total() == worst);
+  // The report's header is that stage's too: its parameters, and the precision
+  // table's deck row (bf16) is the level table's off row.
+  const PlanBasis b = plan_basis(program, 8);
+  const std::string report = dry_run_report(program, 8, MemoryLimit{});
+  CHECK(report.find(fmt::format("planned here: stage {} ", b.stage)) != std::string::npos);
+  CHECK(report.find(fmt::format("its rank holding {} parameters", b.params)) != std::string::npos);
+  const std::string off_total = format_bytes(worst);
+  size_t seen = 0;
+  for (size_t at = report.find(off_total); at != std::string::npos; at = report.find(off_total, at + 1)) ++seen;
+  CHECK(seen >= 2);
   // The chunked schedules are not planned: a row saying so.
   const auto chunked = plan_rows(program, 8, parse_plan_grid("schedule=dualpipev"));
   REQUIRE(chunked.size() == 1);

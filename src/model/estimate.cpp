@@ -331,15 +331,28 @@ PlanBasis plan_basis(const Program& program, int ranks) {
   return worst;
 }
 
+namespace {
+
+// The sequences of one pass: the batch, or under stages a micro-batch.
+int pass_batch(const Config& c, const PipelinePlan& pipe) {
+  return pipe.stages > 1 ? c.data.batch / pipe.micro : c.data.batch;
+}
+
+// What stage `stage` of `pipe` keeps (P = 1: the whole model), at an expert load.
+MemoryEstimate stage_estimate(const Config& c, const PipelinePlan& pipe, int stage, double expert_load) {
+  const auto spans = stage_layers(c.model.layers, pipe.stages, pipe.cut);
+  const StageSpan span{spans[stage].first, spans[stage].second, stage == 0, stage == pipe.stages - 1,
+                       pipe.in_flight(stage)};
+  return estimate_stage(c.model, pass_batch(c, pipe), span, expert_load);
+}
+
+}  // namespace
+
 PlanBasis plan_basis(const Program& program, int ranks, const PipelinePlan& pipe, int stage) {
   const Config& first = program.phases.front().config;
   check_expert_groups(program, ranks / pipe.stages);
   const ParamLayout layout(first.model);  // rank 0's experts under ep: every rank holds as many
-  const auto spans = stage_layers(first.model.layers, pipe.stages, pipe.cut);
-  const StageSpan span{spans[stage].first, spans[stage].second, stage == 0, stage == pipe.stages - 1,
-                       pipe.in_flight(stage)};
-  const int micro_batch = pipe.stages > 1 ? first.data.batch / pipe.micro : first.data.batch;
-  const auto est = estimate_stage(first.model, micro_batch, span, kExpertLoadPlanned);
+  const auto est = stage_estimate(first, pipe, stage, kExpertLoadPlanned);
   PlanBasis best;
   for (const Phase& phase : program.phases) {
     PlanBasis b = basis_of(phase.config, layout, est, ranks, pipe, stage);
@@ -425,11 +438,14 @@ std::array<MemoryPlan, 4> all_levels(const PlanBasis& b) {
 
 std::string dry_run_report(const Program& program, int ranks, const MemoryLimit& limit) {
   const Config& c = program.phases.front().config;
+  // Under the deck's pipeline stages every figure below is its worst stage's rank's.
   const PlanBasis deck_basis = plan_basis(program, ranks);
-  const auto est = estimate_memory(c.model, c.data.batch, kExpertLoadPlanned);
+  const PipelinePlan& pipe = deck_basis.pipe;
+  const int batch = pass_batch(c, pipe), W = ranks / pipe.stages;
+  const auto est = stage_estimate(c, pipe, deck_basis.stage, kExpertLoadPlanned);
   const ParamLayout layout(c.model);
   const auto& moe = c.model.moe;
-  const int ep = deck_basis.ep, holders = ranks / ep;
+  const int ep = deck_basis.ep, holders = W / ep;
   std::string out;
   out += fmt::format("# dry run: nothing allocated\n");
   out += fmt::format("  parameters total        {:>16} ({})\n", est.params, format_count(double(est.params)));
@@ -439,14 +455,23 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
                      c.model.tie_embeddings ? "" : "embedding table and the",
                      c.model.tie_embeddings ? "; the tied embedding is the head" : "");
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(c.model, layout));
+  if (pipe.stages > 1) {
+    const PlanBasis& b = deck_basis;
+    out += fmt::format("  pipeline stages         {:>16} stages of {} data-parallel rank(s) each; planned here: stage {} "
+                       "(layers {}-{}{}{}), its rank holding {} parameters ({})\n",
+                       pipe.stages, W, b.stage, b.first_layer, b.end_layer - 1, b.stage == 0 ? ", the embedding" : "",
+                       b.stage + 1 == pipe.stages ? ", the head" : "", b.params, format_count(double(b.params)));
+    out += fmt::format("  micro-batches           {:>16} of {} sequence(s) of {} per step ({}): this stage keeps "
+                       "{} in flight\n", pipe.micro, batch, c.model.seq, pipe.schedule, pipe.in_flight(b.stage));
+  }
   if (ep == 1) {
-    out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel\n", c.data.batch,
-                       c.model.seq, ranks);
+    out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel{}\n", c.data.batch,
+                       c.model.seq, W, pipe.stages > 1 ? " (per pipeline)" : "");
   } else {
     // Every rank still trains on its own batch; only the routed experts are split.
     const auto& b = deck_basis;
     out += fmt::format("  batch per rank          {:>16} sequences of {}, {} rank(s), data parallel but for the "
-                       "routed experts\n", c.data.batch, c.model.seq, ranks);
+                       "routed experts{}\n", c.data.batch, c.model.seq, W, pipe.stages > 1 ? " (per pipeline)" : "");
     out += fmt::format("  expert parallel         {:>16} ranks per group, {} group(s): each rank holds {} of every\n"
                        "                                            MoE layer's {} routed experts, each expert held by "
                        "D = {} rank(s)\n", ep, holders, moe.routed / ep, moe.routed, holders);
@@ -466,7 +491,10 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   // Master weights and gradients stay fp32, the moments as the deck keeps them. 16-bit runs add a
   // 16-bit copy of the weights for the GEMMs, keep the halvable activations in
   // 16 bits, and write those through 32-bit scratch.
-  out += ep == 1 ? "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n"
+  out += pipe.stages > 1 ? fmt::format("\n# memory per rank, sharding off: stage {}'s rank holds its stage{}\n",
+                                        deck_basis.stage, ep > 1 ? fmt::format(", {} of the routed experts per MoE layer "
+                                                                               "(ep {})", moe.routed / ep, ep) : "")
+         : ep == 1 ? "\n# memory per rank, sharding off: every rank holds the whole model under data parallelism\n"
                  : fmt::format("\n# memory per rank, sharding off: every rank holds the replicated tensors and {} of "
                                "the {} routed experts per MoE layer (ep {})\n", moe.routed / ep, moe.routed, ep);
   out += header("precision", "  vs fp32");
@@ -488,11 +516,11 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   out += uses_flash_attention(c.model.attention)
              ? fmt::format("  attention: the flash kernel: a log-sum-exp per row kept ({} x {} rows per layer), the "
                            "probabilities recomputed key block by key block\n",
-                           c.data.batch * c.model.heads, c.model.seq)
+                           batch * c.model.heads, c.model.seq)
              : fmt::format("  attention: the packed kernel: its probabilities kept ({} x {} per layer; "
-                           "attention_kernel flash keeps {} x {})\n", c.data.batch * c.model.heads,
+                           "attention_kernel flash keeps {} x {})\n", batch * c.model.heads,
                            kernels::CausalBlocks(c.model.seq, kAttentionBlock).per_head(),
-                           c.data.batch * c.model.heads, c.model.seq);
+                           batch * c.model.heads, c.model.seq);
 
   if (c.model.recompute != Recompute::off)
     out += fmt::format("  recompute {}: {}; one set shared by the blocks for their recompute: {}\n", c.model.recompute,
@@ -506,7 +534,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   const std::string expert_holders =
       ep > 1 ? fmt::format(", ep {}: experts sharded over their D = {} holder(s)", ep, holders) : "";
   out += fmt::format("\n# memory per rank by sharding level (deck: shard): {}, {} rank(s){}\n", deck_basis.precision,
-                     ranks, expert_holders);
+                     pipe.stages > 1 ? fmt::format("{} (per stage)", W) : fmt::format("{}", ranks), expert_holders);
   out += header("level", known ? "  fits" : "");
   for (const auto& p : plans)
     out += row(std::string(mode_name(p.level)), p,
@@ -515,14 +543,14 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   const PlanBasis& b = deck_basis;
   if (ep == 1)
     out += fmt::format("  assumed: P = {} parameters, each rank owning S = ceil(P/{}) = {}; largest layer {} ({}); "
-                       "bucket {}\n", format_count(double(b.params)), ranks, format_count(double(b.shard)),
+                       "bucket {}\n", format_count(double(b.params)), W, format_count(double(b.shard)),
                        b.largest_name, format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   else
     out += fmt::format("  assumed: P = {} parameters held, R = {} replicated and X = {} of experts, each rank owning "
                        "S = ceil(R/{}) + ceil(X/{}) = {}; largest layer {} ({}; a MoE layer counts its held experts); "
                        "bucket {}\n",
                        format_count(double(b.params)), format_count(double(b.params - b.experts)),
-                       format_count(double(b.experts)), ranks, holders, format_count(double(b.shard)), b.largest_name,
+                       format_count(double(b.experts)), W, holders, format_count(double(b.shard)), b.largest_name,
                        format_count(double(b.largest_layer)), format_bytes(b.bucket_bytes));
   out += fmt::format("  off: the gradient all-reduce works in place in the gradient buffer (no buffer of ours)\n");
   if (pieces_of_master(b, ShardLevel::optimizer))
@@ -533,7 +561,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   else
     out += fmt::format("  optimizer: AdamW's moments sharded ({} S); the weights (fp32 and any 16-bit copy) stay "
                        "whole, all-gathered in place after the update\n", b.moment_bytes);
-  if (ranks > 1)
+  if (W > 1)
     out += fmt::format("  optimizer: in flight during the backward, {} buckets reduced in place, each also in MPI's "
                        "temporary: {} bucket\n", kShardBucketsInFlight, kShardBucketsInFlight);
   out += fmt::format("  gradients: also the gradients (4 S); in flight during the backward, the unit written and {} "
@@ -553,15 +581,15 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   if (ep > 1) {
     // What a busier step would add: the rows every token of the group could send here.
     const double worst = double(ep) * std::min(moe.topk, moe.routed / ep) / moe.topk;
-    const auto busiest = estimate_memory(c.model, c.data.batch, worst);
+    const auto busiest = stage_estimate(c, pipe, deck_basis.stage, worst);
     const double more = activation_bytes(busiest, b.precision) + 4.0 * busiest.exchange_elements -
                         (b.activations + b.exchange);
-    const int64_t even = int64_t(c.data.batch) * c.model.seq * moe.topk;
+    const int64_t even = int64_t(batch) * c.model.seq * moe.topk;
     out += fmt::format("  ep: the rows this rank's experts run, planned at {}x an even load: {} per MoE layer (even: "
                        "{} tokens x top-{} = {}), each kept (input, gate/up, SwiGLU output) beside the rows sent; a "
                        "busier step grows them for the rest of the run, and the worst load ({:.3g}x even: every token "
                        "of the group on this rank's experts) adds {}\n",
-                       kExpertLoadPlanned, b.expert_rows, int64_t(c.data.batch) * c.model.seq, moe.topk, even, worst,
+                       kExpertLoadPlanned, b.expert_rows, int64_t(batch) * c.model.seq, moe.topk, even, worst,
                        format_bytes(more));
     out += fmt::format("  ep: communication holds the all-to-all's fp32 scratch, shared by the layers (outputs going "
                        "home, output gradients arriving: 2 x {} rows x {}): {} at every level\n",
@@ -570,7 +598,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
       out += "  D = 1: each expert has one holder, so no level shards its state; only the replicated tensors' is\n";
   }
   out += "  not counted: memory of MPI, Kokkos and the GEMM library, the data loader's queue, checkpoint copies\n";
-  if (ranks == 1) out += "  one rank: nothing to shard; levels that shard gradients or weights only add their buffers\n";
+  if (W == 1) out += "  one rank: nothing to shard; levels that shard gradients or weights only add their buffers\n";
 
   if (!known) {
     out += fmt::format("\n# verdict: no memory limit known ({}); pass -device-gb G\n", limit.source);

@@ -162,15 +162,17 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
     else if (cut.last()) lookups_elsewhere_ = true;
   }
   if (cut.last()) norm_ = store("norm"), head_ = store(layout_.head_name());  // tied: the embedding itself
-  sets_.resize(size_t(activation_sets));
-  for (auto& a : sets_) build_activations(a, store, batch);
+  for (int k = 0; k < activation_sets; ++k) {
+    sets_.push_back(std::make_unique<Activations>());
+    build_activations(*sets_.back(), store, batch);
+  }
   // A MoE layer's selection bias is the layer's, whichever set runs it.
-  const auto first = moe_layers(sets_[0]);
+  const auto first = moe_layers(*sets_[0]);
   for (size_t k = 1; k < sets_.size(); ++k) {
-    const auto layers = moe_layers(sets_[k]);
+    const auto layers = moe_layers(*sets_[k]);
     for (size_t l = 0; l < layers.size(); ++l) layers[l].second->bias() = first[l].second->bias();
   }
-  act_ = &sets_[0];
+  act_ = sets_[0].get();
 }
 
 // One set of a micro-batch's activations: the stage's blocks, its residual
@@ -224,7 +226,7 @@ template <class T>
 void Transformer<T>::use_activations(int set) {
   if (set < 0 || set >= activation_sets())
     throw std::invalid_argument(fmt::format("Transformer: activation set {} of {}", set, activation_sets()));
-  act_ = &sets_[size_t(set)];
+  act_ = sets_[size_t(set)].get();
 }
 
 template <class T>
@@ -275,7 +277,7 @@ template <class T>
 void Transformer<T>::set_loss_scale(double scale) {
   loss_scale_ = scale;
   for (auto& a : sets_)
-    for (auto& [name, f] : moe_layers(a)) f->set_loss_scale(scale);
+    for (auto& [name, f] : moe_layers(*a)) f->set_loss_scale(scale);
 }
 
 template <class T>
@@ -336,8 +338,8 @@ bool Transformer<T>::idle_expert(const TensorInfo& t) const {
 template <class T>
 void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
   for (auto& a : sets_) {
-    for (auto& [prefix, ffn] : moe_layers(a)) ffn->set_exchange(exchange);
-    for (auto& m : a.mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
+    for (auto& [prefix, ffn] : moe_layers(*a)) ffn->set_exchange(exchange);
+    for (auto& m : a->mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
       if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
   }
 }

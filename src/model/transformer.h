@@ -221,7 +221,7 @@ class Transformer {
   bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
   bool lookups_elsewhere_ = false;  // a later stage: the MTP lookups' gradients go to stage 0 (mtp_lookups)
   Kokkos::View<int32_t*, MemSpace> mtp_in_;  // stage 0: the MTP lookups' tokens, depth by depth
-  std::vector<Activations> sets_;  // one, or a stage's micro-batches in flight
+  std::vector<std::unique_ptr<Activations>> sets_;  // one, or a stage's micro-batches in flight
   Activations* act_ = nullptr;     // the set in use
   kernels::Precision gemm_type_ = kernels::Precision::fp32;
   Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty
