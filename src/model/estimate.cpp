@@ -38,8 +38,9 @@ static int64_t expert_rows(const ModelConfig& m, int64_t B, double expert_load) 
 // (MHA's are kept: they come from the fused GEMM, not a latent) and the
 // SwiGLU activations (the dense FFN's, the shared experts', the routed
 // rows'), the routed rows sent (gathered again; under ep not read again)
-// and under ep 1 their outputs (multiplied again). `own`: what stays each block's under full (the router's indices and
-// its score and sequence-loss gradients).
+// and under ep 1 their outputs (multiplied again). `own`: what stays each
+// block's under full (the router's indices and its score and sequence-loss
+// gradients).
 struct BlockKept {
   Kept attn, ffn, own;
   int64_t attn_selective = 0, ffn_selective = 0;  // of attn.half, ffn.half
@@ -534,7 +535,7 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   const std::string expert_holders =
       ep > 1 ? fmt::format(", ep {}: experts sharded over their D = {} holder(s)", ep, holders) : "";
   out += fmt::format("\n# memory per rank by sharding level (deck: shard): {}, {} rank(s){}\n", deck_basis.precision,
-                     pipe.stages > 1 ? fmt::format("{} (per stage)", W) : fmt::format("{}", ranks), expert_holders);
+                     fmt::format("{}{}", W, pipe.stages > 1 ? " (per stage)" : ""), expert_holders);
   out += header("level", known ? "  fits" : "");
   for (const auto& p : plans)
     out += row(std::string(mode_name(p.level)), p,

@@ -68,9 +68,10 @@ FeedForward<T>::FeedForward(const ModelConfig& m, const ParamStore<T>& store, co
   }
   if (F_ > 0)
     h_ = KeptActivation<T>("ffn_h", N_, 2 * F_, store.type, ws, 1), a_ = KeptActivation<T>("ffn_a", N_, F_, store.type, ws);
-  if (m.recompute == Recompute::selective)
-    remake_ = &FeedForward::remake_swiglu, remake_experts_ = &FeedForward::remake_experts_swiglu,
-    remake_routed_ = &FeedForward::remake_routed;
+  if (m.recompute == Recompute::selective) {
+    remake_ = &FeedForward::remake_swiglu, remake_experts_ = &FeedForward::remake_experts_swiglu;
+    if (moe_ && held() == E_) remake_routed_ = &FeedForward::remake_routed;  // ep 1 (under ep the holders keep theirs)
+  }
 }
 
 // Each routed row's input, the normed input's row of its token (16-bit
@@ -249,7 +250,7 @@ void FeedForward<T>::backward(Mat<T> dxn, Mat<const T> dout, In xn) {
   }
   if (F_ > 0 && !exchange_) swiglu_backward(dxn, dout, xn, w1_, w2_, F_, h_, a_, T(0));
   // combine, then each expert's SwiGLU in reverse, then back to the tokens
-  if (!exchange_) (this->*remake_routed_)(xn);
+  (this->*remake_routed_)(xn);
   auto dye = ws_.mat("moe_dye", N_ * K_, C_), dw = ws_.mat("moe_dw", N_, K_);
   k::combine_backward<T>(dye, dw, dout, mat(ye_, N_ * K_, C_), mat(weights_, N_, K_), pos_);
   auto dxe = ws_.mat("moe_dxe", N_ * K_, C_);

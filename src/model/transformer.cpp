@@ -345,24 +345,25 @@ void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
 }
 
 // The last stage's part of the forward: the final norm, the head and the MTP
-// modules on the residual stream act_->resid[L]; the main and MTP losses.
+// modules on the residual stream resid[L]; the main and MTP losses.
 template <class T>
 LossParts Transformer<T>::head_forward(Tokens targets) {
+  Activations& a = *act_;  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
-  const int D = int(act_->mtp.size());
+  const int D = int(a.mtp.size());
   use(final_unit(), D > 0 ? mtp_unit(0) : -1);  // the head serves every MTP depth too
-  k::rmsnorm_forward<T>(act_->xf.target(), Vec<T>(act_->rstdf.data(), N_), mat(act_->resid[L], N_, C), norm_.vec(C), cfg_.norm_eps);
-  act_->xf.keep();
-  k::linear_forward<T>(mat(act_->logits, N_, V), act_->xf.in(), head_.in(V, C));
-  k::cross_entropy_forward<T>(Vec<T>(act_->losses.data(), N_), mat(act_->logits, N_, V), targets);
-  loss.main = k::sum<T>(Vec<const T>(act_->losses.data(), N_)) / double(N_);
+  k::rmsnorm_forward<T>(a.xf.target(), Vec<T>(a.rstdf.data(), N_), mat(a.resid[L], N_, C), norm_.vec(C), cfg_.norm_eps);
+  a.xf.keep();
+  k::linear_forward<T>(mat(a.logits, N_, V), a.xf.in(), head_.in(V, C));
+  k::cross_entropy_forward<T>(Vec<T>(a.losses.data(), N_), mat(a.logits, N_, V), targets);
+  loss.main = k::sum<T>(Vec<const T>(a.losses.data(), N_)) / double(N_);
 
   // Multi-token prediction: depth d sees the hidden state of depth d-1 and the
   // embedding of token t+d+1, and predicts token t+d+2.
-  Buffer<T> h_prev = act_->resid[L];
-  for (size_t d = 0; d < act_->mtp.size(); ++d) {
-    auto& m = act_->mtp[d];
+  Buffer<T> h_prev = a.resid[L];
+  for (size_t d = 0; d < a.mtp.size(); ++d) {
+    auto& m = a.mtp[d];
     use(mtp_unit(int(d)), int(d) + 1 < D ? mtp_unit(int(d) + 1) : -1);
     k::shift_tokens(m.in, targets, T_, int64_t(d), 0);
     k::shift_tokens(m.target, targets, T_, int64_t(d) + 1, -1);
@@ -385,20 +386,21 @@ LossParts Transformer<T>::head_forward(Tokens targets) {
   }
   let_go(final_unit());
   if (hold_embed_) let_go(0);
-  if (!act_->mtp.empty()) loss.mtp /= double(act_->mtp.size());
+  if (!a.mtp.empty()) loss.mtp /= double(a.mtp.size());
   return loss;
 }
 
 template <class T>
 LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
+  Activations& a = *act_;  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   check_whole("forward");
   use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
-  k::embedding_forward<T>(mat(act_->resid[0], N_, C), inputs, embed_.mat(V, C));
+  k::embedding_forward<T>(mat(a.resid[0], N_, C), inputs, embed_.mat(V, C));
   if (!hold_embed_) let_go(0);
   for (int l = 0; l < L; ++l) {
     use(block_unit(l), l + 1 < L ? block_unit(l + 1) : final_unit());
-    act_->blocks[l]->forward(mat(act_->resid[l + 1], N_, C), mat(act_->resid[l], N_, C));
+    a.blocks[l]->forward(mat(a.resid[l + 1], N_, C), mat(a.resid[l], N_, C));
     let_go(block_unit(l));
   }
   LossParts loss = head_forward(targets);
@@ -408,42 +410,43 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
 }
 
 // The last stage's part of the backward: the head, the final norm and the
-// MTP modules, deepest first; d(loss)/d(act_->resid[L]) into dresid.
+// MTP modules, deepest first; d(loss)/d(resid[L]) into dresid.
 template <class T>
 void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
+  Activations& a = *act_;  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   // main head and final norm; dlogits overwrite the logits in place
-  const int D = int(act_->mtp.size());
+  const int D = int(a.mtp.size());
   if (layout_.tied()) use(0, final_unit());  // the head's weights are the embedding's
   use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
   auto dnorm = ws_.mat("dnorm", N_, C);
-  k::cross_entropy_backward<T>(mat(act_->logits, N_, V), mat(act_->logits, N_, V), targets,
+  k::cross_entropy_backward<T>(mat(a.logits, N_, V), mat(a.logits, N_, V), targets,
                                T(loss_scale_ * loss_weights_.main / double(N_)));
-  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(act_->logits, N_, V), act_->xf.in(), head_.in(V, C));
-  k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(act_->resid[L], N_, C), norm_.vec(C),
-                         Vec<const T>(act_->rstdf.data(), N_));
+  k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(a.logits, N_, V), a.xf.in(), head_.in(V, C));
+  k::rmsnorm_backward<T>(dresid, norm_.dvec(C), dnorm, mat(a.resid[L], N_, C), norm_.vec(C),
+                         Vec<const T>(a.rstdf.data(), N_));
 
   // MTP modules, deepest first; each hands a gradient to the hidden state it read.
   auto dh = ws_.mat("mtp_dh", N_, C), dh_prev = ws_.mat("mtp_dh_prev", N_, C);
-  for (int d = int(act_->mtp.size()) - 1; d >= 0; --d) {
-    auto& m = act_->mtp[d];
+  for (int d = int(a.mtp.size()) - 1; d >= 0; --d) {
+    auto& m = a.mtp[d];
     use(mtp_unit(d), d > 0 ? mtp_unit(d - 1) : L > 0 ? block_unit(L - 1) : -1);
-    const Buffer<T>& h_prev = d == 0 ? act_->resid[L] : act_->mtp[d - 1].h;
+    const Buffer<T>& h_prev = d == 0 ? a.resid[L] : a.mtp[d - 1].h;
     const double seed = loss_scale_ * loss_weights_.mtp * cfg_.mtp.weight;
-    const T dloss = m.labelled > 0 ? T(seed / double(act_->mtp.size()) / double(m.labelled)) : T(0);
+    const T dloss = m.labelled > 0 ? T(seed / double(a.mtp.size()) / double(m.labelled)) : T(0);
     k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
     k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), m.hf.in(), head_.in(V, C));
     auto dbranch = ws_.mat("mtp_dbranch", N_, C);
     k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
                            Vec<const T>(m.rstd_f.data(), N_));
-    if (d + 1 < int(act_->mtp.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
+    if (d + 1 < int(a.mtp.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
     m.block->backward(dbranch, mat(m.x0, N_, C));  // dbranch is now d/dx0
     auto dcat = ws_.mat("mtp_dcat", N_, 2 * C), dhn = ws_.mat("mtp_dhn", N_, C), den = ws_.mat("mtp_den", N_, C);
     k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, m.cat.in(), m.proj.in(C, 2 * C));
     k::concat_columns_backward<T>(dhn, den, dcat);
     auto de = ws_.mat("mtp_de", N_, C);
     k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
-    if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(act_->mtp_lookups.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
+    if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(a.mtp_lookups.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
     else k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
     k::rmsnorm_backward<T>(dh_prev, m.hnorm.dvec(C), dhn, mat(h_prev, N_, C), m.hnorm.vec(C),
                            Vec<const T>(m.rstd_h.data(), N_));
@@ -457,6 +460,7 @@ void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
 
 template <class T>
 void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
+  Activations& a = *act_;  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   check_whole("backward");
   auto notify = [&](int64_t offset) {
@@ -471,7 +475,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
 
   for (int l = L - 1; l >= 0; --l) {
     use(block_unit(l), l > 0 ? block_unit(l - 1) : -1);  // the embedding's backward reads no weight
-    act_->blocks[l]->backward(dresid, mat(act_->resid[l], N_, C));
+    a.blocks[l]->backward(dresid, mat(a.resid[l], N_, C));
     let_go(block_unit(l));
     notify(layout_.layer_begin(l));
   }
@@ -500,18 +504,19 @@ void Transformer<T>::check_whole(const char* pass) const {
 
 template <class T>
 LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out) {
+  Activations& a = *act_;  // the set in use
   check_stage(begin, end);
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
-  if (begin == 0) k::embedding_forward<T>(mat(act_->resid[0], N_, C), inputs, embed_.mat(V, C));
-  else Kokkos::deep_copy(Buffer<T>(act_->resid[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
-  for (int l = begin; l < end; ++l) act_->blocks[l]->forward(mat(act_->resid[l + 1], N_, C), mat(act_->resid[l], N_, C));
+  if (begin == 0) k::embedding_forward<T>(mat(a.resid[0], N_, C), inputs, embed_.mat(V, C));
+  else Kokkos::deep_copy(Buffer<T>(a.resid[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
+  for (int l = begin; l < end; ++l) a.blocks[l]->forward(mat(a.resid[l + 1], N_, C), mat(a.resid[l], N_, C));
   LossParts loss;
   if (end == L) loss = head_forward(targets);
-  else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(act_->resid[end].data(), NC));
+  else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(a.resid[end].data(), NC));
   for (int l = begin; l < end; ++l)
-    if (act_->blocks[l]->ffn().is_moe()) loss.aux += act_->blocks[l]->ffn().aux_loss();
+    if (a.blocks[l]->ffn().is_moe()) loss.aux += a.blocks[l]->ffn().aux_loss();
   if (end == L)
-    for (auto& m : act_->mtp)
+    for (auto& m : a.mtp)
       if (m.block->ffn().is_moe()) loss.aux += m.block->ffn().aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
   return loss;
@@ -519,19 +524,20 @@ LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Token
 
 template <class T>
 void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din) {
+  Activations& a = *act_;  // the set in use
   check_stage(begin, end);
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
   if (loss_weights_.aux != 1) {
     for (int l = begin; l < end; ++l)
-      if (act_->blocks[l]->ffn().is_moe()) act_->blocks[l]->ffn().scale_balance_gradient(loss_weights_.aux);
+      if (a.blocks[l]->ffn().is_moe()) a.blocks[l]->ffn().scale_balance_gradient(loss_weights_.aux);
     if (end == L)
-      for (auto& m : act_->mtp)
+      for (auto& m : a.mtp)
         if (m.block->ffn().is_moe()) m.block->ffn().scale_balance_gradient(loss_weights_.aux);
   }
   auto dresid = ws_.mat("dresid", N_, C);
   if (end == L) head_backward(targets, dresid);
   else Kokkos::deep_copy(Buffer<T>(dresid.data(), NC), Buffer<T>(const_cast<T*>(dout), NC));
-  for (int l = end - 1; l >= begin; --l) act_->blocks[l]->backward(dresid, mat(act_->resid[l], N_, C));
+  for (int l = end - 1; l >= begin; --l) a.blocks[l]->backward(dresid, mat(a.resid[l], N_, C));
   if (begin == 0) k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);
   else Kokkos::deep_copy(Buffer<T>(din, NC), Buffer<T>(dresid.data(), NC));
 }

@@ -148,7 +148,7 @@ void Trainer::build_model(bool fresh) {
                                                 stages_ ? stages_->cut() : StageCut{},
                                                 pipeline_ ? pipeline_->in_flight() : 1);
   if (stages_) {
-    stage_sets_ = ActivationSets(pipeline_->in_flight());
+    stage_sets_ = ActivationSets(model_->activation_sets());
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
     stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
     stage_host_.resize(size_t(width));
