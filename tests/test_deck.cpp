@@ -749,13 +749,24 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
     CHECK(msg.find(also) != std::string::npos);
   };
   check(four + "pipeline stages 3\nrun 2\n", at(3) + ": pipeline stages 3 does not divide the model's 4 layers",
-        "expected stages dividing layers");
+        "expected stages x virtual dividing layers");
+  check(four + "pipeline stages 4 schedule interleaved virtual 2 micro 4\nrun 2\n",
+        at(3) + ": pipeline stages 4 x virtual 2 does not divide the model's 4 layers");
   check(four + "pipeline stages 4 schedule 1f1b micro 2\nrun 2\n",
         at(3) + ": pipeline 'micro' 2 is fewer than 'stages' 4 with schedule 1f1b", "expected micro >= stages");
-  check(four + "pipeline stages 2 schedule interleaved virtual 2 micro 4\nrun 2\n",
-        at(3) + ": pipeline schedule interleaved is not built yet", "expected schedule gpipe or 1f1b");
+  CHECK(error_of(t, staged(four + "pipeline stages 2 schedule interleaved virtual 2 micro 4\nrun 2\n")).empty());
+  CHECK(error_of(t, staged(four + "pipeline stages 2 schedule dualpipev virtual 2 micro 4\nrun 2\n")).empty());
   check(four + "pipeline stages 2 schedule dualpipev micro 4\nrun 2\n",
-        at(3) + ": pipeline schedule dualpipev is not built yet");
+        at(3) + ": pipeline schedule dualpipev with virtual 1", "expected virtual 2");
+  check(four + "pipeline stages 2 schedule dualpipev virtual 2 micro 2\nrun 2\n",
+        at(3) + ": pipeline 'micro' 2 is fewer than 2 x 'stages' 2 with schedule dualpipev", "expected micro >= 4");
+  check(four + "pipeline stages 4 schedule interleaved virtual 1 micro 6\nrun 2\n",
+        at(3) + ": pipeline 'micro' 6 is not a multiple of 'stages' 4 with schedule interleaved",
+        "expected micro a multiple of stages");
+  check(four + "pipeline stages 1 schedule interleaved virtual 2 micro 4\nrun 2\n",
+        at(3) + ": pipeline schedule interleaved with stages 1", "expected stages >= 2");
+  check(four + "pipeline stages 2 schedule interleaved virtual 2 micro 4 cut 3,1\nrun 2\n",
+        at(3) + ": pipeline cut 3,1 names 2 chunks, not 'stages' 2 x 'virtual' 2", "expected one block count per chunk");
   check(four + "pipeline stages 1 schedule dualpipev virtual 3\nrun 2\n",
         at(3) + ": pipeline schedule dualpipev with 3 chunks (stages 1 x virtual 3)", "expected an even number");
   check(four + "pipeline stages 2 virtual 2\nrun 2\n", at(3) + ": pipeline 'virtual' 2 with schedule gpipe");
@@ -773,12 +784,12 @@ TEST_CASE("deck: pipeline stages P [schedule] [virtual V] [micro M]: defaults, a
                     "pipeline stages 2 cut 2,1\nrun 2\n").empty());
   check(four + "pipeline stages 2 cut 3,2\nrun 2\n",
         at(3) + ": pipeline cut 3,2 gives 5 blocks, the model has 4 layers (" + at(1) + ")", "expected a cut summing");
-  check(four + "pipeline stages 2 cut 4\nrun 2\n", at(3) + ": pipeline cut 4 names 1 stages, not 'stages' 2",
-        "expected one block count per stage");
+  check(four + "pipeline stages 2 cut 4\nrun 2\n", at(3) + ": pipeline cut 4 names 1 chunks, not 'stages' 2 x 'virtual' 1",
+        "expected one block count per chunk");
   check(four + "pipeline stages 2 cut 4,0\nrun 2\n", at(3) + ": bad value '4,0' for 'cut'", "integers >= 1");
   check(four + "pipeline stages 2 cut 3,,1\nrun 2\n", at(3) + ": bad value '3,,1' for 'cut'", "separated by commas");
   check("model dense vocab 256 dim 16 layers 3 heads 2 ffn 32 seq 8\ndata bytes corpus.txt\npipeline stages 2\nrun 2\n",
-        at(3) + ": pipeline stages 2 does not divide the model's 3 layers", "or cut N0,N1,... naming each stage's");
+        at(3) + ": pipeline stages 2 does not divide the model's 3 layers", "or cut N0,N1,... naming each chunk's");
   check(four + "pipeline stages 1 micro 2\nshard params\nrun 2\n",
         at(3) + ": pipeline stages 1 micro 2 with shard params (" + at(4) + "): sharding the weights is not built");
   check(four + "pipeline stages 2\nsync accumulate 2\nrun 2\n",

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "core/pipeline_schedule.h"
 #include "core/units.h"
 #include "core/views.h"
 #include "deck/deck.h"
@@ -462,7 +463,7 @@ TEST_CASE("pipeline stages: 1F1B keeps min(P - s, M) micro-batches in flight, GP
   const auto& m = program.phases.front().config.model;
   // Stage 0 of 2 (layers 0-1) with micro-batches of 1 sequence: its blocks' own per micro-batch in flight.
   const StageSpan one{0, 2, true, false, 1}, two{0, 2, true, false, 2};
-  const auto e1 = estimate_stage(m, 1, one), e2 = estimate_stage(m, 1, two);
+  const auto e1 = estimate_stage(m, 1, {one}), e2 = estimate_stage(m, 1, {two});
   CHECK(e2.halvable_elements == 2 * e1.halvable_elements);
   CHECK(e2.other_elements == 2 * e1.other_elements);
   CHECK(e2.scratch_elements == e1.scratch_elements);  // scratch once
@@ -594,7 +595,8 @@ TEST_CASE("DeepSeek-V3 at PP16 x EP64 x ZeRO-1 against 80 GiB: the documented pl
   int64_t params = 0;
   for (int s = 0; s < 16; ++s) {
     const PlanBasis b = plan_basis(program, 2048, pipe, s);
-    CHECK(b.end_layer - b.first_layer == (s < 13 ? 4 : 3));
+    REQUIRE(b.runs.size() == 1);
+    CHECK(b.runs[0].end - b.runs[0].begin == (s < 13 ? 4 : 3));
     const MemoryPlan p = plan_level(b, ShardLevel::optimizer);
     CHECK(p.weights + p.gradients + p.optimizer < 30 * GiB);
     params += b.params;
@@ -633,8 +635,47 @@ TEST_CASE("-dry-run plans the deck's pipeline line: its worst stage, and -plan's
   size_t seen = 0;
   for (size_t at = report.find(off_total); at != std::string::npos; at = report.find(off_total, at + 1)) ++seen;
   CHECK(seen >= 2);
-  // The chunked schedules are not planned: a row saying so.
+  // dualpipev needs micro >= 2P: a row saying so (batch 2 allows micro 2 at most)
   const auto chunked = plan_rows(program, 8, parse_plan_grid("schedule=dualpipev"));
   REQUIRE(chunked.size() == 1);
-  CHECK(chunked[0].invalid == "schedule dualpipev is not planned (gpipe or 1f1b)");
+  CHECK(chunked[0].invalid == "micro 2 < 2 P: dualpipev fills both arms of its V");
+}
+
+// Virtual stages, planned from the trainer's own tables: each stage holds its
+// chunks' tensors (dualpipev: stage 0 both ends of the model, so no copy of
+// the embedding), and keeps in flight what its table holds in each run.
+TEST_CASE("the plan of chunked schedules: each stage's runs of layers and what their tables keep in flight",
+          "[model][plan][pipeline]") {
+  TempDir t;
+  const std::string deck =
+      "model deepseek vocab 256 dim 64 layers 8 heads 4 ffn 128 seq 16\n"
+      "attention mla kv_lora_rank 32 q_lora_rank 0 qk_nope_dim 16 rope_dim 8 v_dim 16\n"
+      "moe on dense_layers 1 shared 1 routed 4 topk 2 ffn 32\nmtp depth 1\n"
+      "data bytes /dev/null batch 8\nprecision bf16\nsync dense bucket_mb 0.01\n"
+      "pipeline stages 2 schedule dualpipev virtual 2 micro 8\nrun 1\n";
+  const Program program = build_program(read_deck(t.write("v.deck", deck), {}), false);
+  const ParamLayout layout(program.phases.front().config.model);
+  const PipelinePlan v = deck_pipeline(program.phases.front().config);
+  CHECK((v.virtual_stages == 2 && v.chunks() == 4));
+  const PlanBasis s0 = plan_basis(program, 2, v, 0), s1 = plan_basis(program, 2, v, 1);
+  CHECK(s0.layers_text() == "0-1,6-7");
+  CHECK(s1.layers_text() == "2-3,4-5");
+  CHECK((s0.runs.front().first && s0.runs.back().last && !s1.runs.front().first && !s1.runs.back().last));
+  CHECK(s0.embed_copy == 0);
+  CHECK(s0.params + s1.params == layout.total());  // every tensor once
+  for (int s = 0; s < 2; ++s) {
+    const auto order = stage_order(PipelineSchedule::dualpipev, 2, 8, s, 2);
+    CHECK(v.in_flight(s) == most_in_flight(order, 0) + most_in_flight(order, 1));
+  }
+  // The stage keeps its runs' activations: more micro-batches in flight, more kept
+  const PipelinePlan fewer{2, PipelineSchedule::interleaved, 2, {}, 2};
+  CHECK(fewer.in_flight(0) < v.in_flight(0));
+  // -plan rows: interleaved and dualpipev planned at P 2, refused where P x V passes the layers
+  const auto rows = plan_rows(program, 8, parse_plan_grid("P=2,8 schedule=interleaved,dualpipev micro=8"));
+  REQUIRE(rows.size() == 4);
+  CHECK((rows[0].invalid.empty() && rows[1].invalid.empty()));
+  CHECK(rows[2].invalid == "P 8 x V 2 > 8 layers: a chunk needs a layer");
+  // the dry run names the chunks
+  const std::string report = dry_run_report(program, 2, MemoryLimit{});
+  CHECK(report.find("2 chunks each") != std::string::npos);
 }

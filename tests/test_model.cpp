@@ -548,7 +548,7 @@ TEST_CASE("pipeline stages: sets of activations keep micro-batches in flight apa
   const int64_t N = int64_t(B) * cfg.seq;
   auto in = seeded_tokens(2 * N, cfg.vocab, 3), tgt = seeded_tokens(2 * N, cfg.vocab, 4);
   auto tokens = [&](const auto& all, int m) { return Tokens(all.data() + m * N, N); };
-  Transformer<float> one(cfg, B), two(cfg, B, kernels::Precision::fp32, 0, StageCut{}, 2);
+  Transformer<float> one(cfg, B), two(cfg, B, kernels::Precision::fp32, 0, StageCut{}, {2});
   one.init(7), two.init(7);
   one.zero_grads(), two.zero_grads();
   const int L = cfg.layers;
@@ -558,13 +558,13 @@ TEST_CASE("pipeline stages: sets of activations keep micro-batches in flight apa
     one.backward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
   }
   for (int m = 0; m < 2; ++m) {
-    two.use_activations(m);
+    two.use_activations(0, m);
     const LossParts got = two.forward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
     CHECK(got.main == want[size_t(m)].main);
     CHECK(got.mtp == want[size_t(m)].mtp);
   }
   for (int m = 0; m < 2; ++m) {
-    two.use_activations(m);
+    two.use_activations(0, m);
     two.backward_stage(0, L, tokens(in, m), tokens(tgt, m), nullptr, nullptr);
   }
   const auto g1 = host_copy(one.grads()), g2 = host_copy(two.grads());
@@ -572,16 +572,18 @@ TEST_CASE("pipeline stages: sets of activations keep micro-batches in flight apa
   for (int64_t i = 0; i < int64_t(g1.extent(0)); ++i) differ += g1(i) != g2(i);
   CHECK(differ == 0);
   // one selection bias per MoE layer, whichever set runs it
-  two.use_activations(0);
+  two.use_activations(0, 0);
   const auto first = two.moe_layers();
   REQUIRE(!first.empty());
-  two.use_activations(1);
+  two.use_activations(0, 1);
   const auto second = two.moe_layers();
   REQUIRE(second.size() == first.size());
   for (size_t l = 0; l < first.size(); ++l) {
     CHECK(first[l].second != second[l].second);
     CHECK(first[l].second->bias().data() == second[l].second->bias().data());
   }
-  CHECK_THROWS_AS(two.use_activations(2), std::invalid_argument);
-  CHECK_THROWS_AS(Transformer<float>(cfg, B, kernels::Precision::fp32, 0, StageCut{}, 0), std::invalid_argument);
+  CHECK_THROWS_AS(two.use_activations(0, 2), std::invalid_argument);
+  CHECK_THROWS_AS(two.use_activations(1, 0), std::invalid_argument);
+  CHECK_THROWS_AS(Transformer<float>(cfg, B, kernels::Precision::fp32, 0, StageCut{}, {0}), std::invalid_argument);
+  CHECK_THROWS_AS(Transformer<float>(cfg, B, kernels::Precision::fp32, 0, StageCut{}, {1, 1}), std::invalid_argument);
 }

@@ -1,4 +1,4 @@
-// Pipeline schedules (src/train/pipeline_schedule.h) and the stage cut
+// Pipeline schedules (src/core/pipeline_schedule.h) and the stage cut
 // (core/placement.h, StageCut): each table runs every pass once, in an order
 // the neighbouring stages can follow, with the theory's bubble and the
 // activations each schedule keeps.
@@ -8,7 +8,7 @@
 #include "core/placement.h"
 #include "model/estimate.h"
 #include "train/pipeline.h"
-#include "train/pipeline_schedule.h"
+#include "core/pipeline_schedule.h"
 
 using namespace xx;
 
@@ -46,8 +46,55 @@ TEST_CASE("gpipe and 1f1b: every pass once, backwards in micro-batch order, the 
         }
       }
   CHECK(theory_bubble(PipelineSchedule::one_f_one_b, 4, 8) == Approx(3.0 / 11.0));
-  CHECK_THROWS_AS(stage_order(PipelineSchedule::interleaved, 2, 4, 0), std::invalid_argument);
   CHECK_THROWS_AS(stage_order(PipelineSchedule::gpipe, 2, 4, 2), std::invalid_argument);
+  CHECK_THROWS_AS(stage_order(PipelineSchedule::gpipe, 2, 4, 0, 2), std::invalid_argument);  // chunks: not gpipe's
+}
+
+// The chunked schedules: each run's passes once, forwards and backwards in
+// micro-batch order (the unsplit model's sums), a table every stage can
+// follow with blocking receives, and the simulated bubble beside the theory.
+TEST_CASE("interleaved and dualpipev: each run's passes once in micro order, followable, their bubbles",
+          "[pipeline]") {
+  struct Case { PipelineSchedule s; int P, V, M; };
+  std::vector<Case> cases;
+  for (int P = 2; P <= 4; ++P) {
+    for (int V = 2; V <= 3; ++V)
+      for (int M = P; M <= 3 * P; M += P) cases.push_back({PipelineSchedule::interleaved, P, V, M});
+    for (int M = 2 * P; M <= 2 * P + 5; ++M) cases.push_back({PipelineSchedule::dualpipev, P, 2, M});
+  }
+  for (const Case& c : cases) {
+    INFO("schedule " << int(c.s) << " P " << c.P << " V " << c.V << " M " << c.M);
+    for (int st = 0; st < c.P; ++st) {
+      const auto order = stage_order(c.s, c.P, c.M, st, c.V);
+      REQUIRE(order.size() == size_t(2 * c.M * c.V));
+      for (int r = 0; r < c.V; ++r) {
+        std::vector<int> f, b, all;
+        for (const PipeOp& op : order)
+          if (op.run == r) (op.kind == PipeOp::forward ? f : b).push_back(op.micro);
+        for (int m = 0; m < c.M; ++m) all.push_back(m);
+        CHECK(f == all);
+        CHECK(b == all);
+        CHECK(most_in_flight(order, r) >= 1);
+      }
+    }
+    const PipelineTimeline t = simulate(c.s, c.P, c.M, c.V);
+    REQUIRE(t.complete);
+    // busy 2 M V per stage: the makespan and bubble agree
+    for (int st = 0; st < c.P; ++st) {
+      CHECK(t.bubble[size_t(st)] == Approx(1 - 2.0 * c.M * c.V / t.makespan).margin(1e-12));
+      // the chunked tables idle less than 1f1b with the same stages and micro-batches
+      CHECK(t.bubble[size_t(st)] < theory_bubble(PipelineSchedule::one_f_one_b, c.P, c.M) + 1e-12);
+    }
+    // Both tables idle (P - 1)(F + B) with equal passes: Megatron's V-fold
+    // smaller bubble for interleaved; for dualpipev less than DeepSeek's
+    // (P - 1)(F&B + B) for a whole backward without overlap (theory_bubble)
+    CHECK(t.makespan == Approx(2.0 * (c.V * c.M + c.P - 1)));
+    if (c.s == PipelineSchedule::interleaved) CHECK(t.bubble[0] == Approx(theory_bubble(c.s, c.P, c.M, c.V)));
+    else CHECK(t.bubble[0] < theory_bubble(c.s, c.P, c.M, c.V));
+  }
+  CHECK_THROWS_AS(stage_order(PipelineSchedule::interleaved, 2, 3, 0, 2), std::invalid_argument);  // M not a multiple of P
+  CHECK_THROWS_AS(stage_order(PipelineSchedule::dualpipev, 2, 3, 0, 2), std::invalid_argument);   // M < 2P
+  CHECK_THROWS_AS(stage_order(PipelineSchedule::dualpipev, 2, 4, 0, 3), std::invalid_argument);   // a V is two runs
 }
 
 TEST_CASE("the stage cut: consecutive replicas per stage, L / P consecutive layers per stage", "[pipeline]") {
@@ -56,25 +103,65 @@ TEST_CASE("the stage cut: consecutive replicas per stage, L / P consecutive laye
   CHECK(c.replicas == 2);
   CHECK(c.stage == 2);
   CHECK(c.replica == 1);
-  CHECK(c.layer_begin == 4);
-  CHECK(c.layer_end == 6);
+  REQUIRE(c.runs.size() == 1);
+  CHECK(c.runs[0].chunk == 2);
+  CHECK(c.runs[0].begin == 4);
+  CHECK(c.runs[0].end == 6);
+  CHECK(c.holders == std::vector<int>{0, 1, 2, 3});
   CHECK(!c.first());
   CHECK(!c.last());
   CHECK(c.rank_of(2, 1) == 5);
   CHECK(stage_cut(4, 3, 4, 4).last());
-  CHECK(stage_cut(1, 0, 1, 3).layer_end == 3);
+  CHECK(stage_cut(1, 0, 1, 3).runs[0].end == 3);
   CHECK_THROWS_AS(stage_cut(6, 0, 4, 8), std::invalid_argument);  // 4 stages do not fill 6 ranks
   CHECK_THROWS_AS(stage_cut(4, 0, 4, 6), std::invalid_argument);  // nor cut 6 layers
   // a cut of its own: each stage's blocks
   const StageCut uneven = stage_cut(4, 3, 2, 5, {3, 2});  // P 2 x dp 2: rank 3 on stage 1, replica 1
   CHECK(uneven.stage == 1);
   CHECK(uneven.replica == 1);
-  CHECK(uneven.layer_begin == 3);
-  CHECK(uneven.layer_end == 5);
-  CHECK(stage_cut(2, 0, 2, 5, {3, 2}).layer_end == 3);
+  CHECK(uneven.runs[0].begin == 3);
+  CHECK(uneven.runs[0].end == 5);
+  CHECK(stage_cut(2, 0, 2, 5, {3, 2}).runs[0].end == 3);
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {3, 1}), std::invalid_argument);     // 4 blocks of 5 layers
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {5, 0}), std::invalid_argument);     // a stage without one
   CHECK_THROWS_AS(stage_cut(2, 0, 2, 5, {1, 2, 2}), std::invalid_argument);  // 3 stages named
+}
+
+// Virtual stages: interleaved puts chunks s, s + P, ... on stage s; the
+// V-shape chunks s and 2P - 1 - s, so that stage 0 holds both ends.
+TEST_CASE("the stage cut with virtual stages: interleaved and V-shaped runs of layers", "[pipeline]") {
+  const StageCut i = stage_cut(3, 1, 3, 12, {}, 2);  // P 3 x V 2: chunks of 2 blocks
+  CHECK(i.chunks == 6);
+  REQUIRE(i.runs.size() == 2);
+  CHECK(i.runs[0].chunk == 1);
+  CHECK(i.runs[0].begin == 2);
+  CHECK(i.runs[0].end == 4);
+  CHECK(i.runs[1].chunk == 4);
+  CHECK(i.runs[1].begin == 8);
+  CHECK(i.runs[1].end == 10);
+  CHECK(i.holders == std::vector<int>{0, 1, 2, 0, 1, 2});
+  CHECK(!i.first());
+  CHECK(!i.last());
+  CHECK(i.holds_layer(3));
+  CHECK(!i.holds_layer(4));
+  CHECK(i.holds_layer(9));
+  CHECK(stage_cut(3, 2, 3, 12, {}, 2).last());
+  const StageCut v0 = stage_cut(2, 0, 2, 8, {}, 2, true);  // P 2, V-shape: stage 0 holds chunks 0 and 3
+  CHECK(v0.first());
+  CHECK(v0.last());
+  CHECK(v0.runs[1].chunk == 3);
+  CHECK(v0.runs[1].begin == 6);
+  CHECK(v0.holders == std::vector<int>{0, 1, 1, 0});
+  const StageCut v1 = stage_cut(2, 1, 2, 8, {1, 2, 3, 2}, 2, true);  // a cut of its own, per chunk
+  CHECK(!v1.first());
+  CHECK(!v1.last());
+  CHECK(v1.runs[0].begin == 1);
+  CHECK(v1.runs[0].end == 3);
+  CHECK(v1.runs[1].begin == 3);
+  CHECK(v1.runs[1].end == 6);
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 6, {}, 2), std::invalid_argument);        // 4 chunks do not cut 6 layers
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 12, {}, 3, true), std::invalid_argument);  // a V has two arms
+  CHECK_THROWS_AS(stage_cut(2, 0, 2, 8, {4, 4}, 2), std::invalid_argument);     // a count per chunk
 }
 
 // Which set of activations holds a micro-batch: the lowest free one, freed by

@@ -7,11 +7,19 @@
 namespace xx {
 
 namespace {
-// One tag per micro-batch and kind; MPI keeps the order of messages with
-// the same tag between two ranks, so steps need no tag of their own.
 enum Kind { activation, gradient, lookups };
-int tag_of(int micro, Kind kind) { return 3 * micro + kind; }
 }  // namespace
+
+// One tag per receiving chunk, micro-batch and kind; MPI keeps the order of
+// messages with the same tag between two ranks, so steps need no tag of
+// their own.
+int StageLink::tag(int chunk, int micro, int kind) const {
+  const int64_t t = (int64_t(micro) * cut_.chunks + chunk) * 3 + kind;
+  if (t > 32767)  // the least MPI_TAG_UB the standard allows
+    throw std::length_error(fmt::format("StageLink: micro-batch {} of chunk {} of {} needs tag {} (at most 32767)",
+                                        micro, chunk, cut_.chunks, t));
+  return int(t);
+}
 
 StageLink::StageLink(MPI_Comm world, const StageCut& cut) : cut_(cut) {
   MPI_Comm_split(world, cut.stage, cut.replica, &replicas_);
@@ -42,34 +50,34 @@ void StageLink::recv(int from, int tag, float* data, int64_t n) {
   waited_ += MPI_Wtime() - t0;
 }
 
-void StageLink::send_activation(int micro, const float* x, int64_t n) {
-  if (cut_.last()) throw std::logic_error("StageLink: the last stage sends no activation");
-  send(cut_.stage + 1, tag_of(micro, activation), x, n);
+void StageLink::send_activation(int chunk, int micro, const float* x, int64_t n) {
+  if (chunk + 1 >= cut_.chunks) throw std::logic_error("StageLink: the last chunk sends no activation");
+  send(cut_.holders[size_t(chunk + 1)], tag(chunk + 1, micro, activation), x, n);
 }
 
-void StageLink::send_gradient(int micro, const float* g, int64_t n) {
-  if (cut_.first()) throw std::logic_error("StageLink: the first stage sends no gradient");
-  send(cut_.stage - 1, tag_of(micro, gradient), g, n);
+void StageLink::send_gradient(int chunk, int micro, const float* g, int64_t n) {
+  if (chunk <= 0) throw std::logic_error("StageLink: the first chunk sends no gradient");
+  send(cut_.holders[size_t(chunk - 1)], tag(chunk - 1, micro, gradient), g, n);
 }
 
-void StageLink::recv_activation(int micro, float* x, int64_t n) {
-  if (cut_.first()) throw std::logic_error("StageLink: the first stage receives no activation");
-  recv(cut_.stage - 1, tag_of(micro, activation), x, n);
+void StageLink::recv_activation(int chunk, int micro, float* x, int64_t n) {
+  if (chunk <= 0) throw std::logic_error("StageLink: the first chunk receives no activation");
+  recv(cut_.holders[size_t(chunk - 1)], tag(chunk, micro, activation), x, n);
 }
 
-void StageLink::recv_gradient(int micro, float* g, int64_t n) {
-  if (cut_.last()) throw std::logic_error("StageLink: the last stage receives no gradient");
-  recv(cut_.stage + 1, tag_of(micro, gradient), g, n);
+void StageLink::recv_gradient(int chunk, int micro, float* g, int64_t n) {
+  if (chunk + 1 >= cut_.chunks) throw std::logic_error("StageLink: the last chunk receives no gradient");
+  recv(cut_.holders[size_t(chunk + 1)], tag(chunk, micro, gradient), g, n);
 }
 
 void StageLink::send_lookups(int micro, const float* g, int64_t n) {
-  if (!cut_.last() || cut_.first()) throw std::logic_error("StageLink: the last stage of several sends the lookups");
-  send(0, tag_of(micro, lookups), g, n);
+  if (!cut_.last() || cut_.whole()) throw std::logic_error("StageLink: the last stage of several sends the lookups");
+  send(cut_.holders.front(), tag(0, micro, lookups), g, n);
 }
 
 void StageLink::recv_lookups(int micro, float* g, int64_t n) {
-  if (!cut_.first() || cut_.last()) throw std::logic_error("StageLink: the first stage of several receives the lookups");
-  recv(cut_.stages - 1, tag_of(micro, lookups), g, n);
+  if (!cut_.first() || cut_.whole()) throw std::logic_error("StageLink: the first stage of several receives the lookups");
+  recv(cut_.holders.back(), tag(0, micro, lookups), g, n);
 }
 
 void StageLink::first_to_last(float* g, int64_t n) {

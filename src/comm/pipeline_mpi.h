@@ -3,7 +3,9 @@
 // StageCut: rank r on stage r / dp): the communicator of each stage's
 // data-parallel replicas (sync dense averages a stage's gradients over those
 // alone) and the chain of one replica's P stages, on which micro-batch m's
-// activation goes forward (stage s to s + 1) and its gradient back.
+// activation goes forward (chunk k to k + 1, on whichever stages hold them:
+// with virtual stages a message may go back to stage 0, or to the sender
+// itself) and its gradient back.
 // Host memory: a caller on a device stages its activations through
 // host_copy (core/device_memory.h); a CUDA build will send them by NCCL.
 #pragma once
@@ -27,19 +29,22 @@ class StageLink {
   MPI_Comm data_parallel() const { return replicas_; }  // the ranks of this stage
   MPI_Comm chain() const { return chain_; }             // this replica's stages, stage order
 
-  // Micro-batch `micro`'s activation to the next stage, its gradient to the
-  // previous one: copied, then sent without waiting.
-  void send_activation(int micro, const float* x, int64_t n);
-  void send_gradient(int micro, const float* g, int64_t n);
-  // ... and received from the previous (activation) or next (gradient)
-  // stage; the time spent waiting for them is counted (waited()).
-  void recv_activation(int micro, float* x, int64_t n);
-  void recv_gradient(int micro, float* g, int64_t n);
+  // Micro-batch `micro`'s activation from chunk `chunk` (one this stage
+  // runs) to the next chunk, its gradient to the previous one: copied, then
+  // sent without waiting.
+  void send_activation(int chunk, int micro, const float* x, int64_t n);
+  void send_gradient(int chunk, int micro, const float* g, int64_t n);
+  // ... and received by chunk `chunk` from the previous (activation) or next
+  // (gradient) chunk; the time spent waiting for them is counted (waited()).
+  void recv_activation(int chunk, int micro, float* x, int64_t n);
+  void recv_gradient(int chunk, int micro, float* g, int64_t n);
 
   // The embedding, which the last stage's MTP modules read too (V3's
   // sharing): the gradients of their lookups of micro-batch `micro`, from
   // the last stage to the first, which adds them to its own; then the one
-  // gradient, from the first stage to the last (both call it).
+  // gradient, from the first stage to the last (both call it). A V-shape's
+  // first stage is also its last: the lookups go to itself, and the
+  // gradient is already there.
   void send_lookups(int micro, const float* g, int64_t n);
   void recv_lookups(int micro, float* g, int64_t n);
   void first_to_last(float* g, int64_t n);
@@ -50,6 +55,7 @@ class StageLink {
   int64_t bytes_sent() const { return bytes_sent_; }
 
  private:
+  int tag(int chunk, int micro, int kind) const;
   void send(int to, int tag, const float* data, int64_t n);
   void recv(int from, int tag, float* data, int64_t n);
   StageCut cut_;

@@ -141,7 +141,7 @@ constexpr auto mode_words(ShardLevel) { return std::array{"off"sv, "optimizer"sv
 // pipeline
 
 // pipeline ... schedule: the order of the micro-batches' forward and backward
-// passes on each stage (train/pipeline_schedule.h). gpipe: every forward, then
+// passes on each stage (core/pipeline_schedule.h). gpipe: every forward, then
 // every backward; 1f1b: P - s warm-up forwards on stage s, then one forward
 // and one backward alternately. interleaved and dualpipev are named so the
 // deck can say they are not built yet.

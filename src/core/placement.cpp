@@ -20,7 +20,7 @@ Placement::Placement(Frame frame, int64_t local_total, ExpertShare experts, Shar
   for (size_t k = 0; k < frame_.size(); ++k)
     if (frame_[k].local >= 0) held_.push_back(k);
   std::sort(held_.begin(), held_.end(), [this](size_t a, size_t b) { return frame_[a].local < frame_[b].local; });
-  if (stage_.stages > 1 && stage_.last())
+  if (stage_.stages > 1 && stage_.last() && !stage_.first())  // (V-shape: one rank holds both)
     for (const FrameTensor& t : frame_)
       if (t.name == "embed" && t.local >= 0) echo_ = {t.local, t.local + t.size};
   if (owned_.total() != local_total_) throw std::logic_error("placement: the pieces do not cover this rank's buffer");
@@ -68,25 +68,42 @@ std::vector<FrameSlab> Placement::written_slabs() const {
   return out;
 }
 
-StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks) {
+int chunk_of(int stages, int virtual_stages, bool v_shape, int stage, int run) {
+  if (v_shape) return run % 2 == 0 ? run * stages + stage : (run + 1) * stages - 1 - stage;
+  return run * stages + stage;
+}
+
+StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks, int virtual_stages,
+                   bool v_shape) {
   auto bad = [&] {
-    return std::invalid_argument(fmt::format("stage_cut: {} stages over {} ranks and {} layers (rank {}, cut {})",
-                                             stages, world, layers, rank, fmt::join(blocks, ",")));
+    return std::invalid_argument(fmt::format("stage_cut: {} stages x {} chunks{} over {} ranks and {} layers (rank "
+                                             "{}, cut {})", stages, virtual_stages, v_shape ? " (V-shape)" : "", world,
+                                             layers, rank, fmt::join(blocks, ",")));
   };
-  if (stages < 1 || world % stages != 0 || rank < 0 || rank >= world) throw bad();
+  const int chunks = stages * virtual_stages;
+  if (stages < 1 || virtual_stages < 1 || world % stages != 0 || rank < 0 || rank >= world ||
+      (v_shape && virtual_stages != 2))
+    throw bad();
   std::vector<int> cut = blocks;
   if (cut.empty()) {
-    if (layers % stages != 0) throw bad();
-    cut.assign(size_t(stages), layers / stages);
+    if (layers % chunks != 0) throw bad();
+    cut.assign(size_t(chunks), layers / chunks);
   }
   int sum = 0;
   for (int n : cut) sum += n;
-  if (int(cut.size()) != stages || sum != layers || *std::min_element(cut.begin(), cut.end()) < 1) throw bad();
+  if (int(cut.size()) != chunks || sum != layers || *std::min_element(cut.begin(), cut.end()) < 1) throw bad();
   StageCut c;
-  c.stages = stages, c.replicas = world / stages;
+  c.stages = stages, c.replicas = world / stages, c.chunks = chunks;
   c.stage = rank / c.replicas, c.replica = rank % c.replicas;
-  for (int s = 0; s < c.stage; ++s) c.layer_begin += cut[size_t(s)];
-  c.layer_end = c.layer_begin + cut[size_t(c.stage)];
+  std::vector<int> begin(size_t(chunks) + 1, 0);
+  for (int k = 0; k < chunks; ++k) begin[size_t(k) + 1] = begin[size_t(k)] + cut[size_t(k)];
+  c.holders.assign(size_t(chunks), 0);
+  for (int s = 0; s < stages; ++s)
+    for (int v = 0; v < virtual_stages; ++v) c.holders[size_t(chunk_of(stages, virtual_stages, v_shape, s, v))] = s;
+  for (int v = 0; v < virtual_stages; ++v) {
+    const int k = chunk_of(stages, virtual_stages, v_shape, c.stage, v);
+    c.runs.push_back({k, begin[size_t(k)], begin[size_t(k) + 1]});
+  }
   return c;
 }
 

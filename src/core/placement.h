@@ -12,7 +12,8 @@
 // A new parallel dimension (pipeline stages) is one more cut of the whole
 // frame: a stage holds the tensors of its layers, and everything below reads
 // the rank's frame as it does now. Its first part is StageCut: which stage a
-// rank is on and which layers that stage runs (the frame's cut follows it).
+// rank is on and which runs of layers that stage holds (the frame's cut
+// follows it).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -51,24 +52,44 @@ struct ExpertShare {
 
 // pipeline stages P: world = P x dp ranks, rank r on stage r / dp as its
 // data-parallel replica r % dp (a stage's replicas are consecutive ranks, as
-// an expert-parallel group's are). Stage s runs blocks [layer_begin,
-// layer_end) of L / P each; stage 0 adds the embedding, the last stage the
-// final norm and the head (and the MTP modules).
+// an expert-parallel group's are). The blocks split into P x V chunks
+// (virtual stages, in model order: chunk 0 adds the embedding, the last the
+// final norm and the head, and the MTP modules); a stage runs V of them, its
+// runs of layers:
+//   V 1          stage s runs chunk s;
+//   interleaved  chunks s, s + P, ..., s + (V - 1) P (Megatron's);
+//   V-shape      (dualpipev, V 2) chunks s and 2P - 1 - s: the first stage
+//                holds both ends of the model, the last two adjacent chunks.
+struct LayerRun {
+  int chunk = 0;           // its virtual stage
+  int begin = 0, end = 0;  // blocks [begin, end)
+};
 struct StageCut {
   int stages = 1, stage = 0;     // P, and this rank's
   int replicas = 1, replica = 0;  // dp: the ranks of each stage, and this rank's index among them
-  int layer_begin = 0, layer_end = 0;
-  bool first() const { return stage == 0; }
-  bool last() const { return stage + 1 == stages; }
+  int chunks = 1;                 // P x V
+  std::vector<LayerRun> runs;     // this stage's chunks, in model order (empty: whole)
+  std::vector<int> holders;       // per chunk: the stage that runs it
   bool whole() const { return stages == 1; }  // no pipeline: every layer here
-  bool holds_layer(int l) const { return whole() || (l >= layer_begin && l < layer_end); }
+  bool first() const { return whole() || runs.front().chunk == 0; }          // the embedding's stage
+  bool last() const { return whole() || runs.back().chunk == chunks - 1; }   // the head's
+  bool holds_layer(int l) const {
+    if (whole()) return true;
+    for (const LayerRun& r : runs)
+      if (l >= r.begin && l < r.end) return true;
+    return false;
+  }
   int rank_of(int stage_index, int replica_index) const { return stage_index * replicas + replica_index; }
 };
-// `blocks`: each stage's number of blocks (the deck's pipeline ... cut), or
-// empty for L / P each. Throws std::invalid_argument where P does not divide
-// the world, or the cut does not give each of the P stages a block and sum
-// to the layers (without a cut: P does not divide them).
-StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks = {});
+// Which chunk stage `stage` runs as its `run`-th of V (in model order).
+int chunk_of(int stages, int virtual_stages, bool v_shape, int stage, int run);
+// `blocks`: each chunk's number of blocks (the deck's pipeline ... cut), or
+// empty for L / (P V) each. Throws std::invalid_argument where P does not
+// divide the world, or the cut does not give each of the P x V chunks a
+// block and sum to the layers (without a cut: P x V does not divide them),
+// or a V-shape has V other than 2.
+StageCut stage_cut(int world, int rank, int stages, int layers, const std::vector<int>& blocks = {},
+                   int virtual_stages = 1, bool v_shape = false);
 
 // A run of one frame tensor's elements that this rank holds in some buffer:
 // elements [begin, begin + count) of tensor `tensor` (an index into the

@@ -222,21 +222,21 @@ void check_model(const ModelConfig& m, const std::string& where) {
 // pipeline ...: what the line alone can say (the layers, the other commands
 // and the world size are checked at the run line and at start-up).
 void check_pipeline_line(PipelineConfig& p, const std::string& where) {
-  // cut N0,N1,...: one positive block count per stage, read here once
+  // cut N0,N1,...: one positive block count per chunk (per stage without virtual stages), read here once
   p.cut.clear();
   if (!p.cut_text.empty()) {
     for (size_t at = 0; at <= p.cut_text.size();) {
       const size_t comma = std::min(p.cut_text.find(',', at), p.cut_text.size());
       const auto n = parse_number<int>(p.cut_text.substr(at, comma - at));
       if (!n || *n < 1)
-        input_error("{}: bad value '{}' for 'cut' (expected each stage's number of blocks, integers >= 1 separated "
-                    "by commas, e.g. cut 3,1)", where, p.cut_text);
+        input_error("{}: bad value '{}' for 'cut' (expected each chunk's number of blocks (each stage's without "
+                    "virtual stages), integers >= 1 separated by commas, e.g. cut 3,1)", where, p.cut_text);
       p.cut.push_back(*n);
       at = comma + 1;
     }
-    if (int(p.cut.size()) != p.stages)
-      input_error("{}: pipeline cut {} names {} stages, not 'stages' {} (expected one block count per stage)", where,
-                  p.cut_text, p.cut.size(), p.stages);
+    if (int(p.cut.size()) != p.stages * p.virtual_stages)
+      input_error("{}: pipeline cut {} names {} chunks, not 'stages' {} x 'virtual' {} (expected one block count per "
+                  "chunk)", where, p.cut_text, p.cut.size(), p.stages, p.virtual_stages);
   }
   const PipelineSchedule s = p.schedule;
   const bool chunked = s == PipelineSchedule::interleaved || s == PipelineSchedule::dualpipev;
@@ -247,9 +247,19 @@ void check_pipeline_line(PipelineConfig& p, const std::string& where) {
     input_error("{}: pipeline schedule dualpipev with {} chunks (stages {} x virtual {}) (expected an even number "
                 "of chunks: dualpipev runs each stage's chunks in two directions)", where,
                 p.stages * p.virtual_stages, p.stages, p.virtual_stages);
-  if (chunked)
-    input_error("{}: pipeline schedule {} is not built yet (expected schedule gpipe or 1f1b; docs/SCALING.md, "
-                "\"Pipeline parallelism\")", where, s);
+  if (chunked && p.stages < 2)
+    input_error("{}: pipeline schedule {} with stages {} (expected stages >= 2: its chunks go between stages; one "
+                "stage takes schedule gpipe or 1f1b)", where, s, p.stages);
+  if (s == PipelineSchedule::dualpipev && p.virtual_stages != 2)
+    input_error("{}: pipeline schedule dualpipev with virtual {} (expected virtual 2: each stage runs one chunk down "
+                "the V and one back up)", where, p.virtual_stages);
+  if (s == PipelineSchedule::dualpipev && p.micro < 2 * p.stages)
+    input_error("{}: pipeline 'micro' {} is fewer than 2 x 'stages' {} with schedule dualpipev (expected micro >= {}: "
+                "DualPipeV fills both arms of the V)", where, p.micro, p.stages, 2 * p.stages);
+  if (s == PipelineSchedule::interleaved && p.micro % p.stages != 0)
+    input_error("{}: pipeline 'micro' {} is not a multiple of 'stages' {} with schedule interleaved (expected micro "
+                "a multiple of stages: micro-batches go through the chunks in groups of stages)", where, p.micro,
+                p.stages);
   if (s == PipelineSchedule::one_f_one_b && p.micro < p.stages)
     input_error("{}: pipeline 'micro' {} is fewer than 'stages' {} with schedule 1f1b (expected micro >= stages: "
                 "1f1b keeps every stage busy only with at least one micro-batch per stage in flight; schedule "
@@ -906,9 +916,10 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
   const std::string pipe = at("pipeline");
   const std::string stages = p.stages > 1 ? fmt::format("pipeline stages {}", p.stages)
                                           : fmt::format("pipeline stages 1 micro {}", p.micro);
-  if (p.cut.empty() && c.model.layers % p.stages != 0)
-    input_error("{}: {} does not divide the model's {} layers ({}) (expected stages dividing layers: each stage "
-                "holds layers / stages consecutive blocks; or cut N0,N1,... naming each stage's)", pipe, stages,
+  if (p.cut.empty() && c.model.layers % (p.stages * p.virtual_stages) != 0)
+    input_error("{}: {}{} does not divide the model's {} layers ({}) (expected stages x virtual dividing layers: "
+                "each chunk holds layers / (stages x virtual) consecutive blocks; or cut N0,N1,... naming each "
+                "chunk's)", pipe, stages, p.virtual_stages > 1 ? fmt::format(" x virtual {}", p.virtual_stages) : "",
                 c.model.layers, at("model"));
   if (!p.cut.empty() && std::accumulate(p.cut.begin(), p.cut.end(), 0) != c.model.layers)
     input_error("{}: pipeline cut {} gives {} blocks, the model has {} layers ({}) (expected a cut summing to the "

@@ -381,7 +381,7 @@ struct ShardConfig {
 // [micro M] (one per job): the layers cut into P stages of L / P consecutive
 // blocks on P groups of ranks (stage 0 adds the embedding, the last the final
 // norm and head), activations and their gradients sent between neighbouring
-// stages, M micro-batches ordered by the schedule (train/pipeline_schedule.h).
+// stages, M micro-batches ordered by the schedule (core/pipeline_schedule.h).
 // P = 1: no pipeline, nothing changes. What runs and what is refused:
 // docs/SCALING.md, "Pipeline parallelism".
 struct PipelineConfig {

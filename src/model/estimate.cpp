@@ -7,6 +7,8 @@
 #include <vector>
 #include <fmt/format.h>
 #include "core/error.h"
+#include "core/pipeline_schedule.h"
+#include "core/placement.h"
 #include "core/units.h"
 #include "kernels/attention_packed.h"
 #include "kernels/flash_attention.h"
@@ -98,11 +100,39 @@ std::vector<std::pair<int, int>> stage_layers(int layers, int stages, const std:
   return spans;
 }
 
-MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load) {
-  return estimate_stage(m, batch, StageSpan{0, m.layers, true, true, 1}, expert_load);
+std::vector<StageSpan> PipelinePlan::runs(int layers, int stage) const {
+  if (stages == 1) return {StageSpan{0, layers, true, true, 1}};
+  const auto spans = stage_layers(layers, chunks(), cut);
+  // the trainer's own table for this stage: what each run holds in flight
+  const auto order = stage_order(schedule, stages, micro, stage, virtual_stages);
+  std::vector<StageSpan> out;
+  for (int r = 0; r < virtual_stages; ++r) {
+    const int k = chunk_of(stages, virtual_stages, schedule == PipelineSchedule::dualpipev, stage, r);
+    out.push_back({spans[size_t(k)].first, spans[size_t(k)].second, k == 0, k == chunks() - 1, most_in_flight(order, r)});
+  }
+  return out;
 }
 
-MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& span, double expert_load) {
+std::string PlanBasis::layers_text() const {
+  std::vector<std::string> parts;
+  for (const StageSpan& r : runs)
+    parts.push_back(r.end - r.begin == 1 ? std::to_string(r.begin) : fmt::format("{}-{}", r.begin, r.end - 1));
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+int PipelinePlan::in_flight(int stage) const {
+  if (stages == 1) return 1;
+  const auto order = stage_order(schedule, stages, micro, stage, virtual_stages);
+  int n = 0;
+  for (int r = 0; r < virtual_stages; ++r) n += most_in_flight(order, r);
+  return n;
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load) {
+  return estimate_stage(m, batch, {StageSpan{0, m.layers, true, true, 1}}, expert_load);
+}
+
+MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector<StageSpan>& runs, double expert_load) {
   const ParamLayout layout(m);
   MemoryEstimate est;
   est.params = layout.full_total();
@@ -110,10 +140,10 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& 
   const int64_t B = batch, T = m.seq, N = B * T, C = m.dim, V = m.vocab;
   const bool moe = m.moe.enabled(), ep = moe && m.moe.ep > 1;
   const int64_t rows = moe ? expert_rows(m, B, expert_load) : 0, NK = moe ? N * m.moe.topk : 0;
-  // Per micro-batch in flight: the residual streams (the stage's input and
-  // each block's output), the blocks' own; the last stage adds xf, the final
-  // rstd, the logits, the losses and the MTP modules.
-  Kept kept{0, (span.end - span.begin + 1) * N * C};
+  // Per micro-batch in flight in each run: the residual streams (the run's
+  // input and each block's output), the blocks' own; the last chunk adds xf,
+  // the final rstd, the logits, the losses and the MTP modules.
+  Kept kept, run_kept;
   // Once, whatever is in flight: the blocks' shared set (recompute), the
   // attention part's largest and each feed-forward kind's.
   Kept shared_attn, shared_ffn[2];
@@ -123,33 +153,36 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& 
   auto add_block = [&](const BlockKept& b) {
     Kept& ffn_set = shared_ffn[b.moe];
     switch (m.recompute) {
-      case Recompute::off: kept += b.attn, kept += b.ffn, kept += b.own; break;
+      case Recompute::off: run_kept += b.attn, run_kept += b.ffn, run_kept += b.own; break;
       case Recompute::selective:
-        kept += Kept{b.attn.half - b.attn_selective, b.attn.other};
-        kept += Kept{b.ffn.half - b.ffn_selective, b.ffn.other - b.ffn_selective_other};
-        kept += b.own;
+        run_kept += Kept{b.attn.half - b.attn_selective, b.attn.other};
+        run_kept += Kept{b.ffn.half - b.ffn_selective, b.ffn.other - b.ffn_selective_other};
+        run_kept += b.own;
         larger(shared_attn, Kept{b.attn_selective, 0});
         larger(ffn_set, Kept{b.ffn_selective, b.ffn_selective_other});
         break;
       case Recompute::full:  // one block's set at a time; only the streams and `own` stay
-        kept += b.own;
+        run_kept += b.own;
         larger(shared_attn, b.attn);
         larger(ffn_set, b.ffn);
         break;
     }
   };
-  for (int l = span.begin; l < span.end; ++l) add_block(block_activations(m, m.moe.is_moe_layer(l), B, rows));
-  if (span.last) {
-    kept += Kept{N * C, N + N * V + N};  // xf; final rstd, logits, losses
-    for (int d = 0; d < m.mtp.depth; ++d) {
-      kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
-      add_block(block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows));
+  for (const StageSpan& span : runs) {
+    run_kept = Kept{0, (span.end - span.begin + 1) * N * C};
+    for (int l = span.begin; l < span.end; ++l) add_block(block_activations(m, m.moe.is_moe_layer(l), B, rows));
+    if (span.last) {
+      run_kept += Kept{N * C, N + N * V + N};  // xf; final rstd, logits, losses
+      for (int d = 0; d < m.mtp.depth; ++d) {
+        run_kept += Kept{3 * N * C, 5 * N * C + 4 * N + N * V + 2 * N};  // cat, hf; hn, e, en, x0, h, rstds, logits, tokens
+        add_block(block_activations(m, m.moe.is_moe_layer(m.layers + d), B, rows));
+      }
     }
+    kept += Kept{run_kept.half * span.in_flight, run_kept.other * span.in_flight};
   }
   Kept shared = shared_attn;
   shared += shared_ffn[0], shared += shared_ffn[1];
   est.recomputed_elements = shared.half + shared.other;
-  kept = Kept{kept.half * span.in_flight, kept.other * span.in_flight};
   kept += shared;
   est.halvable_elements = kept.half;
   est.other_elements = kept.other;
@@ -247,17 +280,6 @@ void check_expert_groups(const Program& program, int ranks) {
               "or an ep that divides {} and routed {})", where_given(program, "moe"), moe.ep, ranks, ranks, moe.routed);
 }
 
-// The stage of P that holds a tensor: the embedding the first, a block its
-// layer's, the final norm, the head and the MTP modules the last.
-int stage_of(const TensorInfo& t, const ModelConfig& m, const std::vector<std::pair<int, int>>& spans) {
-  const int last = int(spans.size()) - 1;
-  if (t.layer < 0) return t.name == "embed" ? 0 : last;
-  if (t.layer >= m.layers) return last;
-  for (int s = 0; s <= last; ++s)
-    if (t.layer < spans[s].second) return s;
-  return last;
-}
-
 // The basis of one stage's rank (P = 1: the whole model) among `ranks`:
 // its tensors (under ep, rank 0's experts: every rank holds as many), the
 // embedding copy the last stage keeps when MTP or a tied head reads it, and
@@ -265,18 +287,25 @@ int stage_of(const TensorInfo& t, const ModelConfig& m, const std::vector<std::p
 PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstimate& est, int ranks,
                    const PipelinePlan& pipe, int stage) {
   const ModelConfig& m = c.model;
-  const auto spans = stage_layers(m.layers, pipe.stages, pipe.cut);
-  const bool last = stage == pipe.stages - 1;
-  auto holds = [&](const TensorInfo& t) { return pipe.stages == 1 || stage_of(t, m, spans) == stage; };
   PlanBasis b;
   b.pipe = pipe;
   b.stage = stage;
-  b.first_layer = spans[stage].first, b.end_layer = spans[stage].second;
+  b.runs = pipe.runs(m.layers, stage);
+  const bool first = b.runs.front().first, last = b.runs.back().last;
+  // the embedding the first chunk's, a block its chunk's, the final norm, the head and the MTP modules the last's
+  auto holds = [&](const TensorInfo& t) {
+    if (pipe.stages == 1) return true;
+    if (t.layer < 0) return t.name == "embed" ? first : last;
+    if (t.layer >= m.layers) return last;
+    for (const StageSpan& r : b.runs)
+      if (t.layer >= r.begin && t.layer < r.end) return true;
+    return false;
+  };
   b.ranks = ranks / pipe.stages;
   b.ep = m.moe.enabled() ? m.moe.ep : 1;
   b.model_params = layout.full_total();
   const TensorInfo& embed = layout.at("embed");
-  b.embed_copy = pipe.stages > 1 && last && (m.mtp.depth > 0 || m.tie_embeddings) ? embed.size : 0;
+  b.embed_copy = pipe.stages > 1 && last && !first && (m.mtp.depth > 0 || m.tie_embeddings) ? embed.size : 0;
   b.params = b.embed_copy;
   b.fp32_read = embed.reads_fp32 ? b.embed_copy : 0;
   for (const auto& t : layout.tensors()) {
@@ -304,8 +333,10 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
   // runs MTP (tied: the embedding is the head).
   b.held_units = pipe.stages > 1 && !last ? 2 : m.mtp.depth > 0 ? 4 : m.tie_embeddings ? 3 : 2;
   b.deck_level = c.shard.level;
-  // Between stages, fp32 buffers of one micro-batch's N x C: per neighbour the activation and its gradient.
-  const int neighbours = (stage > 0) + !last;
+  // Between stages, fp32 buffers of one micro-batch's N x C: per neighbour of each chunk the activation and
+  // its gradient.
+  int neighbours = 0;
+  for (const StageSpan& r : b.runs) neighbours += !r.first + !r.last;
   b.pipe_buffers = 4.0 * 2 * neighbours * int64_t(c.data.batch / pipe.micro) * m.seq * m.dim;
   return b;
 }
@@ -314,7 +345,7 @@ PlanBasis basis_of(const Config& c, const ParamLayout& layout, const MemoryEstim
 
 PipelinePlan deck_pipeline(const Config& c) {
   const PipelineConfig& p = c.pipeline;
-  return p.stages > 1 ? PipelinePlan{p.stages, p.schedule, p.micro, p.cut} : PipelinePlan{};
+  return p.stages > 1 ? PipelinePlan{p.stages, p.schedule, p.micro, p.cut, p.virtual_stages} : PipelinePlan{};
 }
 
 PlanBasis plan_basis(const Program& program, int ranks) {
@@ -341,10 +372,7 @@ int pass_batch(const Config& c, const PipelinePlan& pipe) {
 
 // What stage `stage` of `pipe` keeps (P = 1: the whole model), at an expert load.
 MemoryEstimate stage_estimate(const Config& c, const PipelinePlan& pipe, int stage, double expert_load) {
-  const auto spans = stage_layers(c.model.layers, pipe.stages, pipe.cut);
-  const StageSpan span{spans[stage].first, spans[stage].second, stage == 0, stage == pipe.stages - 1,
-                       pipe.in_flight(stage)};
-  return estimate_stage(c.model, pass_batch(c, pipe), span, expert_load);
+  return estimate_stage(c.model, pass_batch(c, pipe), pipe.runs(c.model.layers, stage), expert_load);
 }
 
 }  // namespace
@@ -458,10 +486,11 @@ std::string dry_run_report(const Program& program, int ranks, const MemoryLimit&
   out += fmt::format("  training FLOP per token {:>16.4g}\n", flops_per_token(c.model, layout));
   if (pipe.stages > 1) {
     const PlanBasis& b = deck_basis;
-    out += fmt::format("  pipeline stages         {:>16} stages of {} data-parallel rank(s) each; planned here: stage {} "
-                       "(layers {}-{}{}{}), its rank holding {} parameters ({})\n",
-                       pipe.stages, W, b.stage, b.first_layer, b.end_layer - 1, b.stage == 0 ? ", the embedding" : "",
-                       b.stage + 1 == pipe.stages ? ", the head" : "", b.params, format_count(double(b.params)));
+    out += fmt::format("  pipeline stages         {:>16} stages of {} data-parallel rank(s) each{}; planned here: stage "
+                       "{} (layers {}{}{}), its rank holding {} parameters ({})\n", pipe.stages, W,
+                       pipe.virtual_stages > 1 ? fmt::format(", {} chunks each", pipe.virtual_stages) : "", b.stage,
+                       b.layers_text(), b.runs.front().first ? ", the embedding" : "",
+                       b.runs.back().last ? ", the head" : "", b.params, format_count(double(b.params)));
     out += fmt::format("  micro-batches           {:>16} of {} sequence(s) of {} per step ({}): this stage keeps "
                        "{} in flight\n", pipe.micro, batch, c.model.seq, pipe.schedule, pipe.in_flight(b.stage));
   }
@@ -691,6 +720,13 @@ PlanGrid parse_plan_grid(const std::string& text) {
   return grid;
 }
 
+// Chunks per stage a plan row takes: 1, or for a chunked schedule the
+// deck's V where it has one, else 2.
+static int chunks_planned(PipelineSchedule schedule, const PipelinePlan& deck) {
+  const bool chunked = schedule == PipelineSchedule::interleaved || schedule == PipelineSchedule::dualpipev;
+  return !chunked ? 1 : deck.virtual_stages > 1 ? deck.virtual_stages : 2;
+}
+
 std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid& grid) {
   const Config& c = program.phases.front().config;
   const ModelConfig& m = c.model;
@@ -715,16 +751,20 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
               row.stages = P, row.ep = ep, row.micro = P == 1 ? 1 : micros[mi];
               row.shard = shard, row.recompute = recompute, row.schedule = schedules[si];
               const int dp = ranks / P;
-              if (P > m.layers) row.invalid = fmt::format("P {} > {} layers: a stage needs a layer", P, m.layers);
+              const int V = chunks_planned(row.schedule, deck);
+              if (P * V > m.layers)
+                row.invalid = V > 1 ? fmt::format("P {} x V {} > {} layers: a chunk needs a layer", P, V, m.layers)
+                                    : fmt::format("P {} > {} layers: a stage needs a layer", P, m.layers);
               else if (ranks % P) row.invalid = fmt::format("P {} does not divide the {} ranks", P, ranks);
               else if (!moe && ep > 1) row.invalid = fmt::format("ep {} without moe", ep);
               else if (moe && m.moe.routed % ep)
                 row.invalid = fmt::format("ep {} does not divide routed {}", ep, m.moe.routed);
               else if (dp % ep)
                 row.invalid = fmt::format("ep {} does not divide the W/P = {} data-parallel ranks of a stage", ep, dp);
-              else if (P > 1 && row.schedule != PipelineSchedule::gpipe &&
-                       row.schedule != PipelineSchedule::one_f_one_b)
-                row.invalid = fmt::format("schedule {} is not planned (gpipe or 1f1b)", row.schedule);
+              else if (P > 1 && row.schedule == PipelineSchedule::dualpipev && row.micro < 2 * P)
+                row.invalid = fmt::format("micro {} < 2 P: dualpipev fills both arms of its V", row.micro);
+              else if (P > 1 && row.schedule == PipelineSchedule::interleaved && row.micro % P)
+                row.invalid = fmt::format("micro {} is not a multiple of P {} (interleaved)", row.micro, P);
               else if (c.data.batch % row.micro)
                 row.invalid = fmt::format("micro {} does not divide batch {} (sequences per pipeline per step)",
                                           row.micro, c.data.batch);
@@ -738,7 +778,8 @@ std::vector<PlanRow> plan_rows(const Program& program, int ranks, const PlanGrid
                 phase.config.model.recompute = recompute;
                 phase.config.shard.level = shard;
               }
-              const PipelinePlan pipe{P, row.schedule, row.micro, P == deck.stages ? deck.cut : std::vector<int>{}};
+              const PipelinePlan pipe{P, row.schedule, row.micro,
+                                      P == deck.stages && V == deck.virtual_stages ? deck.cut : std::vector<int>{}, V};
               for (int s = 0; s < P; ++s) {
                 const MemoryPlan plan = plan_level(plan_basis(variant, ranks, pipe, s), shard);
                 if (s == 0 || plan.total() > row.plan.total()) row.plan = plan, row.worst_stage = s;
@@ -766,7 +807,7 @@ std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& 
                                 "of {} per pipeline per step; each row its worst stage's rank\n",
                                 ranks, c.precision.kind, c.data.batch, c.model.seq);
   auto row_text = [&](const PlanRow& r, const std::string& stage, const MemoryPlan& p, const std::string& tail) {
-    return fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n",
+    return fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<11} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n",
                        r.stages, r.ep, mode_name(r.shard), mode_name(r.recompute),
                        r.stages == 1 ? std::string("-") : std::to_string(r.micro),
                        r.stages == 1 ? std::string("-") : std::string(mode_name(r.schedule)), stage,
@@ -774,13 +815,13 @@ std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& 
                        format_bytes(p.activations), format_bytes(p.communication), format_bytes(p.total()), tail);
   };
   const std::string header = fmt::format(
-      "  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", "P", "ep", "shard",
+      "  {:>3} {:>4} {:<9} {:<9} {:>5} {:<11} {:>6} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", "P", "ep", "shard",
       "recompute", "micro", "sched", "stage", "weights", "gradients", "optimizer", "activations", "communication",
       "total", known ? "  fits" : "");
   out += header;
   for (const auto& r : rows) {
     if (!r.invalid.empty()) {
-      out += fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<5}  invalid: {}\n", r.stages, r.ep, mode_name(r.shard),
+      out += fmt::format("  {:>3} {:>4} {:<9} {:<9} {:>5} {:<11}  invalid: {}\n", r.stages, r.ep, mode_name(r.shard),
                          mode_name(r.recompute), r.stages == 1 ? std::string("-") : std::to_string(r.micro),
                          r.stages == 1 ? std::string("-") : std::string(mode_name(r.schedule)), r.invalid);
       continue;
@@ -790,9 +831,10 @@ std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& 
   }
   out += "  P: pipeline stages, each of W/P data-parallel ranks (ZeRO shards over those, ep groups lie within them);\n"
          "  micro: M micro-batches of batch/M sequences, stage s keeping min(P-s, M) in flight under 1f1b, M under "
-         "gpipe;\n"
-         "  stage: the worst stage s/P; the layers cut into P runs, the first L mod P one layer longer; stage 0 adds the "
-         "embedding, the last the final norm, the head, the MTP modules and the embedding's copy they read\n";
+         "gpipe, what its table holds under interleaved and dualpipev (2 chunks per stage);\n"
+         "  stage: the worst stage s/P; the layers cut into P (x V) runs, the first L mod P one layer longer; the "
+         "embedding's stage adds it, the head's the final norm, the head, the MTP modules and, where that is not the "
+         "embedding's, the embedding's copy they read\n";
   const PlanRow* smallest = known ? smallest_fitting_row(rows, limit.bytes) : nullptr;
   // The stages of the combination named: the smallest that fits, else the valid one needing the least.
   const PlanRow* shown = smallest;
@@ -821,25 +863,28 @@ std::string plan_grid_report(const Program& program, int ranks, const PlanGrid& 
     phase.config.model.recompute = shown->recompute;
     phase.config.shard.level = shown->shard;
   }
+  const int V = chunks_planned(shown->schedule, deck_pipeline(c));
   const PipelinePlan pipe{shown->stages, shown->schedule, shown->micro,
-                          shown->stages == c.pipeline.stages ? c.pipeline.cut : std::vector<int>{}};
+                          shown->stages == c.pipeline.stages && V == c.pipeline.virtual_stages ? c.pipeline.cut
+                                                                                                : std::vector<int>{},
+                          V};
   out += fmt::format("\n# its stages: P {} ep {} shard {} recompute {} micro {} {}\n", shown->stages, shown->ep,
                      shown->shard, shown->recompute, shown->micro, shown->schedule);
-  out += fmt::format("  {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}\n", "stage", "layers",
+  out += fmt::format("  {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}\n", "stage", "layers",
                      "in flight", "params", "weights", "gradients", "optimizer", "activations", "communication", "total");
   for (int s = 0; s < shown->stages; ++s) {
     const PlanBasis b = plan_basis(variant, ranks, pipe, s);
     const MemoryPlan p = plan_level(b, shown->shard);
-    out += fmt::format("  {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", s,
-                       fmt::format("{}-{}", b.first_layer, b.end_layer - 1), pipe.in_flight(s),
+    out += fmt::format("  {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>13} {:>11}{}\n", s,
+                       b.layers_text(), pipe.in_flight(s),
                        format_count(double(b.params)), format_bytes(p.weights), format_bytes(p.gradients),
                        format_bytes(p.optimizer), format_bytes(p.activations), format_bytes(p.communication),
                        format_bytes(p.total()),
-                       s == 0 ? "  + embedding"
-                       : s == shown->stages - 1
-                           ? fmt::format("  + norm, head{}{}", c.model.mtp.depth ? fmt::format(", {} MTP", c.model.mtp.depth) : "",
-                                         b.embed_copy ? ", embedding copy" : "")
-                           : "");
+                       fmt::format("{}{}", b.runs.front().first ? "  + embedding" : "",
+                                   !b.runs.back().last ? ""
+                                   : fmt::format("  + norm, head{}{}",
+                                                 c.model.mtp.depth ? fmt::format(", {} MTP", c.model.mtp.depth) : "",
+                                                 b.embed_copy ? ", embedding copy" : "")));
   }
   return out;
 }

@@ -57,42 +57,47 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
 //              gradients; one set of a block's activations (the same parts)
 //              serves its recompute.
 //
-// Pipeline stages (PipelinePlan): a stage's layers [begin, end) (stage_layers),
-// whether it is the first (the embedding) or the last (final norm, head, MTP),
-// and the micro-batches it keeps in flight; batch is then the micro-batch.
-// What a block keeps counts once per micro-batch in flight; the recomputed
-// set and the scratch once.
+// Pipeline stages (PipelinePlan): each run of a stage's layers [begin, end)
+// (its chunks: one, or V with virtual stages; stage_layers), whether it is
+// the first chunk (the embedding) or the last (final norm, head, MTP), and
+// the micro-batches it keeps in flight; batch is then the micro-batch. What
+// a block keeps counts once per micro-batch in flight in its run; the
+// recomputed set and the scratch once for the stage.
 struct StageSpan {
   int begin = 0, end = 0;
   bool first = true, last = true;
   int in_flight = 1;
 };
-MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const StageSpan& span, double expert_load = 1.0);
-// P contiguous runs of layers [begin, end): the deck's `cut` (each stage's
-// blocks) where given, else L = qP + r, the first r stages taking q + 1
-// layers and the rest q (61 over 16: 13 stages of 4, then 3 of 3; the deck
-// needs that cut written out where P does not divide L).
+MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector<StageSpan>& runs,
+                              double expert_load = 1.0);
+// K contiguous runs of layers [begin, end), one per chunk (P x V): the deck's
+// `cut` (each chunk's blocks) where given, else L = qK + r, the first r
+// taking q + 1 layers and the rest q (61 over 16: 13 stages of 4, then 3 of
+// 3; the deck needs that cut written out where K does not divide L).
 std::vector<std::pair<int, int>> stage_layers(int layers, int stages, const std::vector<int>& cut = {});
 
 // Pipeline parallelism, planned (training with P > 1 is built elsewhere): W
 // ranks form P stages of W / P data-parallel ranks each (ZeRO shards over
 // those W / P; ep groups lie within them). B, the deck's `data batch`, is the
 // sequences one pipeline (one data-parallel replica) trains per step, split
-// into M micro-batches of B / M. Stage s keeps in flight min(P - s, M)
-// micro-batches under 1F1B, M under GPipe. At P = 1 there is no pipeline: the
-// rank runs its whole batch at once (M is taken as 1).
-// The deck's `pipeline stages P [schedule S] [micro M]` is what -dry-run plans
-// (plan_basis(program, ranks): its worst stage) and -plan's default; gpipe and
-// 1f1b are planned, the chunked schedules (interleaved, dualpipev) not yet.
+// into M micro-batches of B / M. Each run of a stage keeps in flight what
+// its schedule's table holds between a micro-batch's forward and backward
+// (core/pipeline_schedule.h, the trainer's own tables): min(P - s, M) under
+// 1F1B, M under GPipe. At P = 1 there is no pipeline: the rank runs its
+// whole batch at once (M is taken as 1).
+// The deck's `pipeline stages P [schedule S] [virtual V] [micro M]` is what
+// -dry-run plans (plan_basis(program, ranks): its worst stage) and -plan's
+// default.
 struct PipelinePlan {
   int stages = 1;  // P
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int micro = 1;   // M
-  std::vector<int> cut = {};  // each stage's blocks (the deck's pipeline ... cut), or empty
-  int in_flight(int stage) const {
-    if (stages == 1) return 1;
-    return schedule == PipelineSchedule::gpipe ? micro : std::min(stages - stage, micro);
-  }
+  std::vector<int> cut = {};  // each chunk's blocks (the deck's pipeline ... cut), or empty
+  int virtual_stages = 1;     // V: chunks per stage (interleaved, dualpipev)
+  // Stage s's runs of layers over a model of `layers` blocks, in model order.
+  std::vector<StageSpan> runs(int layers, int stage) const;
+  int in_flight(int stage) const;  // micro-batches kept in flight, over its runs
+  int chunks() const { return stages * virtual_stages; }
 };
 // The deck's pipeline (P = 1: none).
 PipelinePlan deck_pipeline(const Config& c);
@@ -131,14 +136,16 @@ struct PlanBasis {
   int held_units = 2;           // params: units gathered at once (2; 4 with MTP: the embedding and head held; 3 tied)
   ShardLevel deck_level = ShardLevel::off;  // the deck's shard level
   int64_t fp32_read = 0;        // M: weights the model reads in fp32 (embedding, norms, router gates)
-  // Pipeline stages: this basis is stage `stage` of pipe.stages, layers
-  // [first_layer, end_layer); ranks above is then the stage's W / P
+  // Pipeline stages: this basis is stage `stage` of pipe.stages, its runs of
+  // layers `runs` (one chunk, or V); ranks above is then the stage's W / P
   // data-parallel ranks, params its tensors (and embed_copy: the embedding the
   // last stage keeps for MTP or a tied head), activations its micro-batches in
   // flight, and pipe_buffers the fp32 activation and gradient of one
   // micro-batch per neighbouring stage (communication, at every level).
   PipelinePlan pipe;
-  int stage = 0, first_layer = 0, end_layer = 0;
+  int stage = 0;
+  std::vector<StageSpan> runs;
+  std::string layers_text() const;  // "0-3", or the runs' "0, 7" with virtual stages
   int64_t embed_copy = 0;
   double pipe_buffers = 0;
 };

@@ -9,7 +9,7 @@ namespace xx {
 ParamLayout::ParamLayout(const ModelConfig& m, int ep_rank, const StageCut& stage)
     : ep_(m.moe.enabled() ? m.moe.ep : 1), ep_rank_(ep_rank), stage_(stage), layers_(m.layers),
       embed_on_last_(m.mtp.depth > 0 || m.tie_embeddings), head_(m.tie_embeddings ? "embed" : "head") {
-  if (stage_.whole()) stage_.layer_begin = 0, stage_.layer_end = m.layers;
+  if (stage_.whole()) stage_.runs = {{0, 0, m.layers}}, stage_.holders = {0};  // one run of every block
   if (ep_ > 1) experts_per_rank_ = m.moe.routed / ep_;
   const int64_t C = m.dim, V = m.vocab;
   // Tied (model ... tie_embeddings yes): the embedding is also the head, a matrix product.

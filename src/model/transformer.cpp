@@ -133,11 +133,13 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank,
-                            const StageCut& stage, int activation_sets)
+                            const StageCut& stage, const std::vector<int>& activation_sets)
     : cfg_(config), layout_(config, ep_rank, stage), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
   const StageCut& cut = layout_.stage();
-  if (activation_sets < 1)
-    throw std::invalid_argument(fmt::format("Transformer: {} sets of activations (expected 1 or more)", activation_sets));
+  if (!activation_sets.empty() &&
+      (activation_sets.size() != cut.runs.size() || *std::min_element(activation_sets.begin(), activation_sets.end()) < 1))
+    throw std::invalid_argument(fmt::format("Transformer: sets of activations {} for {} runs of layers (expected 1 or "
+                                            "more per run)", fmt::join(activation_sets, ","), cut.runs.size()));
   if constexpr (!std::is_same_v<T, float>) gemm_type = kernels::Precision::fp32;  // gradient checks: T throughout
   gemm_type_ = gemm_type;
   // Not touched here: init writes them, and under sharding a rank never
@@ -158,43 +160,47 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   if (layout_.has("embed")) embed_ = store("embed");
   hold_embed_ = cfg_.mtp.depth > 0 || layout_.tied();
   if (!cut.whole() && cfg_.mtp.depth > 0) {  // the MTP lookups' gradients travel from the last stage to the first
+    // (a V-shape's first stage holds both ends: its lookups take the same way, in the unsplit order)
     if (cut.first()) mtp_in_ = Kokkos::View<int32_t*, MemSpace>("Transformer::mtp_in", N_);
-    else if (cut.last()) lookups_elsewhere_ = true;
+    if (cut.last()) lookups_elsewhere_ = true;
   }
   if (cut.last()) norm_ = store("norm"), head_ = store(layout_.head_name());  // tied: the embedding itself
-  for (int k = 0; k < activation_sets; ++k) {
-    sets_.push_back(std::make_unique<Activations>());
-    build_activations(*sets_.back(), store, batch);
+  sets_.resize(cut.runs.size());
+  for (size_t r = 0; r < cut.runs.size(); ++r) {
+    for (int k = 0; k < (activation_sets.empty() ? 1 : activation_sets[r]); ++k) {
+      sets_[r].push_back(std::make_unique<Activations>());
+      build_activations(*sets_[r].back(), store, batch, cut.runs[r]);
+    }
+    // A MoE layer's selection bias is the layer's, whichever set runs it.
+    const auto first = moe_layers(*sets_[r][0]);
+    for (size_t k = 1; k < sets_[r].size(); ++k) {
+      const auto layers = moe_layers(*sets_[r][k]);
+      for (size_t l = 0; l < layers.size(); ++l) layers[l].second->bias() = first[l].second->bias();
+    }
+    in_use_.push_back(sets_[r][0].get());
   }
-  // A MoE layer's selection bias is the layer's, whichever set runs it.
-  const auto first = moe_layers(*sets_[0]);
-  for (size_t k = 1; k < sets_.size(); ++k) {
-    const auto layers = moe_layers(*sets_[k]);
-    for (size_t l = 0; l < layers.size(); ++l) layers[l].second->bias() = first[l].second->bias();
-  }
-  act_ = sets_[0].get();
 }
 
-// One set of a micro-batch's activations: the stage's blocks, its residual
-// streams, and on the last stage the head's and the MTP modules'.
+// One set of a micro-batch's activations in one run of blocks: its blocks,
+// its residual streams, and in the last chunk the head's and the MTP modules'.
 template <class T>
-void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& store, int batch) {
+void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& store, int batch, const LayerRun& run) {
   const StageCut& cut = layout_.stage();
   const int64_t C = cfg_.dim, V = cfg_.vocab;
   // recompute: what every block remakes in its backward is one set for all
   // of them, and for every set of activations (it is remade before it is read)
   ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
-  a.blocks.resize(size_t(cfg_.layers));  // another stage's blocks stay null
-  for (int l = cut.layer_begin; l < cut.layer_end; ++l) {
+  a.blocks.resize(size_t(cfg_.layers));  // another run's blocks stay null
+  for (int l = run.begin; l < run.end; ++l) {
     ws_.begin_owner();
     a.blocks[size_t(l)] = std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
                                                      cfg_.moe.is_moe_layer(l), batch, ws_);
   }
   ws_.share_kept({});
-  a.resid.resize(size_t(cfg_.layers) + 1);  // the stage's L / P + 1 streams
-  for (int l = cut.layer_begin; l <= cut.layer_end; ++l) a.resid[size_t(l)] = activation<T>("resid", N_, C);
+  a.resid.resize(size_t(cfg_.layers) + 1);  // the run's blocks + 1 streams
+  for (int l = run.begin; l <= run.end; ++l) a.resid[size_t(l)] = activation<T>("resid", N_, C);
+  if (run.chunk != cut.chunks - 1) return;  // the head and the MTP modules are the last chunk's
   if (lookups_elsewhere_) a.mtp_lookups = activation<T>("mtp_lookups", mtp_lookups_size());
-  if (!cut.last()) return;  // the head and the MTP modules are the last stage's
   a.xf = KeptActivation<T>("xf", N_, C, gemm_type_, ws_);
   a.rstdf = activation<T>("rstdf", N_);
   a.logits = activation<T>("logits", N_, V);
@@ -223,10 +229,19 @@ void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& stor
 }
 
 template <class T>
-void Transformer<T>::use_activations(int set) {
-  if (set < 0 || set >= activation_sets())
-    throw std::invalid_argument(fmt::format("Transformer: activation set {} of {}", set, activation_sets()));
-  act_ = sets_[size_t(set)].get();
+void Transformer<T>::use_activations(int run, int set) {
+  if (run < 0 || run >= int(sets_.size()) || set < 0 || set >= activation_sets(run))
+    throw std::invalid_argument(fmt::format("Transformer: activation set {} of run {} ({} runs; {} sets)", set, run,
+                                            sets_.size(), run >= 0 && run < int(sets_.size()) ? activation_sets(run) : 0));
+  in_use_[size_t(run)] = sets_[size_t(run)][size_t(set)].get();
+}
+
+template <class T>
+const typename Transformer<T>::Activations& Transformer<T>::holding(int layer) const {
+  const auto& runs = layout_.stage().runs;
+  for (size_t r = 0; r < runs.size(); ++r)
+    if (layer >= runs[r].begin && layer < runs[r].end) return *in_use_[r];
+  return *in_use_.back();  // the head and the MTP modules: the last chunk's
 }
 
 template <class T>
@@ -276,8 +291,9 @@ void Transformer<T>::zero_grads() {
 template <class T>
 void Transformer<T>::set_loss_scale(double scale) {
   loss_scale_ = scale;
-  for (auto& a : sets_)
-    for (auto& [name, f] : moe_layers(*a)) f->set_loss_scale(scale);
+  for (auto& run : sets_)
+    for (auto& a : run)
+      for (auto& [name, f] : moe_layers(*a)) f->set_loss_scale(scale);
 }
 
 template <class T>
@@ -310,6 +326,14 @@ void Transformer<T>::let_go(int unit) {
 }
 
 template <class T>
+std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers() {
+  std::vector<std::pair<std::string, FeedForward<T>*>> out;
+  for (Activations* a : in_use_)
+    for (auto& layer : moe_layers(*a)) out.push_back(layer);
+  return out;
+}
+
+template <class T>
 std::vector<std::pair<std::string, FeedForward<T>*>> Transformer<T>::moe_layers(Activations& a) {
   std::vector<std::pair<std::string, FeedForward<T>*>> out;
   for (size_t l = 0; l < a.blocks.size(); ++l)
@@ -323,7 +347,8 @@ template <class T>
 bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (t.expert < 0) return false;
   const bool main = t.layer < cfg_.layers;
-  auto& ffn = main ? const_cast<Block<T>&>(*act_->blocks[t.layer]).ffn() : act_->mtp[t.layer - cfg_.layers].block->ffn();
+  const Activations& a = holding(t.layer);
+  auto& ffn = main ? const_cast<Block<T>&>(*a.blocks[t.layer]).ffn() : a.mtp[t.layer - cfg_.layers].block->ffn();
   if (ffn.held() < cfg_.moe.routed) {  // ep: the rows of the whole group
     const int64_t x = t.expert - ffn.first_held();
     return main ? ffn.held_rows(x) == 0 : ffn.held_labelled_rows(x) == 0;
@@ -331,24 +356,24 @@ bool Transformer<T>::idle_expert(const TensorInfo& t) const {
   if (main) return ffn.expert_counts()[t.expert] == 0;
   // An MTP expert whose tokens all sit past the window's end (no label) gets
   // no gradient either: those positions reach no loss.
-  const auto& m = act_->mtp[t.layer - cfg_.layers];
+  const auto& m = a.mtp[t.layer - cfg_.layers];
   return ffn.labelled_expert_counts(Tokens(m.target.data(), N_))[t.expert] == 0;
 }
 
 template <class T>
 void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
-  for (auto& a : sets_) {
-    for (auto& [prefix, ffn] : moe_layers(*a)) ffn->set_exchange(exchange);
-    for (auto& m : a->mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
-      if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
-  }
+  for (auto& run : sets_)
+    for (auto& a : run) {
+      for (auto& [prefix, ffn] : moe_layers(*a)) ffn->set_exchange(exchange);
+      for (auto& m : a->mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
+        if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
+    }
 }
 
 // The last stage's part of the forward: the final norm, the head and the MTP
 // modules on the residual stream resid[L]; the main and MTP losses.
 template <class T>
-LossParts Transformer<T>::head_forward(Tokens targets) {
-  Activations& a = *act_;  // the set in use
+LossParts Transformer<T>::head_forward(Activations& a, Tokens targets) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   LossParts loss;
   const int D = int(a.mtp.size());
@@ -392,7 +417,7 @@ LossParts Transformer<T>::head_forward(Tokens targets) {
 
 template <class T>
 LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
-  Activations& a = *act_;  // the set in use
+  Activations& a = *in_use_[0];  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   check_whole("forward");
   use(0, block_unit(0));  // the embedding, kept while MTP modules look tokens up, or while it is the head
@@ -403,7 +428,7 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
     a.blocks[l]->forward(mat(a.resid[l + 1], N_, C), mat(a.resid[l], N_, C));
     let_go(block_unit(l));
   }
-  LossParts loss = head_forward(targets);
+  LossParts loss = head_forward(a, targets);
   for (auto& [name, f] : moe_layers()) loss.aux += f->aux_loss();
   loss.total = loss.main + cfg_.mtp.weight * loss.mtp + loss.aux;
   return loss;
@@ -412,8 +437,7 @@ LossParts Transformer<T>::forward(Tokens inputs, Tokens targets) {
 // The last stage's part of the backward: the head, the final norm and the
 // MTP modules, deepest first; d(loss)/d(resid[L]) into dresid.
 template <class T>
-void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
-  Activations& a = *act_;  // the set in use
+void Transformer<T>::head_backward(Activations& a, Tokens targets, Mat<T> dresid) {
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   // main head and final norm; dlogits overwrite the logits in place
   const int D = int(a.mtp.size());
@@ -460,7 +484,7 @@ void Transformer<T>::head_backward(Tokens targets, Mat<T> dresid) {
 
 template <class T>
 void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready) {
-  Activations& a = *act_;  // the set in use
+  Activations& a = *in_use_[0];  // the set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers;
   check_whole("backward");
   auto notify = [&](int64_t offset) {
@@ -470,7 +494,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   if (loss_weights_.aux != 1)
     for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
   auto dresid = ws_.mat("dresid", N_, C);
-  head_backward(targets, dresid);
+  head_backward(a, targets, dresid);
   notify(layout_.layer_begin(L));
 
   for (int l = L - 1; l >= 0; --l) {
@@ -483,16 +507,18 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   notify(0);
 }
 
-// Pipeline stages: blocks [begin, end) of one micro-batch, the embedding
-// where begin is 0 and the head where end is L. The weight gate is refused
-// with stages (shard is: deck/commands.cpp).
+// Pipeline stages: one run of blocks [begin, end) of one micro-batch (on a
+// whole model any blocks), the embedding where begin is 0 and the head where
+// end is L. The weight gate is
+// refused with stages (shard is: deck/commands.cpp).
 template <class T>
-void Transformer<T>::check_stage(int begin, int end) const {
+int Transformer<T>::run_of(int begin, int end) const {
   const StageCut& cut = layout_.stage();
-  const bool held = cut.whole() || (begin == cut.layer_begin && end == cut.layer_end);
-  if (begin < 0 || end > cfg_.layers || begin >= end || gate_ || !held)
-    throw std::invalid_argument(fmt::format("Transformer: stage blocks [{}, {}) of {}{}", begin, end, cfg_.layers,
-                                            gate_ ? " under a weight gate" : !held ? " on another stage's model" : ""));
+  if (cut.whole() && !gate_ && begin >= 0 && begin < end && end <= cfg_.layers) return 0;  // any cut of its one run
+  for (size_t r = 0; r < cut.runs.size(); ++r)
+    if (!gate_ && begin == cut.runs[r].begin && end == cut.runs[r].end) return int(r);
+  throw std::invalid_argument(fmt::format("Transformer: stage blocks [{}, {}) of {}{}", begin, end, cfg_.layers,
+                                          gate_ ? " under a weight gate" : ", not a run of this model's stage"));
 }
 
 template <class T>
@@ -504,14 +530,13 @@ void Transformer<T>::check_whole(const char* pass) const {
 
 template <class T>
 LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out) {
-  Activations& a = *act_;  // the set in use
-  check_stage(begin, end);
+  Activations& a = *in_use_[size_t(run_of(begin, end))];  // its run's set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
   if (begin == 0) k::embedding_forward<T>(mat(a.resid[0], N_, C), inputs, embed_.mat(V, C));
   else Kokkos::deep_copy(Buffer<T>(a.resid[begin].data(), NC), Buffer<T>(const_cast<T*>(in), NC));
   for (int l = begin; l < end; ++l) a.blocks[l]->forward(mat(a.resid[l + 1], N_, C), mat(a.resid[l], N_, C));
   LossParts loss;
-  if (end == L) loss = head_forward(targets);
+  if (end == L) loss = head_forward(a, targets);
   else Kokkos::deep_copy(Buffer<T>(out, NC), Buffer<T>(a.resid[end].data(), NC));
   for (int l = begin; l < end; ++l)
     if (a.blocks[l]->ffn().is_moe()) loss.aux += a.blocks[l]->ffn().aux_loss();
@@ -524,8 +549,7 @@ LossParts Transformer<T>::forward_stage(int begin, int end, Tokens inputs, Token
 
 template <class T>
 void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din) {
-  Activations& a = *act_;  // the set in use
-  check_stage(begin, end);
+  Activations& a = *in_use_[size_t(run_of(begin, end))];  // its run's set in use
   const int64_t C = cfg_.dim, V = cfg_.vocab, L = cfg_.layers, NC = N_ * C;
   if (loss_weights_.aux != 1) {
     for (int l = begin; l < end; ++l)
@@ -535,7 +559,7 @@ void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens ta
         if (m.block->ffn().is_moe()) m.block->ffn().scale_balance_gradient(loss_weights_.aux);
   }
   auto dresid = ws_.mat("dresid", N_, C);
-  if (end == L) head_backward(targets, dresid);
+  if (end == L) head_backward(a, targets, dresid);
   else Kokkos::deep_copy(Buffer<T>(dresid.data(), NC), Buffer<T>(const_cast<T*>(dout), NC));
   for (int l = end - 1; l >= begin; --l) a.blocks[l]->backward(dresid, mat(a.resid[l], N_, C));
   if (begin == 0) k::embedding_backward<T>(embed_.dmat(V, C), dresid, inputs);

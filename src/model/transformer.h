@@ -85,11 +85,12 @@ class Transformer {
   // which routed experts it holds (ParamLayout). stage: under pipeline
   // stages, the one stage this model holds and runs (forward_stage,
   // backward_stage); its other layers exist nowhere in this process.
-  // activation_sets: the micro-batches a stage holds between their forward
-  // and backward at once (its schedule's in-flight count), each in a set of
-  // its own (use_activations); 1 without a pipeline line.
+  // activation_sets: per run of the stage's layers (StageCut::runs, one
+  // without virtual stages), the micro-batches it holds between their
+  // forward and backward at once (its schedule's in-flight count), each in a
+  // set of its own (use_activations); empty: 1 each.
   Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32,
-              int ep_rank = 0, const StageCut& stage = {}, int activation_sets = 1);
+              int ep_rank = 0, const StageCut& stage = {}, const std::vector<int>& activation_sets = {});
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -112,7 +113,7 @@ class Transformer {
   // Loss of a batch (mean over tokens); keeps what backward needs.
   LossParts forward(Tokens inputs, Tokens targets);
   // The main head's logits (B*T, V) of the last forward (the backward overwrites them).
-  Mat<const T> logits() const { return Mat<const T>(act_->logits.data(), N_, cfg_.vocab); }
+  Mat<const T> logits() const { return Mat<const T>(in_use_.back()->logits.data(), N_, cfg_.vocab); }
 
   // grads += d(total loss)/d(params) for the last forward. `ready(offset)` is
   // called whenever every gradient from `offset` to the end of the buffer is
@@ -120,12 +121,13 @@ class Transformer {
   void backward(Tokens inputs, Tokens targets, const std::function<void(int64_t)>& ready = {});
 
   // Pipeline stages (deck: pipeline stages P; core/placement.h, StageCut):
-  // the passes of blocks [begin, end) on one micro-batch. forward_stage
+  // the passes of one run of blocks [begin, end) on one micro-batch (a run
+  // of StageCut::runs: the stage's only one without virtual stages). forward_stage
   // starts from the tokens where begin is 0, else from `in` (N x C floats in
   // kernel memory, the previous stage's activation), and ends in the losses
   // where end is L (the final norm, the head, the MTP modules), else writes
   // the activation to `out`; aux is this stage's MoE layers' alone. Only the
-  // forward's activations land in the set in use (use_activations), where
+  // forward's activations land in its run's set in use (use_activations), where
   // that micro-batch's backward_stage reads them. backward_stage
   // starts from the losses where end is L, else from `dout` (d/d out), and
   // ends in the embedding's gradient where begin is 0, else writes d/d in to
@@ -134,15 +136,15 @@ class Transformer {
   // stage's blocks only, and not forward or backward.
   LossParts forward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* in, T* out);
   void backward_stage(int begin, int end, Tokens inputs, Tokens targets, const T* dout, T* din);
-  // The set of activations the passes from now on use (0 <= set < activation_sets()).
-  void use_activations(int set);
-  int activation_sets() const { return int(sets_.size()); }
+  // The set of activations run `run`'s passes use from now on (0 <= set < activation_sets(run)).
+  void use_activations(int run, int set);
+  int activation_sets(int run) const { return int(sets_.at(size_t(run)).size()); }
   // The MTP modules' lookups of the embedding, on a last stage that is not
   // the first: their gradients (D x N x C, deepest first after the backward)
   // are not added to its embedding's but kept here, for stage 0 to add them
   // (add_mtp_lookups) where the unsplit backward does, before its own
   // lookup's: the one embedding gradient, in the unsplit model's order.
-  Buffer<T>& mtp_lookups() { return act_->mtp_lookups; }
+  Buffer<T>& mtp_lookups() { return in_use_.back()->mtp_lookups; }
   void add_mtp_lookups(Tokens targets, const T* lookups);  // stage 0, before backward_stage
   int64_t mtp_lookups_size() const { return int64_t(cfg_.mtp.depth) * N_ * cfg_.dim; }
 
@@ -170,18 +172,21 @@ class Transformer {
   // through `exchange` (null: this rank holds every expert).
   void set_expert_exchange(ExpertExchange* exchange);
   // MoE: the feed-forward layers with routed experts and their name prefixes
-  // ("layers.3.", "mtp.0."), main blocks first: those of the set in use (a
-  // layer's sets share its selection bias, so any set's bias is the layer's).
-  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers() { return moe_layers(*act_); }
+  // ("layers.3.", "mtp.0."), main blocks first: those of each run's set in
+  // use (a layer's sets share its selection bias, so any set's bias is the
+  // layer's); moe_layers(run): that run's alone, the same objects.
+  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers();
+  std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers(int run) { return moe_layers(*in_use_.at(size_t(run))); }
   // True when tensor t belongs to a routed expert that got no token in the
   // last forward (of the set in use): it legitimately has no gradient.
   bool idle_expert(const TensorInfo& t) const;
 
  private:
+  struct Activations;
   Vec<T> window(Buffer<T>& b, const std::string& name);
-  LossParts head_forward(Tokens targets);              // final norm, head, MTP: the last stage's forward
-  void head_backward(Tokens targets, Mat<T> dresid);  // ... its backward, d/d resid_[L] into dresid
-  void check_stage(int begin, int end) const;
+  LossParts head_forward(Activations& a, Tokens targets);              // final norm, head, MTP: the last chunk's forward
+  void head_backward(Activations& a, Tokens targets, Mat<T> dresid);  // ... its backward, d/d resid_[L] into dresid
+  int run_of(int begin, int end) const;  // the run of blocks [begin, end); throws where it is no run of this model
   void check_whole(const char* pass) const;  // forward and backward run every layer
   void write_weights(uint64_t seed, const std::vector<std::pair<int64_t, int64_t>>& ranges);
   // Unit u's weights (ParamLayout::weight_units) are needed, then not.
@@ -208,7 +213,7 @@ class Transformer {
     Buffer<T> rstdf, logits, losses;
     Buffer<T> mtp_lookups;  // a later stage: the MTP lookups' gradients for stage 0
   };
-  void build_activations(Activations& a, const ParamStore<T>& store, int batch);
+  void build_activations(Activations& a, const ParamStore<T>& store, int batch, const LayerRun& run);
   std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers(Activations& a);
 
   ModelConfig cfg_;
@@ -221,8 +226,10 @@ class Transformer {
   bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
   bool lookups_elsewhere_ = false;  // a later stage: the MTP lookups' gradients go to stage 0 (mtp_lookups)
   Kokkos::View<int32_t*, MemSpace> mtp_in_;  // stage 0: the MTP lookups' tokens, depth by depth
-  std::vector<std::unique_ptr<Activations>> sets_;  // one, or a stage's micro-batches in flight
-  Activations* act_ = nullptr;     // the set in use
+  // per run of the stage (one without virtual stages): its sets, one or its micro-batches in flight
+  std::vector<std::vector<std::unique_ptr<Activations>>> sets_;
+  std::vector<Activations*> in_use_;  // per run: the set in use
+  const Activations& holding(int layer) const;  // the set in use of the run of block `layer` (>= L: the head's)
   kernels::Precision gemm_type_ = kernels::Precision::fp32;
   Buffer<uint16_t> params_half_;  // the 16-bit copy GEMMs read (mixed precision), else empty
   double loss_scale_ = 1.0;

@@ -7,7 +7,7 @@ namespace xx {
 
 PipelineExecutor::PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link)
     : schedule_(schedule), micro_(micro), link_(link),
-      order_(stage_order(schedule, link.cut().stages, micro, link.cut().stage)) {}
+      order_(stage_order(schedule, link.cut().stages, micro, link.cut().stage, int(link.cut().runs.size()))) {}
 
 PipelineStepTimes PipelineExecutor::step(const StagePasses& p) {
   using clock = std::chrono::steady_clock;
@@ -15,20 +15,22 @@ PipelineStepTimes PipelineExecutor::step(const StagePasses& p) {
   const StageCut& cut = link_.cut();
   in_.resize(size_t(p.width)), out_.resize(size_t(p.width));
   for (const PipeOp& op : order_) {
+    const int k = cut.runs[size_t(op.run)].chunk;
+    const bool first = k == 0, last = k + 1 == cut.chunks;
     if (op.kind == PipeOp::forward) {
-      if (!cut.first()) link_.recv_activation(op.micro, in_.data(), p.width);
-      p.forward(op.micro, cut.first() ? nullptr : in_.data(), cut.last() ? nullptr : out_.data());
-      if (!cut.last()) link_.send_activation(op.micro, out_.data(), p.width);
+      if (!first) link_.recv_activation(k, op.micro, in_.data(), p.width);
+      p.forward(op.run, op.micro, first ? nullptr : in_.data(), last ? nullptr : out_.data());
+      if (!last) link_.send_activation(k, op.micro, out_.data(), p.width);
     } else {
-      if (!cut.last()) link_.recv_gradient(op.micro, in_.data(), p.width);
-      p.backward(op.micro, cut.last() ? nullptr : in_.data(), cut.first() ? nullptr : out_.data());
-      if (!cut.first()) link_.send_gradient(op.micro, out_.data(), p.width);
+      if (!last) link_.recv_gradient(k, op.micro, in_.data(), p.width);
+      p.backward(op.run, op.micro, last ? nullptr : in_.data(), first ? nullptr : out_.data());
+      if (!first) link_.send_gradient(k, op.micro, out_.data(), p.width);
     }
   }
-  PipelineStepTimes t;
+PipelineStepTimes t;
   t.waited = link_.finish_step();
   t.seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  t.theory = theory_bubble(schedule_, cut.stages, micro_);
+  t.theory = theory_bubble(schedule_, cut.stages, micro_, int(cut.runs.size()));
   return t;
 }
 

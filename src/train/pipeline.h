@@ -1,7 +1,7 @@
 // One step of a pipeline stage (deck: pipeline stages P schedule S micro M):
-// the stage's passes in the schedule's order (train/pipeline_schedule.h),
-// each forward fed by the previous stage's activation and each backward by
-// the next stage's gradient, through comm/pipeline_mpi.h. What a pass
+// the stage's passes in the schedule's order (core/pipeline_schedule.h),
+// each forward fed by the previous chunk's activation and each backward by
+// the next chunk's gradient, through comm/pipeline_mpi.h. What a pass
 // computes is the stage's own (StagePasses): the executor knows only the
 // order, the messages and the clock.
 #pragma once
@@ -9,21 +9,22 @@
 #include <functional>
 #include <vector>
 #include "comm/pipeline_mpi.h"
-#include "train/pipeline_schedule.h"
+#include "core/pipeline_schedule.h"
 
 namespace xx {
 
-// A stage's work on one micro-batch. `width`: floats in one micro-batch's
-// activation (the same at every cut: B * T * C). A forward reads `in` (null
-// on stage 0: its tokens) and writes `out` (null on the last stage: it ends
-// in the loss); a backward reads `dout` (null on the last stage) and writes
-// `din` (null on stage 0). A stage keeps what its backward of a micro-batch
-// needs until that backward (gpipe: M micro-batches, 1f1b: up to P - s;
+// A stage's work on one micro-batch in one of its runs of layers (`run`:
+// StageCut::runs). `width`: floats in one micro-batch's activation (the same
+// at every cut: B * T * C). A forward reads `in` (null in chunk 0: its
+// tokens) and writes `out` (null in the last chunk: it ends in the loss); a
+// backward reads `dout` (null in the last chunk) and writes `din` (null in
+// chunk 0). A run keeps what its backward of a micro-batch needs until that
+// backward (gpipe: M micro-batches, 1f1b: up to P - s;
 // PipelineExecutor::in_flight).
 struct StagePasses {
   int64_t width = 0;
-  std::function<void(int micro, const float* in, float* out)> forward;
-  std::function<void(int micro, const float* dout, float* din)> backward;
+  std::function<void(int run, int micro, const float* in, float* out)> forward;
+  std::function<void(int run, int micro, const float* dout, float* din)> backward;
 };
 
 // Which of a stage's sets of activations (Transformer::use_activations)
@@ -51,7 +52,8 @@ class PipelineExecutor {
  public:
   PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link);
   const std::vector<PipeOp>& order() const { return order_; }
-  int in_flight() const { return most_in_flight(order_); }  // micro-batches this stage holds at once
+  // per run: the micro-batches it holds at once
+  std::vector<int> in_flight() const { return in_flight_per_run(order_, int(link_.cut().runs.size())); }
   // Runs every pass of the step on this stage; every send has left on return.
   PipelineStepTimes step(const StagePasses& passes);
 

@@ -145,15 +145,21 @@ void Trainer::balance_experts() {
 }
 
 // MoE: the last forward's tokens per routed expert (and rows dropped past
-// capacity), added to this step's: every micro-batch counts.
-void Trainer::count_expert_load() {
-  auto layers = model_->moe_layers();
-  if (layers.empty()) return;
+// capacity), added to this step's: every micro-batch counts. `run`: the
+// forward was that run's of the stage's layers alone (-1: all of them).
+void Trainer::count_expert_load(int run) {
+  const auto all = model_->moe_layers();
+  if (all.empty()) return;
   const int64_t E = cfg_.model.moe.routed;
-  step_load_.resize(layers.size() * E + 1, 0.0);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    for (int64_t e = 0; e < E; ++e) step_load_[l * E + e] += layers[l].second->expert_counts()[e];
-    step_load_.back() += double(layers[l].second->dropped_rows());  // (under ep the owners' count)
+  step_load_.resize(all.size() * E + 1, 0.0);
+  size_t from = 0, to = all.size();  // the run's layers: a span of all of them (runs in model order)
+  if (run >= 0) {
+    for (int r = 0; r < run; ++r) from += model_->moe_layers(r).size();
+    to = from + model_->moe_layers(run).size();
+  }
+  for (size_t l = from; l < to; ++l) {
+    for (int64_t e = 0; e < E; ++e) step_load_[l * E + e] += all[l].second->expert_counts()[e];
+    step_load_.back() += double(all[l].second->dropped_rows());  // (under ep the owners' count)
   }
 }
 
@@ -230,9 +236,13 @@ Validation Trainer::evaluate() {
         const StageCut& c = stages_->cut();
         std::vector<float>& act = stage_host_;
         const auto h = transfer::host_view(act);
-        if (!c.first()) stages_->recv_activation(r, act.data(), int64_t(act.size())), Kokkos::deep_copy(stage_in_, h);
-        loss = model_->forward_stage(c.layer_begin, c.layer_end, in, tgt, stage_in_.data(), stage_out_.data()).main;
-        if (!c.last()) Kokkos::deep_copy(h, stage_out_), stages_->send_activation(r, act.data(), int64_t(act.size()));
+        for (const LayerRun& run : c.runs) {  // in chunk order: no stage waits on a later chunk
+          const int64_t n = int64_t(act.size());
+          if (run.chunk > 0) stages_->recv_activation(run.chunk, r, act.data(), n), Kokkos::deep_copy(stage_in_, h);
+          const double main = model_->forward_stage(run.begin, run.end, in, tgt, stage_in_.data(), stage_out_.data()).main;
+          if (run.chunk + 1 < c.chunks) Kokkos::deep_copy(h, stage_out_), stages_->send_activation(run.chunk, r, act.data(), n);
+          else loss = main;
+        }
       }
       if (!scores) continue;
       sums[0] += loss / runs, sums[1] += loss * double(N);

@@ -104,7 +104,7 @@ class Trainer {
   void share_embedding(Vec<float> reduced);  // pipeline stages: the embedding's gradient, one on the first and last stage
   LossWeights weigh_losses(const LossParts& parts);
   bool agree_on_losses(const LossParts& mine);  // the global loss; true: skip (health nan skip)
-  void count_expert_load();  // after a training forward: its expert load joins the step's
+  void count_expert_load(int run = -1);  // after a training forward (of one run of a stage's layers): its expert load joins the step's
   void balance_experts();
   CommStats expert_traffic();  // this step's all-to-alls (ep), read and reset
   Validation evaluate();  // collective: the loss (and bits per byte) on validation windows
@@ -145,7 +145,7 @@ class Trainer {
   Buffer<float> lookups_;               // MTP across stages: a micro-batch's lookup gradients (stage 0)
   std::vector<float> stage_lookups_;    // ... as they travel, on the host
   bool mtp_travels_ = false;            // P > 1 with MTP: the last stage's lookups go to stage 0
-  ActivationSets stage_sets_;           // which of the model's sets of activations holds each micro-batch
+  std::vector<ActivationSets> stage_sets_;  // per run of the stage: which of its sets of activations holds each micro-batch
   std::vector<float> stage_host_;       // a validation run's activation as it travels, on the host
   const Program program_;  // a copy: callers may pass a temporary
   RunOptions options_;

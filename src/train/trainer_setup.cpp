@@ -122,7 +122,8 @@ void Trainer::build_stages() {
   replicas_ = comm_;
   micro_ = cfg_.data.batch;
   if (p.stages == 1 && p.micro == 1) return;
-  stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers, p.cut));
+  stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers, p.cut,
+                                                         p.virtual_stages, p.schedule == PipelineSchedule::dualpipev));
   replicas_ = stages_->data_parallel();
   pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
   micro_ = cfg_.data.batch / p.micro;
@@ -146,9 +147,10 @@ void Trainer::build_model(bool fresh) {
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, replica % ep,
                                                 stages_ ? stages_->cut() : StageCut{},
-                                                pipeline_ ? pipeline_->in_flight() : 1);
+                                                pipeline_ ? pipeline_->in_flight() : std::vector<int>{});
   if (stages_) {
-    stage_sets_ = ActivationSets(model_->activation_sets());
+    stage_sets_.clear();
+    for (int r = 0; r < int(stages_->cut().runs.size()); ++r) stage_sets_.emplace_back(model_->activation_sets(r));
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
     stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
     stage_host_.resize(size_t(width));
@@ -332,13 +334,17 @@ std::string Trainer::backends() const {
   if (stages_) {
     const StageCut& c = stages_->cut();
     const PipelineConfig& p = cfg_.pipeline;
-    row("pipeline", fmt::format("{} stages x {} replicas, schedule {}, virtual {}, {} micro-batches of {} sequences; "
-                                "this rank stage {} (blocks [{}, {})), replica {}; expected bubble {:.1f}%; a "
-                                "micro-batch's activations remade from its input before its backward unless its "
-                                "forward was the last pass",
-                                p.stages, c.replicas, p.schedule, p.virtual_stages, p.micro, micro_, c.stage,
-                                c.layer_begin, c.layer_end, c.replica,
-                                100.0 * theory_bubble(p.schedule, p.stages, p.micro)));
+    std::vector<std::string> runs, sets;
+    for (size_t r = 0; r < c.runs.size(); ++r) {
+      runs.push_back(fmt::format("chunk {} blocks [{}, {})", c.runs[r].chunk, c.runs[r].begin, c.runs[r].end));
+      sets.push_back(std::to_string(model_->activation_sets(int(r))));
+    }
+    row("pipeline", fmt::format("{} stages x {} replicas, schedule {}, virtual {} ({} chunks), {} micro-batches of {} "
+                                "sequences; this rank stage {} ({}), replica {}, keeping {} micro-batches' "
+                                "activations; expected bubble {:.1f}%",
+                                p.stages, c.replicas, p.schedule, p.virtual_stages, c.chunks, p.micro, micro_, c.stage,
+                                fmt::join(runs, ", "), c.replica, fmt::join(sets, " + "),
+                                100.0 * theory_bubble(p.schedule, p.stages, p.micro, p.virtual_stages)));
   }
   out += comm_ops_->report() + "\n";
   const auto& ck = cfg_.checkpoint;

@@ -17,35 +17,37 @@ namespace xx {
 LossParts Trainer::stage_passes() {
   data_->load_training_batch(step_);
   const StageCut& cut = stages_->cut();
-  const int M = cfg_.pipeline.micro;
+  const int M = cfg_.pipeline.micro, last_chunk = cut.chunks - 1;
   const int64_t n = int64_t(micro_) * cfg_.model.seq, width = n * cfg_.model.dim;
   auto tokens = [n](const auto& all, int m) { return Tokens(all.data() + m * n, n); };
   auto host = [width](const float* p) { return transfer::host_view(const_cast<float*>(p), size_t(width)); };
   LossParts sum;
   StagePasses passes;
   passes.width = width;
-  passes.forward = [&](int m, const float* in, float* out) {
-    model_->use_activations(stage_sets_.take(m));  // kept there until m's backward
+  passes.forward = [&](int r, int m, const float* in, float* out) {
+    const LayerRun& run = cut.runs[size_t(r)];
+    model_->use_activations(r, stage_sets_[size_t(r)].take(m));  // kept there until m's backward
     if (in) Kokkos::deep_copy(stage_in_, host(in));
-    const LossParts l = model_->forward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m),
+    const LossParts l = model_->forward_stage(run.begin, run.end, tokens(data_->inputs, m),
                                               tokens(data_->targets, m), stage_in_.data(), stage_out_.data());
-    count_expert_load();
+    count_expert_load(r);
     sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
     if (out) Kokkos::deep_copy(host(out), stage_out_);
   };
-  passes.backward = [&](int m, const float* dout, float* din) {
-    model_->use_activations(stage_sets_.release(m));
+  passes.backward = [&](int r, int m, const float* dout, float* din) {
+    const LayerRun& run = cut.runs[size_t(r)];
+    model_->use_activations(r, stage_sets_[size_t(r)].release(m));
     if (dout) Kokkos::deep_copy(stage_out_, host(dout));
-    // MTP across stages: the last stage's lookups of the embedding reach stage 0's gradient (Transformer::mtp_lookups)
-    if (mtp_travels_ && cut.first()) {  // before its own lookup's, as the unsplit backward adds them
+    // MTP across stages: the last chunk's lookups of the embedding reach chunk 0's gradient (Transformer::mtp_lookups)
+    if (mtp_travels_ && run.chunk == 0) {  // before its own lookup's, as the unsplit backward adds them
       stages_->recv_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
       Kokkos::deep_copy(lookups_, transfer::host_view(stage_lookups_));
       model_->add_mtp_lookups(tokens(data_->targets, m), lookups_.data());
     }
-    model_->backward_stage(cut.layer_begin, cut.layer_end, tokens(data_->inputs, m), tokens(data_->targets, m),
+    model_->backward_stage(run.begin, run.end, tokens(data_->inputs, m), tokens(data_->targets, m),
                            stage_out_.data(), stage_in_.data());
     if (din) Kokkos::deep_copy(host(din), stage_in_);
-    if (mtp_travels_ && cut.last()) {
+    if (mtp_travels_ && run.chunk == last_chunk) {
       Kokkos::deep_copy(transfer::host_view(stage_lookups_), model_->mtp_lookups());
       stages_->send_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
     }
