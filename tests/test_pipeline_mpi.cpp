@@ -1,8 +1,9 @@
 // Pipeline stages over MPI (comm/pipeline_mpi.h, train/pipeline.h): a toy
-// model of L elementwise layers y = tanh(w_l x + c_l), cut into P stages,
-// stepped by the executor under gpipe and 1f1b, gives the loss and the
-// gradients of the same loop on one rank bit for bit, at P = 2 (2 ranks),
-// P = 2 x dp 2 and P = 4 (4 ranks), M = 4 and 8; a rerun gives the same bits.
+// model of L elementwise layers y = tanh(w_l x + c_l), cut into P stages
+// (or P x 2 chunks), stepped by the executor under every schedule, gives the
+// loss and the gradients of the same loop on one rank bit for bit, at P = 2
+// (2 ranks), P = 2 x dp 2 and P = 4 (4 ranks; gpipe and 1f1b: 4 layers make
+// no 8 chunks), M = 4 and 8; a rerun gives the same bits.
 // Then the same with a DeepSeek model's stages (Transformer::forward_stage,
 // backward_stage: MLA + MoE + MTP), against its unsplit loop on one rank.
 // Then the trainer itself under pipeline stages, against the same deck
@@ -339,14 +340,15 @@ TEST_CASE("pipeline stages of a DeepSeek model: every schedule gives the unsplit
 // sequence-wise loss, MTP) trains 20 steps to the same bits as the same
 // deck at P = 1 (its M micro-batches in turn), losses, gradient norms and
 // validation, at P = 2 (2 ranks), P = 2 x dp 2 and P = 4 (4 ranks), gpipe and
-// 1f1b, M = 4 and 8, fp32 and bf16; within 1e-6 of the deck without the
+// 1f1b (and at P 2 interleaved and dualpipev, virtual 2), M = 4 and 8, fp32
+// and bf16; within 1e-6 of the deck without the
 // pipeline line (the whole batch at once rounds otherwise); each stage's
 // bubble is in metrics.jsonl.
 namespace {
 
-std::string staged_deck(const std::string& corpus, const std::string& out, const std::string& extra) {
+std::string staged_deck(const std::string& corpus, const std::string& out, const std::string& extra, bool tied = false) {
   return "seed 1234\n"
-         "model deepseek vocab 256 dim 32 layers 4 heads 2 ffn 96 seq 32\n"
+         "model deepseek vocab 256 dim 32 layers 4 heads 2 ffn 96 seq 32" + std::string(tied ? " tie_embeddings yes" : "") + "\n"
          "attention mla kv_lora_rank 16 q_lora_rank 0 qk_nope_dim 8 rope_dim 8 v_dim 8\n"
          "moe on dense_layers 1 shared 2 routed 4 topk 2 ffn 24 gate sigmoid balance bias balance_coef 0.001 "
          "seq_aux 1e-4\n"
@@ -369,11 +371,11 @@ struct Curve {
 
 // Trains `extra`'s deck on `comm`, into dir/name (this group's own files).
 Curve train_on(MPI_Comm comm, const std::string& dir, const std::string& corpus, const std::string& name,
-               const std::string& extra, const std::string& resume = "") {
+               const std::string& extra, const std::string& resume = "", bool tied = false) {
   const std::string out = dir + "/" + name, path = out + ".deck";
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  if (rank == 0) std::ofstream(path) << staged_deck(corpus, out, extra);
+  if (rank == 0) std::ofstream(path) << staged_deck(corpus, out, extra, tied);
   MPI_Barrier(comm);
   RunOptions options;
   options.quiet = true;
@@ -573,6 +575,42 @@ TEST_CASE("pipeline stages with moe ep 2: the bits of P = 1, and its checkpoints
                      dir + "/" + schedule + "/ckpt/step_00000010.h5").losses == after_step10(want.losses));
   }
   MPI_Comm_free(&half);
+}
+
+// A tied head (model ... tie_embeddings yes) across stages: the last
+// stage's copy of the embedding is the head, and its gradient and stage 0's
+// are summed once a step (StageLink::sum_first_last) where the unsplit model
+// adds them per micro-batch, so fp32 stays within 1e-6 of P = 1 over 20
+// steps (not the same bits), a rerun gives the same bits, and a checkpoint
+// resumes at P 1 within 1e-6. Under dualpipev stage 0 holds the one tensor.
+// At 2 ranks P 2 against one rank each; at 4, P 2 x dp 2 against P 1 x dp 2.
+TEST_CASE("pipeline stages with a tied head: within 1e-6 of P = 1, the same bits on a rerun", "[mpi][pipeline][train]") {
+  using namespace xx::test;
+  const int world = mpi_size(), rank = mpi_rank();
+  if (world != 2 && world != 4) {
+    SUCCEED("needs 2 or 4 ranks");
+    return;
+  }
+  const std::string dir = shared_scratch("pipeline_tied");
+  const std::string corpus = make_corpus(dir, 60000);
+  MPI_Comm group;  // the reference's ranks: dp of them
+  const int replicas = world / 2;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / replicas, rank, &group);
+  const std::string fp32 = "precision fp32\n";
+  const Curve want = train_on(group, dir, corpus, fmt::format("want_{}", rank / replicas), fp32 + one_f_one_b(1), "", true);
+  REQUIRE(want.losses.size() == 20);
+  for (const std::string schedule : {"1f1b", "dualpipev"}) {
+    INFO(schedule);
+    const std::string line = schedule == "dualpipev" ? dualpipev(2) : one_f_one_b(2);
+    const Curve got = train_on(MPI_COMM_WORLD, dir, corpus, schedule, fp32 + line + "checkpoint every 10\n", "", true);
+    require_close(got.losses, want.losses);
+    if (rank == 0) require_close(got.val, want.val);
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, schedule + "_again", fp32 + line, "", true).losses == got.losses);
+    const Curve resumed = train_on(group, dir, corpus, fmt::format("p1_from_{}_{}", schedule, rank / replicas),
+                                   fp32 + one_f_one_b(1), dir + "/" + schedule + "/ckpt/step_00000010.h5", true);
+    require_close(resumed.losses, after_step10(want.losses));
+  }
+  MPI_Comm_free(&group);
 }
 
 // A checkpoint of one P resumes at another (the file holds the whole model,

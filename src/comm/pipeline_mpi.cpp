@@ -1,4 +1,5 @@
 #include "comm/pipeline_mpi.h"
+#include <algorithm>
 #include <exception>
 #include <limits>
 #include <stdexcept>
@@ -84,6 +85,13 @@ void StageLink::first_to_last(float* g, int64_t n) {
   if (ends_ == MPI_COMM_NULL) throw std::logic_error("StageLink: only the first and the last stage share a tensor");
   if (n > std::numeric_limits<int>::max()) throw std::length_error(fmt::format("StageLink: {} floats at once", n));
   MPI_Bcast(g, int(n), MPI_FLOAT, 0, ends_);
+}
+
+void StageLink::sum_first_last(float* g, int64_t n) {
+  if (ends_ == MPI_COMM_NULL) throw std::logic_error("StageLink: only the first and the last stage share a tensor");
+  constexpr int64_t chunk = int64_t(1) << 30;  // (MPI counts are ints)
+  for (int64_t at = 0; at < n; at += chunk)
+    MPI_Allreduce(MPI_IN_PLACE, g + at, int(std::min(chunk, n - at)), MPI_FLOAT, MPI_SUM, ends_);
 }
 
 double StageLink::finish_step() {

@@ -48,6 +48,9 @@ class StageLink {
   void send_lookups(int micro, const float* g, int64_t n);
   void recv_lookups(int micro, float* g, int64_t n);
   void first_to_last(float* g, int64_t n);
+  // A tied head: the last stage's gradient of its copy of the embedding (the
+  // head's) and the first stage's (its lookups'), summed on both (both call it).
+  void sum_first_last(float* g, int64_t n);
 
   // End of a step: every send has left; the seconds this step waited on
   // receives, and the counters start again.

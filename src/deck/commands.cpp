@@ -945,9 +945,6 @@ void check_pipeline(const Config& c, const std::string& where, const std::map<st
                 "sees the losses)", pipe, stages, c.lossagg.kind, where, not_yet);
   if (p.stages == 1) return;
   // What reads the whole model on one rank: not across stages yet.
-  if (c.model.tie_embeddings)
-    input_error("{}: {} with model ... tie_embeddings yes ({}): a tied head {} tie_embeddings no)", pipe, stages,
-                at("model"), not_yet);
   if (c.sample.every > 0)
     input_error("{}: {} with sample every {} ({}): sampling {} no sample line: no rank holds the whole model; "
                 "sample from a checkpoint with xuanxue generate)", pipe, stages, c.sample.every, at("sample"), not_yet);

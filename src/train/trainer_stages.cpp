@@ -53,6 +53,16 @@ LossParts Trainer::stage_passes() {
     }
   };
   const PipelineStepTimes times = pipeline_->step(passes);
+  // A tied head on another stage than the embedding's: its gradient (the head's, in the last stage's copy) and
+  // the first stage's (the lookups') are one tensor's, summed on both; the unsplit model adds them per
+  // micro-batch, so the sum rounds otherwise (within 1e-6 of it, not the same bits)
+  if (cfg_.model.tie_embeddings && cut.first() != cut.last()) {
+    const Vec<float> g = model_->grad("embed");
+    std::vector<float> h(g.extent(0));
+    Kokkos::deep_copy(transfer::host_view(h), g);
+    stages_->sum_first_last(h.data(), int64_t(h.size()));
+    Kokkos::deep_copy(g, transfer::host_view(h));
+  }
   double parts[3] = {sum.main, sum.mtp, sum.aux};
   sum_over_ranks(parts, stages_->chain());
   sum = {.total = parts[0] + cfg_.model.mtp.weight * parts[1] + parts[2], .main = parts[0], .mtp = parts[1], .aux = parts[2]};
@@ -67,14 +77,17 @@ LossParts Trainer::stage_passes() {
   return sum;
 }
 
-// Pipeline stages with MTP: the last stage reads the embedding too. Stage
-// 0's gradient, which holds its lookups too (stage_passes), averaged over
-// the replicas, is the last stage's as well: the two copies stay equal.
+// Pipeline stages with MTP or a tied head: the last stage reads the
+// embedding too (unless, under dualpipev, it is stage 0 itself). Stage 0's
+// gradient, which holds its lookups too (stage_passes; a tied head's
+// gradient summed in), averaged over the replicas, is the last stage's as
+// well: the two copies stay equal.
 // Under shard gradients `reduced` holds only this rank's pieces: stage 0's
 // replicas put the tensor together, and each last-stage rank takes its own.
 void Trainer::share_embedding(Vec<float> reduced) {
   const StageCut& cut = stages_->cut();
-  if (!mtp_travels_ || !(cut.first() || cut.last())) return;
+  if ((!mtp_travels_ && !cfg_.model.tie_embeddings) || cut.first() == cut.last())
+    return;  // (a V-shape's stage 0 holds the one embedding)
   if (placement_.gradients_sharded()) {
     const Frame& frame = placement_.frame();
     const auto embed = size_t(std::find_if(frame.begin(), frame.end(), [](const FrameTensor& t) {

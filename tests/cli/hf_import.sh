@@ -14,6 +14,7 @@
 #   - the V3 one at 2 ranks under ep 2 + shard optimizer, and at 4 under ep 2 + shard params, reads
 #     only its own experts and pieces and gives the same loss and the same step-0 checkpoint; so does
 #     it in 2 pipeline stages at 2 ranks, and at 4 under ep 2 + shard optimizer (each stage its layers);
+#     v3_tied too (the last stage reads the embedding as its head);
 #   - -resume auto wins over init once the run has its own checkpoint.
 # Then FP8: the V3 directory converted to float8_e4m3fn with 8x8 weight_scale_inv blocks (and bf16
 # elsewhere) imports as the dequantized values bit for bit, and tests/hf_read.py's HF-convention
@@ -164,15 +165,16 @@ for spec in "2 optimizer" "4 params"; do
   check $PY "$FILES" same "$T/v3.hf" "$T/v3.np$np.hf" >"$T/same.out" 2>&1 || fail "np $np: $(cat "$T/same.out")"
 done
 
-begin "v3 in 2 pipeline stages at 2 ranks, and at 4 under ep 2 + shard optimizer: each stage reads its own layers"
-for np in 2 4; do
-  extra=()
-  [ "$np" = 4 ] && extra=("moe on ep 2" "shard optimizer")
-  deck "v3.pp$np" "init hf $T/v3.hf" "${extra[@]}" "pipeline stages 2 micro 2" "run 1"
-  expect_ok "$np" -in "$T/v3.pp$np.deck"
-  check [ -n "$(val_at "v3.pp$np" 0)" ] || fail "np $np: no validation at step 0"
-  export_hf "$(step_file "v3.pp$np" 0)" "$T/v3.pp$np.hf"
-  check $PY "$FILES" same "$T/v3.hf" "$T/v3.pp$np.hf" >"$T/same.out" 2>&1 || fail "np $np: $(cat "$T/same.out")"
+begin "v3 in 2 pipeline stages at 2 ranks, and at 4 under ep 2 + shard optimizer; v3_tied too: each stage reads its own layers (a tied head's last stage the embedding too)"
+for spec in "v3 2" "v3 4" "v3_tied 2"; do
+  read -r name np <<<"$spec"
+  extra=("pipeline stages 2 micro 2")
+  [ "$np" = 4 ] && extra=("moe on ep 2" "shard optimizer" "pipeline stages 2 micro 2")
+  deck "$name.pp$np" "init hf $T/$name.hf" "${extra[@]}" "run 1"
+  expect_ok "$np" -in "$T/$name.pp$np.deck"
+  check [ -n "$(val_at "$name.pp$np" 0)" ] || fail "$name np $np: no validation at step 0"
+  export_hf "$(step_file "$name.pp$np" 0)" "$T/$name.pp$np.hf"
+  check $PY "$FILES" same "$T/$name.hf" "$T/$name.pp$np.hf" >"$T/same.out" 2>&1 || fail "$name np $np: $(cat "$T/same.out")"
 done
 
 begin "-resume auto: the run's own checkpoint wins over init"
