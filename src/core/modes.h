@@ -143,8 +143,8 @@ constexpr auto mode_words(ShardLevel) { return std::array{"off"sv, "optimizer"sv
 // pipeline ... schedule: the order of the micro-batches' forward and backward
 // passes on each stage (core/pipeline_schedule.h). gpipe: every forward, then
 // every backward; 1f1b: P - s warm-up forwards on stage s, then one forward
-// and one backward alternately. interleaved and dualpipev are named so the
-// deck can say they are not built yet.
+// and one backward alternately; interleaved: V chunks a stage, Megatron's
+// order; dualpipev: chunks s and 2P - 1 - s, DeepSeek's DualPipeV phases.
 enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, dualpipev };
 constexpr auto mode_words(PipelineSchedule) { return std::array{"gpipe"sv, "1f1b"sv, "interleaved"sv, "dualpipev"sv}; }
 

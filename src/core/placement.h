@@ -68,7 +68,7 @@ struct StageCut {
   int stages = 1, stage = 0;     // P, and this rank's
   int replicas = 1, replica = 0;  // dp: the ranks of each stage, and this rank's index among them
   int chunks = 1;                 // P x V
-  std::vector<LayerRun> runs;     // this stage's chunks, in model order (empty: whole)
+  std::vector<LayerRun> runs;     // this stage's chunks, in model order (empty in StageCut{}: whole)
   std::vector<int> holders;       // per chunk: the stage that runs it
   bool whole() const { return stages == 1; }  // no pipeline: every layer here
   bool first() const { return whole() || runs.front().chunk == 0; }          // the embedding's stage

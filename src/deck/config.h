@@ -378,10 +378,10 @@ struct ShardConfig {
 };
 
 // pipeline stages P [schedule gpipe|1f1b|interleaved|dualpipev] [virtual V]
-// [micro M] (one per job): the layers cut into P stages of L / P consecutive
-// blocks on P groups of ranks (stage 0 adds the embedding, the last the final
-// norm and head), activations and their gradients sent between neighbouring
-// stages, M micro-batches ordered by the schedule (core/pipeline_schedule.h).
+// [micro M] (one per job): the layers cut into P x V chunks of consecutive
+// blocks, V a stage on P groups of ranks (chunk 0 adds the embedding, the last
+// the final norm and head), activations and their gradients sent between
+// neighbouring chunks, M micro-batches ordered by the schedule (core/pipeline_schedule.h).
 // P = 1: no pipeline, nothing changes. What runs and what is refused:
 // docs/SCALING.md, "Pipeline parallelism".
 struct PipelineConfig {
@@ -389,7 +389,7 @@ struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::gpipe;
   int virtual_stages = 1;  // chunks per stage (interleaved, dualpipev)
   int micro = 1;           // M: a pipeline's data batch (its sequences per step) cut into M micro-batches of batch / M
-  std::string cut_text;    // cut N0,N1,...: each stage's blocks, as written ("": L / P each)
+  std::string cut_text;    // cut N0,N1,...: each chunk's blocks, as written ("": L / (P V) each)
   std::vector<int> cut;    // ... read once by the deck (empty: L / P each)
   bool operator==(const PipelineConfig&) const = default;
 };
