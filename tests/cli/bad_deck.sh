@@ -168,7 +168,9 @@ bad_deck "moe ep that does not divide -ranks of a dry run" "$MOE" \
 # the world into P x ep x dp ranks (at start-up); sampling is refused under
 # P > 1, no rank holding the whole model (docs/SCALING.md).
 bad_deck "pipeline stages that do not divide the layers" 's/^run /pipeline stages 2\ncheckpoint at_end no\nrun /' \
-  "$D:11: pipeline stages 2 does not divide the model's 1 layers" "(expected stages dividing layers"
+  "$D:11: pipeline stages 2 does not divide the model's 1 layers" "(expected stages x virtual dividing layers"
+bad_deck "pipeline dualpipev without its V" 's/ layers 1 / layers 4 /; s/^run /pipeline stages 2 schedule dualpipev micro 4\ncheckpoint at_end no\nrun /' \
+  "$D:11: pipeline schedule dualpipev with virtual 1" "(expected virtual 2"
 bad_deck "pipeline 1f1b with fewer micro-batches than stages" 's/ layers 1 / layers 2 /; s/^run /pipeline stages 2 schedule 1f1b micro 1\ncheckpoint at_end no\nrun /' \
   "$D:11: pipeline 'micro' 1 is fewer than 'stages' 2 with schedule 1f1b" "(expected micro >= stages"
 bad_deck "pipeline stages that do not fill the ranks" 's/ layers 1 / layers 4 /; s/^run /pipeline stages 4 micro 2\ncheckpoint at_end no\nrun /' \
