@@ -3,10 +3,12 @@
 #pragma once
 #include <mpi.h>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 #include "core/device_memory.h"
 #include "deck/deck.h"
@@ -25,7 +27,8 @@ inline int mpi_size() {
   return s;
 }
 
-// A fresh directory, named by rank 0 and shared with every rank.
+// A fresh directory, named by rank 0 and shared with every rank; rank 0
+// removes it at exit.
 inline std::string shared_scratch(const std::string& tag) {
   std::string path;
   if (mpi_rank() == 0) {
@@ -34,6 +37,16 @@ inline std::string shared_scratch(const std::string& tag) {
     std::filesystem::remove_all(p);
     std::filesystem::create_directories(p);
     path = p.string();
+    // removed when the process exits (some hold hundreds of MB; a killed run still leaves its own)
+    static std::vector<std::filesystem::path> made;
+    if (made.empty())
+      std::atexit([] {
+        for (const auto& d : made) {
+          std::error_code ignored;
+          std::filesystem::remove_all(d, ignored);
+        }
+      });
+    made.push_back(p);
   }
   int n = int(path.size());
   MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
