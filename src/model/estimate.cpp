@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <tuple>
 #include <vector>
 #include <fmt/format.h>
@@ -122,10 +123,8 @@ std::string PlanBasis::layers_text() const {
 
 int PipelinePlan::in_flight(int stage) const {
   if (stages == 1) return 1;
-  const auto order = stage_order(schedule, stages, micro, stage, virtual_stages);
-  int n = 0;
-  for (int r = 0; r < virtual_stages; ++r) n += most_in_flight(order, r);
-  return n;
+  const auto per_run = in_flight_per_run(stage_order(schedule, stages, micro, stage, virtual_stages), virtual_stages);
+  return std::accumulate(per_run.begin(), per_run.end(), 0);
 }
 
 MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_load) {
