@@ -467,6 +467,19 @@ TEST_CASE("pipeline stages: 1F1B keeps min(P - s, M) micro-batches in flight, GP
   CHECK(e2.halvable_elements == 2 * e1.halvable_elements);
   CHECK(e2.other_elements == 2 * e1.other_elements);
   CHECK(e2.scratch_elements == e1.scratch_elements);  // scratch once
+  // dualpipev under ep: each of the two runs its own scratch and recomputed set (train/pass_pair.h)
+  const StageSpan down{0, 1, true, false, 2}, up{3, 4, false, true, 1};
+  const auto v = estimate_stage(m, 1, {down, up}), paired = estimate_stage(m, 1, {down, up}, 1.0, true);
+  CHECK(paired.scratch_elements == 2 * v.scratch_elements);
+  CHECK(paired.mixed_scratch_elements == 2 * v.mixed_scratch_elements);
+  CHECK(paired.recomputed_elements == 2 * v.recomputed_elements);
+  CHECK(paired.activation_elements() > v.activation_elements());
+  ModelConfig with_ep = m;
+  with_ep.moe.mode = MoeMode::on, with_ep.moe.routed = 4, with_ep.moe.topk = 2, with_ep.moe.ffn = 16, with_ep.moe.ep = 2;
+  const PipelinePlan dualpipev{2, PipelineSchedule::dualpipev, 4, {}, 2};
+  CHECK(dualpipev.overlapped(with_ep));
+  CHECK(!dualpipev.overlapped(m));
+  CHECK(!PipelinePlan{2, PipelineSchedule::one_f_one_b, 4}.overlapped(with_ep));
   const PipelinePlan f{4, PipelineSchedule::one_f_one_b, 8}, g{4, PipelineSchedule::gpipe, 8}, few{4, PipelineSchedule::one_f_one_b, 2};
   CHECK((f.in_flight(0) == 4 && f.in_flight(3) == 1));
   CHECK((g.in_flight(0) == 8 && g.in_flight(3) == 8));

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <iterator>
+#include <string>
 #include <vector>
 #include "ckpt/checkpoint.h"
 #include "comm/pipeline_mpi.h"
@@ -571,6 +573,14 @@ TEST_CASE("pipeline stages with moe ep 2: the bits of P = 1, and its checkpoints
                                ep + (schedule == "dualpipev" ? dualpipev(2) : interleaved(2)) + "checkpoint every 10\n");
     REQUIRE(got.losses == want.losses);
     if (rank == 0) REQUIRE(got.norms == want.norms);
+    // dualpipev's F&B pairs ran interleaved, handing over at their all-to-alls (train/pass_pair.h): the same bits
+    if (rank == 0) {
+      std::ifstream log(dir + "/" + schedule + "/rank0/log.txt");
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      const auto at = text.find(" hand-overs on rank 0");
+      REQUIRE((at != std::string::npos) == (schedule == "dualpipev"));
+      if (schedule == "dualpipev") CHECK(std::stol(text.substr(text.rfind(':', at) + 1)) > 0);
+    }
     REQUIRE(train_on(half, dir, corpus, fmt::format("p1_from_{}_{}", schedule, rank / 2), ep + one_f_one_b(1),
                      dir + "/" + schedule + "/ckpt/step_00000010.h5").losses == after_step10(want.losses));
   }

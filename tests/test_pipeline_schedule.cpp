@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <vector>
 #include "core/placement.h"
 #include "model/estimate.h"
 #include "train/pipeline.h"
@@ -91,6 +93,31 @@ TEST_CASE("interleaved and dualpipev: each run's passes once in micro order, fol
     CHECK(t.makespan == Approx(2.0 * (c.V * c.M + c.P - 1)));
     if (c.s == PipelineSchedule::interleaved) CHECK(t.bubble[0] == Approx(theory_bubble(c.s, c.P, c.M, c.V)));
     else CHECK(t.bubble[0] < theory_bubble(c.s, c.P, c.M, c.V));
+    // dualpipev's F&B steps: a forward, then a backward of the other run; M - 2P + s + 1 pairs of each
+    // kind (F0 B1, F1 B0) and P - s - 1 more F1 B0. Started together (overlap), with nothing hidden,
+    // each stage idles exactly DeepSeek's (P - 1)(F&B + B) with F&B = F + B: its stated bubble.
+    for (int st = 0; st < c.P; ++st) {
+      const auto order = stage_order(c.s, c.P, c.M, st, c.V);
+      int pairs[2] = {0, 0};
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (!order[i].paired) continue;
+        REQUIRE(c.s == PipelineSchedule::dualpipev);
+        REQUIRE(i + 1 < order.size());
+        CHECK(order[i].kind == PipeOp::forward);
+        CHECK(order[i + 1].kind == PipeOp::backward);
+        CHECK(order[i + 1].run == 1 - order[i].run);
+        CHECK(!order[i + 1].paired);
+        ++pairs[order[i].run];
+      }
+      if (c.s != PipelineSchedule::dualpipev) continue;
+      CHECK(pairs[0] == c.M - 2 * c.P + st + 1);
+      CHECK(pairs[1] == c.M - 2 * c.P + st + 1 + c.P - st - 1);
+    }
+    if (c.s == PipelineSchedule::dualpipev) {
+      const PipelineTimeline paired = simulate(c.s, c.P, c.M, c.V, 1, 1, true);
+      REQUIRE(paired.complete);
+      for (int st = 0; st < c.P; ++st) CHECK(paired.bubble[size_t(st)] == Approx(theory_bubble(c.s, c.P, c.M, c.V)));
+    }
   }
   CHECK_THROWS_AS(stage_order(PipelineSchedule::interleaved, 2, 3, 0, 2), std::invalid_argument);  // M not a multiple of P
   CHECK_THROWS_AS(stage_order(PipelineSchedule::dualpipev, 2, 3, 0, 2), std::invalid_argument);   // M < 2P
@@ -184,4 +211,41 @@ TEST_CASE("activation sets: a free set per forward, freed by its backward", "[pi
         for (const PipeOp& op : order)
           CHECK_NOTHROW(op.kind == PipeOp::forward ? run.take(op.micro) : run.release(op.micro));
       }
+}
+
+// dualpipev's overlap (train/pass_pair.h): two passes, one running at a
+// time, handing over at each wait; the order of their steps follows from
+// the passes alone, a pass that ends lets the other run on, and a failure
+// in either comes back from run().
+TEST_CASE("a pass pair: two passes in turn at their hand-overs, in one order, failures returned", "[pipeline]") {
+  PassPair pair;
+  std::vector<std::string> steps;
+  auto pass = [&](const std::string& name, int waits) {
+    return [&steps, &pair, name, waits] {
+      for (int i = 0; i <= waits; ++i) {
+        steps.push_back(name + std::to_string(i));
+        if (i < waits) pair.hand_over();
+      }
+    };
+  };
+  for (int again = 0; again < 3; ++again) {  // the same order every time
+    steps.clear();
+    pair.run(pass("F", 3), pass("B", 1));
+    CHECK(steps == std::vector<std::string>{"F0", "B0", "F1", "B1", "F2", "F3"});
+  }
+  steps.clear();
+  pair.run(pass("F", 0), pass("B", 2));  // the first ends at once: the second runs alone
+  CHECK(steps == std::vector<std::string>{"F0", "B0", "B1", "B2"});
+  const int64_t before = pair.hand_overs();
+  pair.hand_over();  // outside a pair: nothing
+  CHECK(pair.hand_overs() == before);
+  steps.clear();
+  auto failing = [&] {
+    steps.push_back("F0");
+    pair.hand_over();
+    throw std::runtime_error("forward failed");
+  };
+  CHECK_THROWS_WITH(pair.run(failing, pass("B", 2)), "forward failed");
+  CHECK(steps == std::vector<std::string>{"F0", "B0", "B1", "B2"});  // the other pass ran to its end
+  CHECK_THROWS_WITH(pair.run(pass("F", 1), [] { throw std::runtime_error("backward failed"); }), "backward failed");
 }

@@ -13,10 +13,11 @@ MpiExpertExchange::~MpiExpertExchange() {
   for (auto& [bytes, type] : row_types_) MPI_Type_free(&type);
 }
 
-void MpiExpertExchange::counts(const int32_t* send, int32_t* recv, int n) {
-  const double t0 = MPI_Wtime();
-  MPI_Alltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, group_);
-  stats_.seconds += MPI_Wtime() - t0, stats_.waited += MPI_Wtime() - t0;
+// The counts are the host's (ints the routing read back).
+void MpiExpertExchange::start_counts(const int32_t* send, int32_t* recv, int n) {
+  if (request_ != MPI_REQUEST_NULL) throw std::logic_error("expert exchange: a start before the last one's wait");
+  started_ = MPI_Wtime(), recv_ = nullptr;
+  MPI_Ialltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, group_, &request_);
 }
 
 // One contiguous datatype per row size: counts and displacements in rows stay
@@ -50,6 +51,8 @@ void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send
     Kokkos::deep_copy(HostBytes(send_host_.data(), send_host_.size()),
                       Bytes(static_cast<char*>(const_cast<void*>(send)), send_host_.size()));
     send = send_host_.data(), recv_ = recv, recv = recv_host_.data();
+  } else {
+    recv_ = nullptr;
   }
   MPI_Ialltoallv(send, send_counts_.data(), send_displs_.data(), t, recv, recv_counts_.data(), recv_displs_.data(), t,
                  group_, &request_);
@@ -60,7 +63,7 @@ void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send
 void MpiExpertExchange::wait() {
   const double t0 = MPI_Wtime();
   MPI_Wait(&request_, MPI_STATUS_IGNORE);
-  if (staged_)  // in from the host
+  if (recv_)  // staged rows: in from the host
     Kokkos::deep_copy(Kokkos::View<char*, MemSpace, Unmanaged>(static_cast<char*>(recv_), recv_host_.size()),
                       Kokkos::View<char*, Kokkos::HostSpace, Unmanaged>(recv_host_.data(), recv_host_.size()));
   const double t1 = MPI_Wtime();

@@ -23,7 +23,7 @@ class MpiExpertExchange final : public ExpertExchange {
   ~MpiExpertExchange() override;
   int ranks() const override { return ranks_; }
   int rank() const override { return rank_; }
-  void counts(const int32_t* send, int32_t* recv, int n) override;
+  void start_counts(const int32_t* send, int32_t* recv, int n) override;
   void start(const void* send, const std::vector<int64_t>& send_rows, void* recv,
              const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   void wait() override;
@@ -40,7 +40,7 @@ class MpiExpertExchange final : public ExpertExchange {
   std::map<int64_t, MPI_Datatype> row_types_;
   bool staged_ = false;
   std::vector<char> send_host_, recv_host_;  // staged: the rows on the host
-  void* recv_ = nullptr;                     // staged: where the arrivals go
+  void* recv_ = nullptr;                     // staged rows: where the arrivals go; null for counts
   ExchangeStats stats_;
 };
 

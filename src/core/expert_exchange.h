@@ -21,15 +21,17 @@ class ExpertExchange {
   virtual ~ExpertExchange() = default;
   virtual int ranks() const = 0;  // N
   virtual int rank() const = 0;   // this rank's place in the group
-  // Blocking: n ints to every rank of the group (send[r * n ..]); recv[r * n ..] from rank r.
-  virtual void counts(const int32_t* send, int32_t* recv, int n) = 0;
+  // Starts moving n ints to every rank of the group (send[r * n ..]);
+  // recv[r * n ..] arrive from rank r. counts: started and waited for.
+  virtual void start_counts(const int32_t* send, int32_t* recv, int n) = 0;
+  void counts(const int32_t* send, int32_t* recv, int n) { start_counts(send, recv, n), wait(); }
   // Starts moving send_rows[r] rows of row_bytes bytes each to rank r (rows
   // for rank 0 first); recv_rows[r] rows arrive from rank r, in rank order.
   virtual void start(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                      const std::vector<int64_t>& recv_rows, int64_t row_bytes) = 0;
-  virtual void wait() = 0;  // the rows started last have arrived
+  virtual void wait() = 0;  // what was started last has arrived
   virtual ExchangeStats& stats() = 0;
-  virtual std::string describe() const = 0;  // how the rows travel, for the start-up table  // since the last reset (the trainer reads them per step)
+  virtual std::string describe() const = 0;  // how the rows travel, for the start-up table
 };
 
 }  // namespace xx

@@ -22,12 +22,13 @@ std::vector<PipeOp> dualpipev_order(int P, int M, int s) {
   std::vector<PipeOp> out;
   int next[2][2] = {{0, 0}, {0, 0}};  // [kind][run]
   auto op = [&](PipeOp::Kind kind, int run) { out.push_back({kind, next[kind][run]++, run}); };
+  auto pair = [&](int forward_run) { op(PipeOp::forward, forward_run), out.back().paired = true, op(PipeOp::backward, 1 - forward_run); };
   const auto F = PipeOp::forward, B = PipeOp::backward;
   for (int i = 0; i < 2 * (P - s - 1); ++i) op(F, 0);
   for (int i = 0; i < s + 1; ++i) op(F, 0), op(F, 1);
   for (int i = 0; i < P - s - 1; ++i) op(B, 1), op(F, 1);
-  for (int i = 0; i < M - 2 * P + s + 1; ++i) op(F, 0), op(B, 1), op(F, 1), op(B, 0);  // F0 with B1, F1 with B0
-  for (int i = 0; i < P - s - 1; ++i) op(B, 1), op(F, 1), op(B, 0);
+  for (int i = 0; i < M - 2 * P + s + 1; ++i) pair(0), pair(1);  // F0 with B1, F1 with B0
+  for (int i = 0; i < P - s - 1; ++i) op(B, 1), pair(1);
   for (int i = 0; i < s + 1; ++i) op(B, 1), op(B, 0);
   for (int i = 0; i < P - s - 1; ++i) op(B, 0);
   return out;
@@ -95,7 +96,8 @@ double theory_bubble(PipelineSchedule schedule, int stages, int micro, int virtu
   }
 }
 
-PipelineTimeline simulate(PipelineSchedule schedule, int stages, int micro, int virtual_stages, double f, double b) {
+PipelineTimeline simulate(PipelineSchedule schedule, int stages, int micro, int virtual_stages, double f, double b,
+                          bool paired) {
   const int P = stages, M = micro, V = virtual_stages, K = P * V;
   const bool v_shape = schedule == PipelineSchedule::dualpipev;
   std::vector<std::vector<PipeOp>> order(static_cast<size_t>(P));
@@ -111,27 +113,35 @@ PipelineTimeline simulate(PipelineSchedule schedule, int stages, int micro, int 
     moved = false;
     for (int s = 0; s < P; ++s) {
       while (next[size_t(s)] < order[size_t(s)].size()) {
-        const PipeOp op = order[size_t(s)][next[size_t(s)]];
-        const int k = chunk_of(P, V, v_shape, s, op.run);
+        // when op's input is there (< 0: not yet)
+        auto ready_of = [&](const PipeOp& op) {
+          const int k = chunk_of(P, V, v_shape, s, op.run);
+          if (op.kind == PipeOp::forward) return k > 0 ? fdone[size_t(k - 1)][size_t(op.micro)] : 0.0;
+          const double mine = fdone[size_t(k)][size_t(op.micro)];
+          if (mine < 0 || k + 1 == K) return mine;
+          const double up = bdone[size_t(k + 1)][size_t(op.micro)];
+          return up < 0 ? up : std::max(mine, up);
+        };
+        // a paired F&B step starts with both inputs there, its passes one after the other
+        const size_t at = next[size_t(s)], n = paired && order[size_t(s)][at].paired ? 2 : 1;
         double ready = 0;
-        if (op.kind == PipeOp::forward) {
-          if (k > 0 && (ready = fdone[size_t(k - 1)][size_t(op.micro)]) < 0) break;
-        } else {
-          ready = fdone[size_t(k)][size_t(op.micro)];
-          if (ready < 0) break;
-          if (k + 1 < K) {
-            const double up = bdone[size_t(k + 1)][size_t(op.micro)];
-            if (up < 0) break;
-            ready = std::max(ready, up);
-          }
+        for (size_t i = at; i < at + n && ready >= 0; ++i) {
+          const double r = ready_of(order[size_t(s)][i]);
+          ready = r < 0 ? r : std::max(ready, r);
         }
-        const double cost = op.kind == PipeOp::forward ? f : b;
-        const double start = std::max(ready, free_at[size_t(s)]);
-        free_at[size_t(s)] = start + cost, busy[size_t(s)] += cost;
-        (op.kind == PipeOp::forward ? fdone : bdone)[size_t(k)][size_t(op.micro)] = start + cost;
-        in_flight[size_t(s)] += op.kind == PipeOp::forward ? 1 : -1;
-        t.max_in_flight[size_t(s)] = std::max(t.max_in_flight[size_t(s)], in_flight[size_t(s)]);
-        ++next[size_t(s)];
+        if (ready < 0) break;
+        double clock = std::max(ready, free_at[size_t(s)]);
+        for (size_t i = at; i < at + n; ++i) {
+          const PipeOp op = order[size_t(s)][i];
+          const int k = chunk_of(P, V, v_shape, s, op.run);
+          const double cost = op.kind == PipeOp::forward ? f : b;
+          clock += cost, busy[size_t(s)] += cost;
+          (op.kind == PipeOp::forward ? fdone : bdone)[size_t(k)][size_t(op.micro)] = clock;
+          in_flight[size_t(s)] += op.kind == PipeOp::forward ? 1 : -1;
+          t.max_in_flight[size_t(s)] = std::max(t.max_in_flight[size_t(s)], in_flight[size_t(s)]);
+        }
+        free_at[size_t(s)] = clock;
+        next[size_t(s)] += n;
         moved = true;
       }
     }

@@ -18,7 +18,10 @@
 //                (M a multiple of P). The bubble shrinks V-fold.
 //   dualpipev    chunks s and 2P - 1 - s (a V): DeepSeek's DualPipeV phases
 //                (nF0, nF0F1, nB1F1, nF0B1F1B0, nB1F1B0, nB1B0, nB0) with the
-//                backward whole (no split weight pass). M >= 2P.
+//                backward whole (no split weight pass). M >= 2P. Its F&B
+//                steps pair a forward of one run with a backward of the
+//                other (PipeOp::paired), which may run overlapped
+//                (train/pass_pair.h).
 // simulate() replays a table on a clock; theory_bubble is the schedule's
 // stated idle fraction.
 #pragma once
@@ -31,6 +34,10 @@ struct PipeOp {
   enum Kind { forward, backward } kind = forward;
   int micro = 0;
   int run = 0;  // which of the stage's runs of layers (its chunks, in model order)
+  // A forward whose next op is a backward of the other run, the two one
+  // F&B step (dualpipev): both inputs arrive before it, and the two passes
+  // may run interleaved; each sends its output as it ends.
+  bool paired = false;
   bool operator==(const PipeOp&) const = default;
 };
 
@@ -55,7 +62,9 @@ double theory_bubble(PipelineSchedule schedule, int stages, int micro, int virtu
 
 // A table replayed on a clock, each forward of a chunk taking `f` and each
 // backward `b` (units of time), each pass starting when its stage is free and
-// its input has arrived (no transfer time).
+// its input has arrived (no transfer time). paired: a paired F&B step
+// (PipeOp::paired) starts once both its inputs are there, as the executor
+// runs it under overlap, and takes f + b (no time hidden).
 struct PipelineTimeline {
   bool complete = false;             // false: a stage waits forever (the tables disagree)
   double makespan = 0;               // the step's length
@@ -63,6 +72,6 @@ struct PipelineTimeline {
   std::vector<int> max_in_flight;    // per stage: activations kept at once over its runs (forwarded, not yet backwarded)
 };
 PipelineTimeline simulate(PipelineSchedule schedule, int stages, int micro, int virtual_stages = 1, double f = 1,
-                          double b = 1);
+                          double b = 1, bool paired = false);
 
 }  // namespace xx

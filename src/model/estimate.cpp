@@ -131,7 +131,8 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
   return estimate_stage(m, batch, {StageSpan{0, m.layers, true, true, 1}}, expert_load);
 }
 
-MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector<StageSpan>& runs, double expert_load) {
+MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector<StageSpan>& runs, double expert_load,
+                              bool scratch_per_run) {
   const ParamLayout layout(m);
   MemoryEstimate est;
   est.params = layout.full_total();
@@ -216,6 +217,12 @@ MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector
   const int64_t slot1 = std::max({BHT * m.qk_dim(), 2 * N * m.ffn, 2 * run * Fm, 2 * N * int64_t(m.moe.shared) * Fm});
   const int64_t softmax = flash ? BH * kernels::flash_span(T) * Bk : Bk * T;
   est.mixed_scratch_elements = slot0 + slot1 + BHT * m.v_dim() + (widest + BHT * m.v_dim()) / 2 + softmax;
+  if (scratch_per_run) {  // each run its own scratch and recomputed set (model/transformer.h)
+    const int64_t n = int64_t(runs.size());
+    est.recomputed_elements *= n;
+    est.halvable_elements += (n - 1) * shared.half, est.other_elements += (n - 1) * shared.other;
+    est.scratch_elements *= n, est.mixed_scratch_elements *= n, est.exchange_elements *= n;
+  }
   return est;
 }
 
@@ -371,7 +378,8 @@ int pass_batch(const Config& c, const PipelinePlan& pipe) {
 
 // What stage `stage` of `pipe` keeps (P = 1: the whole model), at an expert load.
 MemoryEstimate stage_estimate(const Config& c, const PipelinePlan& pipe, int stage, double expert_load) {
-  return estimate_stage(c.model, pass_batch(c, pipe), pipe.runs(c.model.layers, stage), expert_load);
+  return estimate_stage(c.model, pass_batch(c, pipe), pipe.runs(c.model.layers, stage), expert_load,
+                        pipe.overlapped(c.model));
 }
 
 }  // namespace

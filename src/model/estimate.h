@@ -62,14 +62,15 @@ MemoryEstimate estimate_memory(const ModelConfig& m, int batch, double expert_lo
 // the first chunk (the embedding) or the last (final norm, head, MTP), and
 // the micro-batches it keeps in flight; batch is then the micro-batch. What
 // a block keeps counts once per micro-batch in flight in its run; the
-// recomputed set and the scratch once for the stage.
+// recomputed set and the scratch once for the stage, or once per run where
+// its runs overlap (scratch_per_run: dualpipev under ep, train/pass_pair.h).
 struct StageSpan {
   int begin = 0, end = 0;
   bool first = true, last = true;
   int in_flight = 1;
 };
 MemoryEstimate estimate_stage(const ModelConfig& m, int batch, const std::vector<StageSpan>& runs,
-                              double expert_load = 1.0);
+                              double expert_load = 1.0, bool scratch_per_run = false);
 // K contiguous runs of layers [begin, end), one per chunk (P x V): the deck's
 // `cut` (each chunk's blocks) where given, else L = qK + r, the first r
 // taking q + 1 layers and the rest q (61 over 16: 13 stages of 4, then 3 of
@@ -98,6 +99,10 @@ struct PipelinePlan {
   std::vector<StageSpan> runs(int layers, int stage) const;
   int in_flight(int stage) const;  // micro-batches kept in flight, over its runs
   int chunks() const { return stages * virtual_stages; }
+  // dualpipev under ep: a stage's F&B pairs run interleaved, each run with its own scratch
+  bool overlapped(const ModelConfig& m) const {
+    return schedule == PipelineSchedule::dualpipev && m.moe.enabled() && m.moe.ep > 1;
+  }
 };
 // The deck's pipeline (P = 1: none).
 PipelinePlan deck_pipeline(const Config& c);

@@ -133,7 +133,7 @@ void Block<T>::backward(Mat<T> dx, Mat<const T> x_in) {
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type, int ep_rank,
-                            const StageCut& stage, const std::vector<int>& activation_sets)
+                            const StageCut& stage, const std::vector<int>& activation_sets, bool scratch_per_run)
     : cfg_(config), layout_(config, ep_rank, stage), B_(batch), T_(config.seq), N_(int64_t(batch) * config.seq) {
   const StageCut& cut = layout_.stage();
   if (!activation_sets.empty() &&
@@ -167,8 +167,10 @@ Transformer<T>::Transformer(const ModelConfig& config, int batch, kernels::Preci
   if (cut.last()) norm_ = store("norm"), head_ = store(layout_.head_name());  // tied: the embedding itself
   sets_.resize(cut.runs.size());
   for (size_t r = 0; r < cut.runs.size(); ++r) {
+    if (r == 0 || scratch_per_run) scratch_.push_back(std::make_unique<Workspace<T>>());
     for (int k = 0; k < (activation_sets.empty() ? 1 : activation_sets[r]); ++k) {
       sets_[r].push_back(std::make_unique<Activations>());
+      sets_[r].back()->ws = scratch_.back().get();
       build_activations(*sets_[r].back(), store, batch, cut.runs[r]);
     }
     // A MoE layer's selection bias is the layer's, whichever set runs it.
@@ -187,21 +189,22 @@ template <class T>
 void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& store, int batch, const LayerRun& run) {
   const StageCut& cut = layout_.stage();
   const int64_t C = cfg_.dim, V = cfg_.vocab;
+  Workspace<T>& ws = *a.ws;
   // recompute: what every block remakes in its backward is one set for all
   // of them, and for every set of activations (it is remade before it is read)
-  ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
+  ws.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);
   a.blocks.resize(size_t(cfg_.layers));  // another run's blocks stay null
   for (int l = run.begin; l < run.end; ++l) {
-    ws_.begin_owner();
+    ws.begin_owner();
     a.blocks[size_t(l)] = std::make_unique<Block<T>>(cfg_, store, "layers." + std::to_string(l) + ".",
-                                                     cfg_.moe.is_moe_layer(l), batch, ws_);
+                                                     cfg_.moe.is_moe_layer(l), batch, ws);
   }
-  ws_.share_kept({});
+  ws.share_kept({});
   a.resid.resize(size_t(cfg_.layers) + 1);  // the run's blocks + 1 streams
   for (int l = run.begin; l <= run.end; ++l) a.resid[size_t(l)] = activation<T>("resid", N_, C);
   if (run.chunk != cut.chunks - 1) return;  // the head and the MTP modules are the last chunk's
   if (lookups_elsewhere_) a.mtp_lookups = activation<T>("mtp_lookups", mtp_lookups_size());
-  a.xf = KeptActivation<T>("xf", N_, C, gemm_type_, ws_);
+  a.xf = KeptActivation<T>("xf", N_, C, gemm_type_, ws);
   a.rstdf = activation<T>("rstdf", N_);
   a.logits = activation<T>("logits", N_, V);
   a.losses = activation<T>("losses", N_);
@@ -212,14 +215,14 @@ void Transformer<T>::build_activations(Activations& a, const ParamStore<T>& stor
     mod.enorm = store(p + "enorm");
     mod.proj = store(p + "proj");
     mod.norm = store(p + "norm");
-    ws_.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);  // the same set as the trunk's
-    ws_.begin_owner();
-    mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.is_moe_layer(cfg_.layers + d), batch, ws_);
-    ws_.share_kept({});
+    ws.share_kept(recomputed_activations(cfg_), cfg_.recompute == Recompute::full);  // the same set as the trunk's
+    ws.begin_owner();
+    mod.block = std::make_unique<Block<T>>(cfg_, store, p, cfg_.moe.is_moe_layer(cfg_.layers + d), batch, ws);
+    ws.share_kept({});
     for (auto* b : {&mod.hn, &mod.e, &mod.en, &mod.x0, &mod.h}) *b = activation<T>("mtp", N_, C);
     for (auto* b : {&mod.rstd_h, &mod.rstd_e, &mod.rstd_f, &mod.losses}) *b = activation<T>("mtp", N_);
-    mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type_, ws_);
-    mod.cat = KeptActivation<T>("mtp_cat", N_, 2 * C, gemm_type_, ws_);
+    mod.hf = KeptActivation<T>("mtp_hf", N_, C, gemm_type_, ws);
+    mod.cat = KeptActivation<T>("mtp_cat", N_, 2 * C, gemm_type_, ws);
     mod.logits = activation<T>("mtp_logits", N_, V);
     mod.in = Kokkos::View<int32_t*, MemSpace>("mtp_in", N_);
     mod.target = Kokkos::View<int32_t*, MemSpace>("mtp_target", N_);
@@ -361,9 +364,10 @@ bool Transformer<T>::idle_expert(const TensorInfo& t) const {
 }
 
 template <class T>
-void Transformer<T>::set_expert_exchange(ExpertExchange* exchange) {
-  for (auto& run : sets_)
-    for (auto& a : run) {
+void Transformer<T>::set_expert_exchange(ExpertExchange* exchange, int run) {
+  for (size_t r = 0; r < sets_.size(); ++r)
+    for (auto& a : sets_[r]) {
+      if (run >= 0 && size_t(run) != r) continue;
       for (auto& [prefix, ffn] : moe_layers(*a)) ffn->set_exchange(exchange);
       for (auto& m : a->mtp)  // an MTP expert's rows past the window's end reach no loss: counted as they travel
         if (m.block->ffn().is_moe()) m.block->ffn().set_row_labels(Tokens(m.target.data(), N_));
@@ -443,7 +447,7 @@ void Transformer<T>::head_backward(Activations& a, Tokens targets, Mat<T> dresid
   const int D = int(a.mtp.size());
   if (layout_.tied()) use(0, final_unit());  // the head's weights are the embedding's
   use(final_unit(), D > 0 ? mtp_unit(D - 1) : L > 0 ? block_unit(L - 1) : -1);
-  auto dnorm = ws_.mat("dnorm", N_, C);
+  auto dnorm = a.ws->mat("dnorm", N_, C);
   k::cross_entropy_backward<T>(mat(a.logits, N_, V), mat(a.logits, N_, V), targets,
                                T(loss_scale_ * loss_weights_.main / double(N_)));
   k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(a.logits, N_, V), a.xf.in(), head_.in(V, C));
@@ -451,7 +455,7 @@ void Transformer<T>::head_backward(Activations& a, Tokens targets, Mat<T> dresid
                          Vec<const T>(a.rstdf.data(), N_));
 
   // MTP modules, deepest first; each hands a gradient to the hidden state it read.
-  auto dh = ws_.mat("mtp_dh", N_, C), dh_prev = ws_.mat("mtp_dh_prev", N_, C);
+  auto dh = a.ws->mat("mtp_dh", N_, C), dh_prev = a.ws->mat("mtp_dh_prev", N_, C);
   for (int d = int(a.mtp.size()) - 1; d >= 0; --d) {
     auto& m = a.mtp[d];
     use(mtp_unit(d), d > 0 ? mtp_unit(d - 1) : L > 0 ? block_unit(L - 1) : -1);
@@ -460,15 +464,15 @@ void Transformer<T>::head_backward(Activations& a, Tokens targets, Mat<T> dresid
     const T dloss = m.labelled > 0 ? T(seed / double(a.mtp.size()) / double(m.labelled)) : T(0);
     k::cross_entropy_backward<T>(mat(m.logits, N_, V), mat(m.logits, N_, V), Tokens(m.target.data(), N_), dloss);
     k::linear_backward<T>(dnorm, head_.dmat(V, C), mat(m.logits, N_, V), m.hf.in(), head_.in(V, C));
-    auto dbranch = ws_.mat("mtp_dbranch", N_, C);
+    auto dbranch = a.ws->mat("mtp_dbranch", N_, C);
     k::rmsnorm_backward<T>(dbranch, m.norm.dvec(C), dnorm, mat(m.h, N_, C), m.norm.vec(C),
                            Vec<const T>(m.rstd_f.data(), N_));
     if (d + 1 < int(a.mtp.size())) k::add_inplace<T>(Vec<T>(dbranch.data(), N_ * C), Vec<const T>(dh.data(), N_ * C));
     m.block->backward(dbranch, mat(m.x0, N_, C));  // dbranch is now d/dx0
-    auto dcat = ws_.mat("mtp_dcat", N_, 2 * C), dhn = ws_.mat("mtp_dhn", N_, C), den = ws_.mat("mtp_den", N_, C);
+    auto dcat = a.ws->mat("mtp_dcat", N_, 2 * C), dhn = a.ws->mat("mtp_dhn", N_, C), den = a.ws->mat("mtp_den", N_, C);
     k::linear_backward<T>(dcat, m.proj.dmat(C, 2 * C), dbranch, m.cat.in(), m.proj.in(C, 2 * C));
     k::concat_columns_backward<T>(dhn, den, dcat);
-    auto de = ws_.mat("mtp_de", N_, C);
+    auto de = a.ws->mat("mtp_de", N_, C);
     k::rmsnorm_backward<T>(de, m.enorm.dvec(C), den, mat(m.e, N_, C), m.enorm.vec(C), Vec<const T>(m.rstd_e.data(), N_));
     if (lookups_elsewhere_) Kokkos::deep_copy(Buffer<T>(a.mtp_lookups.data() + d * N_ * C, N_ * C), Buffer<T>(de.data(), N_ * C));
     else k::embedding_backward<T>(embed_.dmat(V, C), de, Tokens(m.in.data(), N_));
@@ -493,7 +497,7 @@ void Transformer<T>::backward(Tokens inputs, Tokens targets, const std::function
   // lossagg: the balance loss's seed was set in the forward, before its weight was known
   if (loss_weights_.aux != 1)
     for (auto& [name, f] : moe_layers()) f->scale_balance_gradient(loss_weights_.aux);
-  auto dresid = ws_.mat("dresid", N_, C);
+  auto dresid = a.ws->mat("dresid", N_, C);
   head_backward(a, targets, dresid);
   notify(layout_.layer_begin(L));
 
@@ -558,7 +562,7 @@ void Transformer<T>::backward_stage(int begin, int end, Tokens inputs, Tokens ta
       for (auto& m : a.mtp)
         if (m.block->ffn().is_moe()) m.block->ffn().scale_balance_gradient(loss_weights_.aux);
   }
-  auto dresid = ws_.mat("dresid", N_, C);
+  auto dresid = a.ws->mat("dresid", N_, C);
   if (end == L) head_backward(a, targets, dresid);
   else Kokkos::deep_copy(Buffer<T>(dresid.data(), NC), Buffer<T>(const_cast<T*>(dout), NC));
   for (int l = end - 1; l >= begin; --l) a.blocks[l]->backward(dresid, mat(a.resid[l], N_, C));

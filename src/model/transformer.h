@@ -88,9 +88,13 @@ class Transformer {
   // activation_sets: per run of the stage's layers (StageCut::runs, one
   // without virtual stages), the micro-batches it holds between their
   // forward and backward at once (its schedule's in-flight count), each in a
-  // set of its own (use_activations); empty: 1 each.
+  // set of its own (use_activations); empty: 1 each. scratch_per_run: each
+  // run its own scratch (and recomputed set), so that a forward of one run
+  // and a backward of another may run interleaved (train/pass_pair.h); else
+  // one for the model.
   Transformer(const ModelConfig& config, int batch, kernels::Precision gemm_type = kernels::Precision::fp32,
-              int ep_rank = 0, const StageCut& stage = {}, const std::vector<int>& activation_sets = {});
+              int ep_rank = 0, const StageCut& stage = {}, const std::vector<int>& activation_sets = {},
+              bool scratch_per_run = false);
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -169,8 +173,9 @@ class Transformer {
   void set_loss_weights(const LossWeights& w) { loss_weights_ = w; }
 
   // Expert parallelism (moe ... ep N): every MoE layer moves its tokens
-  // through `exchange` (null: this rank holds every expert).
-  void set_expert_exchange(ExpertExchange* exchange);
+  // through `exchange` (null: this rank holds every expert); run >= 0: run
+  // `run`'s layers alone (each run its own, where runs overlap).
+  void set_expert_exchange(ExpertExchange* exchange, int run = -1);
   // MoE: the feed-forward layers with routed experts and their name prefixes
   // ("layers.3.", "mtp.0."), main blocks first: those of each run's set in
   // use (a layer's sets share its selection bias, so any set's bias is the
@@ -212,6 +217,7 @@ class Transformer {
     KeptActivation<T> xf;
     Buffer<T> rstdf, logits, losses;
     Buffer<T> mtp_lookups;  // a later stage: the MTP lookups' gradients for stage 0
+    Workspace<T>* ws = nullptr;  // the scratch its blocks share (scratch_): its run's, or the model's
   };
   void build_activations(Activations& a, const ParamStore<T>& store, int batch, const LayerRun& run);
   std::vector<std::pair<std::string, FeedForward<T>*>> moe_layers(Activations& a);
@@ -221,7 +227,7 @@ class Transformer {
   int64_t B_, T_, N_;
   Buffer<T> params_, grads_;
   std::shared_ptr<void> grads_memory_;  // host: grads_'s memory (huge_page_memory), which grads_ views
-  Workspace<T> ws_;
+  std::vector<std::unique_ptr<Workspace<T>>> scratch_;  // one, or one per run (scratch_per_run)
   Param<T> embed_, norm_, head_;  // tied: head_ is embed_ (ParamLayout::head_name)
   bool hold_embed_ = false;       // shard params: the embedding's unit held through the forward (MTP, tied)
   bool lookups_elsewhere_ = false;  // a later stage: the MTP lookups' gradients go to stage 0 (mtp_lookups)

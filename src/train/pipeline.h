@@ -10,6 +10,7 @@
 #include <vector>
 #include "comm/pipeline_mpi.h"
 #include "core/pipeline_schedule.h"
+#include "train/pass_pair.h"
 
 namespace xx {
 
@@ -50,19 +51,28 @@ struct PipelineStepTimes {
 
 class PipelineExecutor {
  public:
-  PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link);
+  // overlap: a paired F&B step's two passes run interleaved (pair()); else one after the other.
+  PipelineExecutor(PipelineSchedule schedule, int micro, StageLink& link, bool overlap = false);
   const std::vector<PipeOp>& order() const { return order_; }
   // per run: the micro-batches it holds at once
   std::vector<int> in_flight() const { return in_flight_per_run(order_, int(link_.cut().runs.size())); }
   // Runs every pass of the step on this stage; every send has left on return.
   PipelineStepTimes step(const StagePasses& passes);
+  // Where the paired passes hand over (PairedExchange), under overlap.
+  bool overlaps() const { return overlap_; }
+  PassPair& pair() { return pair_; }
 
  private:
+  void receive(const StagePasses& p, const PipeOp& op);
+  void pass(const StagePasses& p, const PipeOp& op);
   PipelineSchedule schedule_;
   int micro_;
   StageLink& link_;
   std::vector<PipeOp> order_;
-  std::vector<float> in_, out_;  // one micro-batch's activation or gradient, received or to send
+  bool overlap_ = false;
+  PassPair pair_;
+  // per run: one micro-batch's activation or gradient, received or to send
+  std::vector<std::vector<float>> in_, out_;
 };
 
 }  // namespace xx

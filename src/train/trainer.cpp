@@ -30,7 +30,7 @@ namespace xx {
 double Trainer::train_step() {
   SyncStrategy& sync = *strategy_;
   const int micro = sync.micro_batches();
-  if (exchange_) exchange_->stats() = {};  // (an evaluation's all-to-alls are not the step's)
+  for (auto& x : exchanges_) x->stats() = {};  // (an evaluation's all-to-alls are not the step's)
   sync.begin_step(step_);
   sync.zero_gradients();
   precision_->begin_step();  // 16-bit weights for the GEMMs, the backward from the scaled loss
@@ -40,7 +40,7 @@ double Trainer::train_step() {
   last_.comm = CommStats{};
   sync.reduce_gradients(step_, last_.comm);
   if (stages_) share_embedding(sync.reduced_gradients());
-  if (exchange_) last_.comm += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
+  if (!exchanges_.empty()) last_.comm += expert_traffic();  // ep: the tokens' all-to-alls, forward and backward
   if (lossagg_on_ && world_ > 1) {  // one loss gather per micro-batch; on the wire, what it hands MPI
     const int64_t gathered = micro * int64_t((LossAggregator::kKinds + 1) * sizeof(double));
     last_.comm.rounds += micro, last_.comm.bytes_sent += gathered, last_.comm.wire_bytes += gathered;
@@ -100,13 +100,16 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 // ---------------------------------------------------------------------------
 
 CommStats Trainer::expert_traffic() {
-  ExchangeStats& s = exchange_->stats();
+  ExchangeStats s;
+  for (auto& x : exchanges_) {
+    const ExchangeStats& one = x->stats();
+    s.rounds += one.rounds, s.bytes_sent += one.bytes_sent, s.seconds += one.seconds, s.waited += one.waited;
+    x->stats() = {};
+  }
   exchange_total_.rounds += s.rounds, exchange_total_.bytes_sent += s.bytes_sent;
   exchange_total_.seconds += s.seconds, exchange_total_.waited += s.waited;
   // point to point: what leaves this rank is on the wire; the time is what the step spent waiting for them
-  const CommStats out{.rounds = s.rounds, .bytes_sent = s.bytes_sent, .wire_bytes = s.bytes_sent, .seconds = s.waited};
-  s = {};
-  return out;
+  return CommStats{.rounds = s.rounds, .bytes_sent = s.bytes_sent, .wire_bytes = s.bytes_sent, .seconds = s.waited};
 }
 
 // Loss aggregation: every rank's losses weigh its seeds for this backward.
@@ -236,11 +239,14 @@ Validation Trainer::evaluate() {
         const StageCut& c = stages_->cut();
         std::vector<float>& act = stage_host_;
         const auto h = transfer::host_view(act);
-        for (const LayerRun& run : c.runs) {  // in chunk order: no stage waits on a later chunk
+        for (size_t k = 0; k < c.runs.size(); ++k) {  // in chunk order: no stage waits on a later chunk
+          const LayerRun& run = c.runs[k];
           const int64_t n = int64_t(act.size());
-          if (run.chunk > 0) stages_->recv_activation(run.chunk, r, act.data(), n), Kokkos::deep_copy(stage_in_, h);
-          const double main = model_->forward_stage(run.begin, run.end, in, tgt, stage_in_.data(), stage_out_.data()).main;
-          if (run.chunk + 1 < c.chunks) Kokkos::deep_copy(h, stage_out_), stages_->send_activation(run.chunk, r, act.data(), n);
+          Buffer<float>& in_k = stage_in_[k];
+          Buffer<float>& out_k = stage_out_[k];
+          if (run.chunk > 0) stages_->recv_activation(run.chunk, r, act.data(), n), Kokkos::deep_copy(in_k, h);
+          const double main = model_->forward_stage(run.begin, run.end, in, tgt, in_k.data(), out_k.data()).main;
+          if (run.chunk + 1 < c.chunks) Kokkos::deep_copy(h, out_k), stages_->send_activation(run.chunk, r, act.data(), n);
           else loss = main;
         }
       }
@@ -315,11 +321,17 @@ void Trainer::run_phases() {
   }
   finish_checkpoint();  // the last checkpoint is on disk before the run reports
   report_->performance(loss, peak_resident_mib());
-  if (exchange_) {  // ep: how much of the tokens' travel the shared experts hid (rank 0's)
+  if (!exchanges_.empty()) {  // ep: how much of the tokens' travel other work hid, summed over the ranks
     const ExchangeStats& x = exchange_total_;
-    log_->console(fmt::format("all-to-all (moe ep {}): {} rounds, {:.1f} MB sent, {:.3f} s in flight, {:.3f} s "
-                              "waited: {:.0f}% hidden behind other work", placement_.experts().ep, x.rounds, double(x.bytes_sent) / 1e6,
-                              x.seconds, x.waited, x.seconds > 0 ? 100.0 * (1.0 - x.waited / x.seconds) : 0.0));
+    double sum[4] = {double(x.rounds), double(x.bytes_sent), x.seconds, x.waited};
+    sum_over_ranks(sum, comm_);
+    const std::string overlap = pipeline_ && pipeline_->overlaps()
+                                    ? fmt::format(" (the shared experts and the paired pass: {} hand-overs on rank 0)",
+                                                  pipeline_->pair().hand_overs())
+                                    : " (the shared experts)";
+    log_->console(fmt::format("all-to-all (moe ep {}), all ranks: {:.0f} rounds, {:.1f} MB sent, {:.3f} s in flight, "
+                              "{:.3f} s waited: {:.0f}% hidden behind other work{}", placement_.experts().ep, sum[0],
+                              sum[1] / 1e6, sum[2], sum[3], sum[2] > 0 ? 100.0 * (1.0 - sum[3] / sum[2]) : 0.0, overlap));
   }
 }
 

@@ -141,7 +141,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> pipeline_;
   MPI_Comm replicas_ = MPI_COMM_NULL;
   int micro_ = 1;                    // sequences per pass: data batch / pipeline micro
-  Buffer<float> stage_in_, stage_out_;  // a micro-batch's activation (or gradient) in kernel memory
+  std::vector<Buffer<float>> stage_in_, stage_out_;  // per run: a micro-batch's activation (or gradient) in kernel memory
   Buffer<float> lookups_;               // MTP across stages: a micro-batch's lookup gradients (stage 0)
   std::vector<float> stage_lookups_;    // ... as they travel, on the host
   bool mtp_travels_ = false;            // P > 1 with MTP: the last stage's lookups go to stage 0
@@ -163,7 +163,9 @@ class Trainer {
   // this rank's expert share and its pieces; and its collectives.
   Placement placement_;
   std::unique_ptr<PlacementMpi> placed_;
-  std::unique_ptr<ExpertExchange> exchange_;  // moe ... ep N: the tokens' all-to-alls
+  // moe ... ep N: the tokens' all-to-alls, one; or under dualpipev one per
+  // run, whose waits hand over to the paired pass (train/pass_pair.h)
+  std::vector<std::unique_ptr<ExpertExchange>> exchanges_;
   ExchangeStats exchange_total_;              // the run's all-to-alls (how much the shared experts hid)
   std::unique_ptr<Decoder> decoder_;  // rank 0, made at the first sample
   std::unique_ptr<AdamW<float>> optimizer_;

@@ -77,7 +77,7 @@ Trainer::~Trainer() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  exchange_.reset();
+  exchanges_.clear();
 }
 
 // moe ... ep N: groups of N consecutive ranks share the routed experts out
@@ -125,7 +125,9 @@ void Trainer::build_stages() {
   stages_ = std::make_unique<StageLink>(comm_, stage_cut(world_, rank_, p.stages, cfg_.model.layers, p.cut,
                                                          p.virtual_stages, p.schedule == PipelineSchedule::dualpipev));
   replicas_ = stages_->data_parallel();
-  pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_);
+  // dualpipev under ep: each F&B pair's passes interleave at their all-to-alls (train/pass_pair.h)
+  const bool overlap = p.schedule == PipelineSchedule::dualpipev && cfg_.model.moe.enabled() && cfg_.model.moe.ep > 1;
+  pipeline_ = std::make_unique<PipelineExecutor>(p.schedule, p.micro, *stages_, overlap);
   micro_ = cfg_.data.batch / p.micro;
   passes_ = &Trainer::stage_passes;
   mtp_travels_ = p.stages > 1 && cfg_.model.mtp.depth > 0;
@@ -147,12 +149,15 @@ void Trainer::build_model(bool fresh) {
   const int ep = cfg_.model.moe.enabled() ? cfg_.model.moe.ep : 1;
   model_ = std::make_unique<Transformer<float>>(cfg_.model, micro_, cfg_.precision.kind, replica % ep,
                                                 stages_ ? stages_->cut() : StageCut{},
-                                                pipeline_ ? pipeline_->in_flight() : std::vector<int>{});
+                                                pipeline_ ? pipeline_->in_flight() : std::vector<int>{},
+                                                pipeline_ && pipeline_->overlaps());
   if (stages_) {
     stage_sets_.clear();
     for (int r = 0; r < int(stages_->cut().runs.size()); ++r) stage_sets_.emplace_back(model_->activation_sets(r));
     const int64_t width = int64_t(micro_) * cfg_.model.seq * cfg_.model.dim;
-    stage_in_ = Buffer<float>("Trainer::stage_in", width), stage_out_ = Buffer<float>("Trainer::stage_out", width);
+    stage_in_.clear(), stage_out_.clear();
+    for (size_t r = 0; r < stages_->cut().runs.size(); ++r)
+      stage_in_.emplace_back("Trainer::stage_in", width), stage_out_.emplace_back("Trainer::stage_out", width);
     stage_host_.resize(size_t(width));
     const StageCut& c = stages_->cut();
     if (mtp_travels_ && (c.first() || c.last())) {
@@ -171,8 +176,17 @@ void Trainer::build_model(bool fresh) {
     log_->console(line);
   });
   if (ep > 1) {
-    exchange_ = std::make_unique<MpiExpertExchange>(placed_->expert_group());
-    model_->set_expert_exchange(exchange_.get());
+    exchanges_.clear();
+    if (pipeline_ && pipeline_->overlaps()) {  // the two runs' layers each their own (one request in flight each)
+      for (int r = 0; r < 2; ++r) {
+        exchanges_.push_back(std::make_unique<PairedExchange>(
+            std::make_unique<MpiExpertExchange>(placed_->expert_group()), pipeline_->pair()));
+        model_->set_expert_exchange(exchanges_.back().get(), r);
+      }
+    } else {
+      exchanges_.push_back(std::make_unique<MpiExpertExchange>(placed_->expert_group()));
+      model_->set_expert_exchange(exchanges_.back().get());
+    }
   }
   // A rank writes only the weights it keeps: all of them; or its pieces (and
   // below params the runs the model reads in fp32, which every rank keeps).
@@ -359,7 +373,7 @@ std::string Trainer::backends() const {
     row("experts", fmt::format("moe ep {}: routed experts [{}, {}) of each MoE layer here, tokens moved by "
                                "{} in groups of {} consecutive ranks, each expert's gradient averaged "
                                "over its {} holder(s)", x.ep, x.share * routed / x.ep, (x.share + 1) * routed / x.ep,
-                               exchange_->describe(), x.ep, x.holders));
+                               exchanges_.front()->describe(), x.ep, x.holders));
   }
   out += fmt::format("  {:<18} {} ({} per token in matmuls), {:.3g} FLOP/token", "parameters",
                      model_->layout().total(), model_->layout().matmul_per_token(), flops_per_token_);

@@ -27,17 +27,21 @@ LossParts Trainer::stage_passes() {
   passes.forward = [&](int r, int m, const float* in, float* out) {
     const LayerRun& run = cut.runs[size_t(r)];
     model_->use_activations(r, stage_sets_[size_t(r)].take(m));  // kept there until m's backward
-    if (in) Kokkos::deep_copy(stage_in_, host(in));
+    Buffer<float>& stage_in = stage_in_[size_t(r)];
+    Buffer<float>& stage_out = stage_out_[size_t(r)];
+    if (in) Kokkos::deep_copy(stage_in, host(in));
     const LossParts l = model_->forward_stage(run.begin, run.end, tokens(data_->inputs, m),
-                                              tokens(data_->targets, m), stage_in_.data(), stage_out_.data());
+                                              tokens(data_->targets, m), stage_in.data(), stage_out.data());
     count_expert_load(r);
     sum.main += l.main / M, sum.mtp += l.mtp / M, sum.aux += l.aux / M;
-    if (out) Kokkos::deep_copy(host(out), stage_out_);
+    if (out) Kokkos::deep_copy(host(out), stage_out);
   };
   passes.backward = [&](int r, int m, const float* dout, float* din) {
     const LayerRun& run = cut.runs[size_t(r)];
     model_->use_activations(r, stage_sets_[size_t(r)].release(m));
-    if (dout) Kokkos::deep_copy(stage_out_, host(dout));
+    Buffer<float>& stage_in = stage_in_[size_t(r)];
+    Buffer<float>& stage_out = stage_out_[size_t(r)];
+    if (dout) Kokkos::deep_copy(stage_out, host(dout));
     // MTP across stages: the last chunk's lookups of the embedding reach chunk 0's gradient (Transformer::mtp_lookups)
     if (mtp_travels_ && run.chunk == 0) {  // before its own lookup's, as the unsplit backward adds them
       stages_->recv_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
@@ -45,8 +49,8 @@ LossParts Trainer::stage_passes() {
       model_->add_mtp_lookups(tokens(data_->targets, m), lookups_.data());
     }
     model_->backward_stage(run.begin, run.end, tokens(data_->inputs, m), tokens(data_->targets, m),
-                           stage_out_.data(), stage_in_.data());
-    if (din) Kokkos::deep_copy(host(din), stage_in_);
+                           stage_out.data(), stage_in.data());
+    if (din) Kokkos::deep_copy(host(din), stage_in);
     if (mtp_travels_ && run.chunk == last_chunk) {
       Kokkos::deep_copy(transfer::host_view(stage_lookups_), model_->mtp_lookups());
       stages_->send_lookups(m, stage_lookups_.data(), int64_t(stage_lookups_.size()));
