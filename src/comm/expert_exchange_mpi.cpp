@@ -1,5 +1,10 @@
 #include "comm/expert_exchange_mpi.h"
+#include <chrono>
+#include <cstdlib>
 #include <stdexcept>
+#include <thread>
+#include <fmt/format.h>
+#include "core/error.h"
 #include "core/views.h"
 
 namespace xx {
@@ -7,6 +12,13 @@ namespace xx {
 MpiExpertExchange::MpiExpertExchange(MPI_Comm group, bool staged) : group_(group), staged_(staged) {
   MPI_Comm_size(group, &ranks_);
   MPI_Comm_rank(group, &rank_);
+  if (const char* rate = std::getenv("XX_EMULATE_LINK_MBPS")) {
+    char* end = nullptr;
+    const double mbps = std::strtod(rate, &end);
+    if (end == rate || *end != '\0' || !(mbps > 0))
+      input_error("XX_EMULATE_LINK_MBPS={}: expected a rate in MB/s above 0 (the expert all-to-all's emulated link)", rate);
+    link_bytes_per_s_ = mbps * 1e6;
+  }
 }
 
 MpiExpertExchange::~MpiExpertExchange() {
@@ -16,7 +28,7 @@ MpiExpertExchange::~MpiExpertExchange() {
 // The counts are the host's (ints the routing read back).
 void MpiExpertExchange::start_counts(const int32_t* send, int32_t* recv, int n) {
   if (request_ != MPI_REQUEST_NULL) throw std::logic_error("expert exchange: a start before the last one's wait");
-  started_ = MPI_Wtime(), recv_ = nullptr;
+  started_ = MPI_Wtime(), recv_ = nullptr, arrival_ = 0;
   MPI_Ialltoall(send, n, MPI_INT32_T, recv, n, MPI_INT32_T, group_, &request_);
 }
 
@@ -58,11 +70,14 @@ void MpiExpertExchange::start(const void* send, const std::vector<int64_t>& send
                  group_, &request_);
   stats_.rounds += 1;
   stats_.bytes_sent += (s - send_rows[rank_]) * row_bytes;  // what leaves this rank
+  arrival_ = link_bytes_per_s_ > 0 ? started_ + double((r - recv_rows[rank_]) * row_bytes) / link_bytes_per_s_ : 0;
 }
 
 void MpiExpertExchange::wait() {
   const double t0 = MPI_Wtime();
   MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  if (const double rest = arrival_ - MPI_Wtime(); rest > 0)  // the emulated link: its bytes are still on the way
+    std::this_thread::sleep_for(std::chrono::duration<double>(rest));
   if (recv_)  // staged rows: in from the host
     Kokkos::deep_copy(Kokkos::View<char*, MemSpace, Unmanaged>(static_cast<char*>(recv_), recv_host_.size()),
                       Kokkos::View<char*, Kokkos::HostSpace, Unmanaged>(recv_host_.data(), recv_host_.size()));
@@ -71,7 +86,9 @@ void MpiExpertExchange::wait() {
 }
 
 std::string MpiExpertExchange::describe() const {
-  return staged_ ? "MPI_Ialltoallv through host buffers (this MPI cannot read kernel memory)" : "MPI_Ialltoallv";
+  const std::string how = staged_ ? "MPI_Ialltoallv through host buffers (this MPI cannot read kernel memory)" : "MPI_Ialltoallv";
+  if (link_bytes_per_s_ <= 0) return how;
+  return fmt::format("{} over an emulated link of {:g} MB/s (XX_EMULATE_LINK_MBPS)", how, link_bytes_per_s_ / 1e6);
 }
 
 }  // namespace xx

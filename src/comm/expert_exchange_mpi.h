@@ -5,6 +5,12 @@
 // host's (a CUDA build), the rows go through host buffers: the start copies
 // them out, the wait copies the arrivals in (an MPI that reads device memory
 // would not need it, but nothing here can tell one apart).
+// XX_EMULATE_LINK_MBPS=R (an experiment's setting, said at start-up): the
+// rows from other ranks arrive no sooner than their bytes take at R MB/s
+// from the start, as over a link that moves them with hardware of its own (a
+// NIC, a GPU's copy engines) while the rank computes; the wait sleeps out
+// the rest. On one machine's shared memory the CPUs themselves copy the
+// rows, inside the wait, and there is nothing for other work to hide.
 #pragma once
 #include <mpi.h>
 #include <map>
@@ -36,6 +42,8 @@ class MpiExpertExchange final : public ExpertExchange {
   int ranks_ = 1, rank_ = 0;
   MPI_Request request_ = MPI_REQUEST_NULL;
   double started_ = 0;
+  double link_bytes_per_s_ = 0;  // XX_EMULATE_LINK_MBPS; 0: off
+  double arrival_ = 0;           // ... the soonest the rows started last may be there
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::map<int64_t, MPI_Datatype> row_types_;
   bool staged_ = false;
