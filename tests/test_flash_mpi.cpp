@@ -32,7 +32,7 @@ std::vector<double> run_shipped(const std::string& deck, const std::string& dir,
 // (deepseek-tiny); the bound, 1e-6, is 250x that and far below what a wrong
 // gradient does (the curves part by 1e-2 within steps).
 TEST_CASE("flash attention trains the shipped decks along the packed kernel's losses, bit-identical on rerun",
-          "[mpi][flash]") {
+          "[mpi][flash][long]") {
   const std::string deck = GENERATE("tiny.deck", "deepseek-tiny.deck");
   CAPTURE(deck);
   const int steps = 8;

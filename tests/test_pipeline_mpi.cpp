@@ -625,8 +625,9 @@ TEST_CASE("pipeline stages with a tied head: within 1e-6 of P = 1, the same bits
 
 // A checkpoint of one P resumes at another (the file holds the whole model,
 // each stage's tensors and MoE biases from the stage holding them): the
-// resumed steps are the uninterrupted run's, bit for bit. At 2 ranks P 2 and
-// P 1 each way; at 4, P 4 into P 2 (each half of the world alone).
+// resumed steps are the uninterrupted run's, bit for bit. At 2 ranks P 2
+// into P 1, written by slabs and by rank 0 (the next case: other cuts); at
+// 4, P 4 into P 2 (each half of the world alone).
 TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going on bit for bit",
           "[mpi][pipeline][train][ckpt]") {
   using namespace xx::test;
@@ -658,25 +659,6 @@ TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going o
         train_on(alone, dir, corpus, fmt::format("p1_from_p2_rank0_{}", rank), bf16 + one_f_one_b(1), file("p2_rank0"));
     REQUIRE(gathered.losses == after_step10(want.losses));
     REQUIRE(!xx::written_by_slabs(file("p2_rank0")));
-    // an uneven cut (3 blocks, then 1 with the head and MTP): the same bits, its checkpoint resuming at P 1
-    const std::string uneven = "pipeline stages 2 schedule 1f1b micro 4 cut 3,1\n";
-    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_cut", bf16 + uneven + every).losses == want.losses);
-    REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_cut_{}", rank), bf16 + one_f_one_b(1), file("p2_cut")).losses ==
-            after_step10(want.losses));
-    train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + one_f_one_b(1) + every);
-    MPI_Barrier(MPI_COMM_WORLD);
-    const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + one_f_one_b(2), file("p1_0"));
-    REQUIRE(back.losses == after_step10(want.losses));
-    // virtual stages: dualpipev's and interleaved's checkpoints resume at P 1, and P 1's at dualpipev
-    for (const std::string schedule : {"dualpipev", "interleaved"}) {
-      INFO(schedule);
-      const std::string line = schedule == "dualpipev" ? dualpipev(2) : interleaved(2);
-      REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, schedule, bf16 + line + every).losses == want.losses);
-      REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_{}_{}", schedule, rank), bf16 + one_f_one_b(1),
-                       file(schedule)).losses == after_step10(want.losses));
-    }
-    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "v_from_p1", bf16 + dualpipev(2), file("p1_0")).losses ==
-            after_step10(want.losses));
   } else {
     const Curve four = train_on(MPI_COMM_WORLD, dir, corpus, "p4", bf16 + one_f_one_b(4) + every);
     REQUIRE(four.losses == want.losses);
@@ -691,4 +673,44 @@ TEST_CASE("pipeline stages: a checkpoint resumes at another P, the curve going o
   }
   MPI_Comm_free(&alone);
   MPI_Comm_free(&half);
+}
+
+// More cuts at 2 ranks, each against the same uninterrupted P 1 curve: an
+// uneven cut, P 1 into P 2, and the chunked schedules' checkpoints both ways.
+TEST_CASE("pipeline stages: an uneven cut's and the chunked schedules' checkpoints resume across P bit for bit",
+          "[mpi][pipeline][train][ckpt][long]") {
+  using namespace xx::test;
+  const int world = mpi_size(), rank = mpi_rank();
+  if (world != 2) {
+    SUCCEED("needs 2 ranks");
+    return;
+  }
+  const std::string dir = shared_scratch("pipeline_resume_cuts");
+  const std::string corpus = make_corpus(dir, 60000);
+  const std::string bf16 = "precision bf16\n", every = "checkpoint every 10\n";
+  auto file = [&](const std::string& run) { return dir + "/" + run + "/ckpt/step_00000010.h5"; };
+  MPI_Comm alone;
+  MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &alone);
+  const Curve want = train_on(alone, dir, corpus, fmt::format("want{}", rank), bf16 + one_f_one_b(1));
+  REQUIRE(want.losses.size() == 20);
+  // an uneven cut (3 blocks, then 1 with the head and MTP): the same bits, its checkpoint resuming at P 1
+  const std::string uneven = "pipeline stages 2 schedule 1f1b micro 4 cut 3,1\n";
+  REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "p2_cut", bf16 + uneven + every).losses == want.losses);
+  REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_cut_{}", rank), bf16 + one_f_one_b(1), file("p2_cut")).losses ==
+          after_step10(want.losses));
+  train_on(alone, dir, corpus, fmt::format("p1_{}", rank), bf16 + one_f_one_b(1) + every);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Curve back = train_on(MPI_COMM_WORLD, dir, corpus, "p2_from_p1", bf16 + one_f_one_b(2), file("p1_0"));
+  REQUIRE(back.losses == after_step10(want.losses));
+  // virtual stages: dualpipev's and interleaved's checkpoints resume at P 1, and P 1's at dualpipev
+  for (const std::string schedule : {"dualpipev", "interleaved"}) {
+    INFO(schedule);
+    const std::string line = schedule == "dualpipev" ? dualpipev(2) : interleaved(2);
+    REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, schedule, bf16 + line + every).losses == want.losses);
+    REQUIRE(train_on(alone, dir, corpus, fmt::format("p1_from_{}_{}", schedule, rank), bf16 + one_f_one_b(1),
+                     file(schedule)).losses == after_step10(want.losses));
+  }
+  REQUIRE(train_on(MPI_COMM_WORLD, dir, corpus, "v_from_p1", bf16 + dualpipev(2), file("p1_0")).losses ==
+          after_step10(want.losses));
+  MPI_Comm_free(&alone);
 }

@@ -199,7 +199,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // differ in its last bits (measured: ~5e-16 relative at 4 ranks), which the
 // float clip factor has absorbed in every step measured (losses and final
 // weights bit-identical at 1, 2 and 4 ranks over 100 steps of both models).
-TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and DeepSeek", "[mpi][shard]") {
+TEST_CASE("every shard level follows shard off's losses for 100 steps, dense and DeepSeek", "[mpi][shard][long]") {
   // Under the device emulation (mpi_np2_emulated_device) what is checked is
   // that no staged path touches kernel memory from the host, which the first
   // steps show; the long agreement and the rerun are the host suites' (at

@@ -355,10 +355,13 @@ std::string Trainer::backends() const {
     }
     row("pipeline", fmt::format("{} stages x {} replicas, schedule {}, virtual {} ({} chunks), {} micro-batches of {} "
                                 "sequences; this rank stage {} ({}), replica {}, keeping {} micro-batches' "
-                                "activations; expected bubble {:.1f}%",
+                                "activations; expected bubble {:.1f}%{}",
                                 p.stages, c.replicas, p.schedule, p.virtual_stages, c.chunks, p.micro, micro_, c.stage,
                                 fmt::join(runs, ", "), c.replica, fmt::join(sets, " + "),
-                                100.0 * theory_bubble(p.schedule, p.stages, p.micro, p.virtual_stages)));
+                                100.0 * theory_bubble(p.schedule, p.stages, p.micro, p.virtual_stages),
+                                pipeline_->overlaps() ? "; each F&B pair's passes interleaved at their all-to-alls, "
+                                                        "each run with its own scratch"
+                                                      : ""));
   }
   out += comm_ops_->report() + "\n";
   const auto& ck = cfg_.checkpoint;
