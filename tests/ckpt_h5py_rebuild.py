@@ -24,7 +24,10 @@ def flat_base(f, group):
     flat = np.empty(n, dtype=np.float32)
     for name, ds in model.items():
         start = int(ds.attrs["offset"])
-        flat[start:start + ds.size] = f[group][name][()].ravel()
+        values = f[group][name][()].ravel()
+        if values.dtype == np.uint16:  # moments kept in bf16 (encoding "bfloat16"): a float's top 16 bits
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        flat[start:start + ds.size] = values
     return flat
 
 

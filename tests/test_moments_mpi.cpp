@@ -77,12 +77,18 @@ std::string ckpt(const std::string& run_dir, int64_t step) {
   return fmt::format("{}/ckpt/step_{:08d}.h5", run_dir, step);
 }
 
-// /optimizer's attribute moments, and whether every stored moment is a bf16 value.
-std::pair<std::string, bool> stored_moments(const std::string& path) {
+// /optimizer's attribute moments, whether every stored moment is a bf16
+// value, and the bytes each takes in the file's type (bf16: uint16 bits,
+// encoding "bfloat16", widened here as docs/CHECKPOINT.md says).
+struct StoredMoments {
+  std::string type;
+  bool all_bf16 = true;
+  size_t bytes = 0;  // the largest stored element size over the moments' datasets
+};
+StoredMoments stored_moments(const std::string& path) {
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   H5 opt(H5Gopen2(file, "optimizer", H5P_DEFAULT), H5Gclose);
-  const std::string type = read_string_attr(opt, "moments", path);
-  bool all_bf16 = true;
+  StoredMoments out{.type = read_string_attr(opt, "moments", path)};
   for (const char* g : {"m", "v"}) {
     H5 group(H5Gopen2(opt, g, H5P_DEFAULT), H5Gclose);
     hsize_t n = 0;
@@ -92,16 +98,21 @@ std::pair<std::string, bool> stored_moments(const std::string& path) {
       H5Gget_objname_by_idx(group, i, name, sizeof(name));
       H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
       H5 space(H5Dget_space(ds), H5Sclose);
-      std::vector<float> v(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
-      H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-      for (float x : v) {
-        uint32_t u = 0;
-        std::memcpy(&u, &x, 4);
-        all_bf16 &= (u & 0xffffu) == 0;
+      H5 type(H5Dget_type(ds), H5Tclose);
+      out.bytes = std::max(out.bytes, H5Tget_size(type));
+      std::vector<uint32_t> u(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+      if (H5Tget_size(type) == 2) {
+        REQUIRE(read_string_attr(ds, "encoding", path) == "bfloat16");
+        std::vector<uint16_t> bits(u.size());
+        H5Dread(ds, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data());
+        for (size_t k = 0; k < u.size(); ++k) u[k] = uint32_t(bits[k]) << 16;
+      } else {
+        H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, u.data());
       }
+      for (uint32_t x : u) out.all_bf16 &= (x & 0xffffu) == 0;
     }
   }
-  return {type, all_bf16};
+  return out;
 }
 
 }  // namespace
@@ -148,9 +159,10 @@ TEST_CASE("moments bf16: every shard level follows shard off, and resumes bit fo
       REQUIRE(sharded.fingerprints == off.fingerprints);
       const std::string path = ckpt(dir + "/" + name(level), kAt);
       if (mpi_rank() == 0) {
-        const auto [type, all_bf16] = stored_moments(path);
-        REQUIRE(type == "bf16");
-        REQUIRE(all_bf16);  // the file keeps the moments as they were kept
+        const StoredMoments stored = stored_moments(path);
+        REQUIRE(stored.type == "bf16");
+        REQUIRE(stored.all_bf16);    // the file keeps the moments as they were kept
+        REQUIRE(stored.bytes == 2);  // ... in 2 bytes each
       }
       MPI_Barrier(MPI_COMM_WORLD);
       const auto resumed = run(program(level + "_resumed", level, "bf16", "checkpoint every 0\n"), path);
@@ -176,8 +188,12 @@ TEST_CASE("moments: an fp32 checkpoint resumes a bf16 run and a bf16 one an fp32
   const auto f = run(program("f", "fp32", "checkpoint every 4\n"));
   const auto b = run(program("b", "bf16", "checkpoint every 4\n"));
   if (mpi_rank() == 0) {
-    REQUIRE(stored_moments(ckpt(dir + "/f", 4)).first == "fp32");
-    REQUIRE(stored_moments(ckpt(dir + "/b", 4)) == std::pair<std::string, bool>{"bf16", true});
+    const StoredMoments f_file = stored_moments(ckpt(dir + "/f", 4)), b_file = stored_moments(ckpt(dir + "/b", 4));
+    REQUIRE(f_file.type == "fp32");
+    REQUIRE(f_file.bytes == 4);
+    REQUIRE(b_file.type == "bf16");
+    REQUIRE(b_file.all_bf16);
+    REQUIRE(b_file.bytes == 2);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const auto f_to_b = run(program("f_to_b", "bf16", "checkpoint every 0\n"), ckpt(dir + "/f", 4));

@@ -127,6 +127,25 @@ inline void check_type(hid_t ds, hid_t type, const std::string& where, const std
   }
 }
 
+// AdamW's moments kept in bf16 (optimizer adamw ... moments bf16) are stored
+// as they are kept: each value's 16 bits (a float's top half) in uint16,
+// with attribute encoding = "bfloat16"; read back widened, exactly.
+inline bool stored_as_bf16(hid_t ds, const std::string& where, const std::string& path) {
+  H5 stored(H5Dget_type(ds), H5Tclose);
+  if (stored < 0 || H5Tequal(stored, H5T_STD_U16LE) <= 0) return false;
+  const std::string encoding = H5Aexists(ds, "encoding") > 0 ? read_string_attr(ds, "encoding", path) : "";
+  if (encoding != "bfloat16")
+    input_error("{}: dataset '{}' is stored as uint16 with encoding '{}' (expected float32, or uint16 with "
+                "encoding bfloat16)", path, where, encoding);
+  return true;
+}
+inline void widen_bf16(const uint16_t* bits, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(bits[i]) << 16;
+    std::memcpy(out + i, &u, sizeof(u));
+  }
+}
+
 // Version 2 files carry a crc32c attribute on every dataset: the checksum
 // of the values as written, verified on top of HDF5's fletcher32.
 inline void verify_crc(hid_t ds, const void* data, size_t bytes, const std::string& where, const std::string& path) {
@@ -152,9 +171,16 @@ inline void read_tensor(hid_t group, const std::string& group_name, const FrameT
   if (shape != t.shape)
     input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                 fmt::join(shape, ", "), fmt::join(t.shape, ", "));
-  check_type(ds, H5T_NATIVE_FLOAT, where, path);
-  if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
-    input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
+  if (stored_as_bf16(ds, where, path)) {  // moments kept in bf16: widened (exact)
+    std::vector<uint16_t> bits(size_t(t.size));
+    if (H5Dread(ds, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data()) < 0)
+      input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
+    widen_bf16(bits.data(), bits.size(), data + t.offset);
+  } else {
+    check_type(ds, H5T_NATIVE_FLOAT, where, path);
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data + t.offset) < 0)
+      input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
+  }
   verify_crc(ds, data + t.offset, size_t(t.size) * sizeof(float), where, path);
 }
 

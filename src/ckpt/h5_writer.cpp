@@ -142,7 +142,7 @@ void H5Writer::string_attr(hid_t obj, const char* name, const std::string& value
 }
 
 void H5Writer::dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
-                       const void* data, uint32_t crc, bool deflate, int64_t offset) {
+                       const void* data, uint32_t crc, bool deflate, int64_t offset, const char* encoding) {
   H5 ds = create_dataset(group, name, type, dims, deflate);
   if (ds >= 0 && element_count(dims) > 0) {
     H5 mem(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
@@ -152,22 +152,21 @@ void H5Writer::dataset(hid_t group, const std::string& name, hid_t type, const s
   }
   // The owner's checksum: attributes are collective, and only the owner's bytes were written.
   MPI_Bcast(&crc, 1, MPI_UINT32_T, owner, comm_);
-  finish_dataset(ds, crc, offset);
+  finish_dataset(ds, crc, offset, encoding);
 }
 
-void H5Writer::dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims,
-                             const FrameSlab* first, const FrameSlab* last, const std::vector<float>& values,
-                             uint32_t crc, int64_t offset) {
-  H5 ds = create_dataset(group, name, H5T_NATIVE_FLOAT, dims, false);
+void H5Writer::slabs_of(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                        const FrameSlab* last, const void* values, size_t count, hid_t type, uint32_t crc,
+                        int64_t offset, const char* encoding) {
+  H5 ds = create_dataset(group, name, type, dims, false);
   if (ds >= 0 && element_count(dims) > 0) {
-    const hsize_t n = std::max<hsize_t>(1, values.size());
+    const hsize_t n = std::max<hsize_t>(1, count);
     H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
     H5 file(H5Dget_space(ds), H5Sclose);
     slabs::select_slabs(mem, file, dims, first, last);
-    ok(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem, file, dxpl_, values.empty() ? nullptr : values.data()),
-       "write dataset " + name);
+    ok(H5Dwrite(ds, type, mem, file, dxpl_, count == 0 ? nullptr : values), "write dataset " + name);
   }
-  finish_dataset(ds, crc, offset);
+  finish_dataset(ds, crc, offset, encoding);
 }
 
 // Collective: the dataset, chunked (rows of about 1 MiB), fletcher32, optionally shuffle + deflate.
@@ -190,10 +189,11 @@ H5 H5Writer::create_dataset(hid_t group, const std::string& name, hid_t type, co
   return ds;
 }
 
-// Collective: the dataset's attributes crc32c (and offset, when >= 0), then a sync.
-void H5Writer::finish_dataset(hid_t ds, uint32_t crc, int64_t offset) {
+// Collective: the dataset's attributes crc32c (and offset, when >= 0; encoding, when given), then a sync.
+void H5Writer::finish_dataset(hid_t ds, uint32_t crc, int64_t offset, const char* encoding) {
   attr(ds, "crc32c", H5T_NATIVE_UINT32, crc);
   if (offset >= 0) attr(ds, "offset", H5T_NATIVE_INT64, offset);
+  if (encoding) string_attr(ds, "encoding", encoding);
   sync();
 }
 

@@ -67,20 +67,33 @@ class H5Writer {
   // optionally shuffle + deflate; data from `owner` (nullptr elsewhere);
   // attribute crc32c = the checksum of the bytes, which every rank passes.
   // `offset` >= 0: the tensor's offset in the flat buffer, as attribute `offset`.
+  // `encoding`: attribute encoding, where the stored type is not what the
+  // values are ("bfloat16": a float's top 16 bits, in uint16).
   void dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, int owner,
-               const void* data, uint32_t crc, bool deflate = false, int64_t offset = -1);
+               const void* data, uint32_t crc, bool deflate = false, int64_t offset = -1,
+               const char* encoding = nullptr);
   // A float tensor dataset as dataset() makes it, whose elements come from
   // every rank's slabs of it, [first, last) this rank's (all of this tensor)
   // from `values`, in one collective transfer; `crc` is the whole tensor's,
   // the same on every rank (slabs::tensor_crcs).
   void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const FrameSlab* first,
-                     const FrameSlab* last, const std::vector<float>& values, uint32_t crc, int64_t offset);
+                     const FrameSlab* last, const std::vector<float>& values, uint32_t crc, int64_t offset) {
+    slabs_of(group, name, dims, first, last, values.data(), values.size(), H5T_NATIVE_FLOAT, crc, offset, nullptr);
+  }
+  // ... of bf16 values, each a float's top 16 bits (`bits`, laid out as `values`): uint16, encoding "bfloat16"
+  void dataset_slabs(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                     const FrameSlab* last, const std::vector<uint16_t>& bits, uint32_t crc, int64_t offset) {
+    slabs_of(group, name, dims, first, last, bits.data(), bits.size(), H5T_NATIVE_UINT16, crc, offset, "bfloat16");
+  }
 
  private:
   H5Writer(MPI_Comm comm, WriteGuard& guard, bool alone, int64_t bytes);
   h5::H5 create_dataset(hid_t group, const std::string& name, hid_t type, const std::vector<hsize_t>& dims,
                         bool deflate);
-  void finish_dataset(hid_t ds, uint32_t crc, int64_t offset);
+  void slabs_of(hid_t group, const std::string& name, const std::vector<hsize_t>& dims, const FrameSlab* first,
+                const FrameSlab* last, const void* values, size_t count, hid_t type, uint32_t crc, int64_t offset,
+                const char* encoding);
+  void finish_dataset(hid_t ds, uint32_t crc, int64_t offset, const char* encoding = nullptr);
   void close_alone();
   void release();
   bool ok(herr_t status, const std::string& what) {

@@ -175,6 +175,7 @@ void read_slabs(MPI_Comm comm, const std::string& path, const Frame& frame, std:
       mine.values.assign(size_t(size), 0.0f);
       H5 group(H5Gopen2(file, groups[i], H5P_DEFAULT), H5Gclose);
       if (group < 0) input_error("{}: group '/{}' is missing (expected a xuanxue checkpoint)", path, groups[i]);
+      std::vector<uint16_t> bits;  // a group of bf16 moments' slabs as stored
       for (auto s = mine.slabs.begin(); s != mine.slabs.end();) {
         const FrameTensor& t = frame.at(s->tensor);
         const std::string where = fmt::format("/{}/{}", groups[i], t.name);
@@ -187,7 +188,9 @@ void read_slabs(MPI_Comm comm, const std::string& path, const Frame& frame, std:
         if (std::vector<int64_t>(dims.begin(), dims.end()) != t.shape)
           input_error("{}: tensor '{}' has shape [{}] (expected [{}] from the deck's model)", path, where,
                       fmt::join(dims, ", "), fmt::join(t.shape, ", "));
-        check_type(ds, H5T_NATIVE_FLOAT, where, path);
+        const bool bf16 = stored_as_bf16(ds, where, path);  // moments kept in bf16: widened (h5.h)
+        if (!bf16) check_type(ds, H5T_NATIVE_FLOAT, where, path);
+        if (bf16 && bits.size() != mine.values.size()) bits.assign(mine.values.size(), 0);
         const hsize_t n = std::max<hsize_t>(1, mine.values.size());
         H5 mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
         const size_t tensor = s->tensor;
@@ -195,8 +198,12 @@ void read_slabs(MPI_Comm comm, const std::string& path, const Frame& frame, std:
         while (s != mine.slabs.end() && s->tensor == tensor) ++s;
         slabs::select_slabs(mem, space, dims, &*first, &*first + (s - first));
         if (H5Sget_select_npoints(space) > 0 &&
-            H5Dread(ds, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, mine.values.data()) < 0)
+            H5Dread(ds, bf16 ? H5T_NATIVE_UINT16 : H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT,
+                    bf16 ? static_cast<void*>(bits.data()) : static_cast<void*>(mine.values.data())) < 0)
           input_error("{}: tensor '{}' cannot be read (checksum mismatch or corrupt data){}", path, where, cause());
+        if (bf16)
+          for (auto k = first; k != s; ++k)
+            widen_bf16(bits.data() + k->at, size_t(k->count), mine.values.data() + k->at);
         if (H5Aexists(ds, "crc32c") <= 0)
           input_error("{}: tensor '{}' has no crc32c attribute (expected one in a file written by slabs)", path, where);
         want[size_t(i)][tensor] = read_attr<uint32_t>(ds, "crc32c", H5T_NATIVE_UINT32, path);

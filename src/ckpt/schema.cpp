@@ -1,5 +1,7 @@
 #include "ckpt/schema.h"
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <optional>
 #include <type_traits>
 #include <variant>
@@ -64,28 +66,50 @@ void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   w.sync();
 }
 
+// A bf16 value's bits: the top 16 of the float that holds it exactly.
+uint16_t bf16_bits(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  return uint16_t(u >> 16);
+}
+
 // One group of the base (/model, /optimizer/m or /optimizer/v; i: 0, 1, 2):
 // rank 0's copy of what every rank passes alike, each rank's own slabs, or
 // a delta's change of each tensor since the chain's base, through its codec.
+// Moments kept in bf16 are stored as kept: uint16, encoding "bfloat16"
+// (docs/CHECKPOINT.md); their crc32c is the float values' as elsewhere.
 void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, int i, const std::vector<float>& flat) {
+  const bool bf16 = i > 0 && enc.data.moments == Precision::bf16;
   if (enc.kind == ChainKind::delta) {
     for (const auto& p : enc.base_parts[i])
       w.dataset(group, p.name, p.type, {hsize_t(p.count)}, 0, p.data, p.crc, true, p.offset);
   } else if (enc.data.slabs) {  // they come tensor by tensor
     const TensorSlabs& mine = (*enc.data.slabs)[size_t(i)];
+    std::vector<uint16_t> bits;
+    if (bf16) std::transform(mine.values.begin(), mine.values.end(), std::back_inserter(bits), bf16_bits);
     const FrameSlab *s = mine.slabs.data(), *end = s + mine.slabs.size();
     for (size_t k = 0; k < enc.tensors.size(); ++k) {
       const auto& t = enc.tensors[k];
       const FrameSlab* first = s;
       while (s != end && s->tensor == k) ++s;
-      w.dataset_slabs(group, t.name, std::vector<hsize_t>(t.shape.begin(), t.shape.end()), first, s, mine.values,
-                      enc.slab_crcs[i][k], t.offset);
+      const std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      if (bf16) w.dataset_slabs(group, t.name, dims, first, s, bits, enc.slab_crcs[i][k], t.offset);
+      else w.dataset_slabs(group, t.name, dims, first, s, mine.values, enc.slab_crcs[i][k], t.offset);
     }
   } else {
+    std::vector<uint16_t> bits;
     for (const auto& t : enc.tensors) {
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-      const uint32_t crc = crc32c(flat.data() + t.offset, size_t(t.size) * sizeof(float));
-      w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, flat.data() + t.offset, crc, false, t.offset);
+      const bool here = int64_t(flat.size()) >= t.offset + t.size;  // (every rank passes them; rank 0's are written)
+      const float* values = here ? flat.data() + t.offset : nullptr;
+      const uint32_t crc = here ? crc32c(values, size_t(t.size) * sizeof(float)) : 0;
+      if (!bf16) {
+        w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, values, crc, false, t.offset);
+        continue;
+      }
+      bits.clear();
+      if (here) std::transform(values, values + t.size, std::back_inserter(bits), bf16_bits);
+      w.dataset(group, t.name, H5T_NATIVE_UINT16, dims, 0, bits.data(), crc, false, t.offset, "bfloat16");
     }
   }
 }

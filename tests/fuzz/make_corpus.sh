@@ -8,6 +8,7 @@
 #                (step 1 base, step 2 delta, step 3 base)
 #   local_topk   2 ranks, sync local 2, mode diff topk, lossless delta deltas
 #   sharded      2 ranks, shard optimizer: written by slabs (rank_tensors = base)
+#   moments_bf16 2 ranks, shard optimizer, moments bf16: uint16 moments (encoding bfloat16)
 # Writes OUT/RUN/ckpt/step_*.h5 (the runs as they are, a delta next to its
 # base) and OUT/seeds/RUN-step_N.h5 (copies, for libFuzzer's corpus);
 # OUT/chain_base names the chain base the deltas in seeds/ need.
@@ -60,6 +61,7 @@ train local_full 2 "sync local 2" "checkpoint every 1 mode full writer rank0"
 train local_int8 2 "sync local 2" "checkpoint every 1 mode diff codec int8 base_every 2"
 train local_topk 2 "sync local 2" "checkpoint every 2 mode diff codec topk ratio 0.1"
 train sharded 2 "shard optimizer" "checkpoint every 2"
+train moments_bf16 2 "shard optimizer" "optimizer adamw lr 1e-3 moments bf16" "checkpoint every 2"
 echo "$out/local_int8/ckpt/step_00000001.h5" >"$out/chain_base"
 if command -v spm_train >/dev/null; then
   mkdir -p "$out/tokenizer"

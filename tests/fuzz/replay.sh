@@ -36,7 +36,7 @@ fail() {
 echo "--- seed corpus (make_corpus.sh)"
 bash "$here/make_corpus.sh" "$T/c" "$XX" "$MPIEXEC" || { echo "FAIL: make_corpus.sh" >&2; exit 1; }
 SEEDS=(dense/ckpt/step_00000002.h5 local_full/ckpt/step_00000003.h5 local_int8/ckpt/step_00000002.h5
-       local_topk/ckpt/step_00000002.h5 sharded/ckpt/step_00000002.h5)
+       local_topk/ckpt/step_00000002.h5 sharded/ckpt/step_00000002.h5 moments_bf16/ckpt/step_00000002.h5)
 
 # $T/cases: one line per file, "EXPECT<TAB>PATH<TAB>HINT": EXPECT read (the
 # seeds as they are), refused (cut, forged: HINT in the message) or either
