@@ -82,6 +82,8 @@ def main():
             for name, group in groups.items():
                 for tensor, start in sorted(offsets.items(), key=lambda t: t[1]):
                     exported = e[group][tensor][()]
+                    if exported.dtype == np.uint16:  # bf16 moments (encoding "bfloat16"): a float's top 16 bits
+                        exported = (exported.astype(np.uint32) << 16).view(np.float32)
                     mine = rebuilt[name][start:start + exported.size].reshape(exported.shape)
                     # bit for bit: compare the patterns, so NaN, -0 and rounding all count
                     if exported.dtype != np.float32 or not np.array_equal(exported.view(np.uint32),

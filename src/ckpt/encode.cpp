@@ -7,6 +7,7 @@
 #include "ckpt/encoded.h"
 #include "ckpt/slabs.h"
 #include "core/crc32c.h"
+#include "kernels/precision.h"
 
 namespace xx {
 
@@ -50,11 +51,19 @@ void share_parts(MPI_Comm comm, EncodedCheckpoint& out, int64_t my_batches) {
 ChainKind chain_kind_of(const EncodedCheckpoint& encoded) { return encoded.kind; }
 
 std::shared_ptr<EncodedCheckpoint> encode_checkpoint(MPI_Comm comm, const Frame& frame,
-                                                     const CheckpointData& data, const RankState* mine,
+                                                     const CheckpointData& given, const RankState* mine,
                                                      const CheckpointFormat& format, ChainBase* chain) {
   auto out = std::make_shared<EncodedCheckpoint>();
-  out->name = fmt::format("step_{:08d}.h5", data.state.step);
-  out->data = data;
+  out->name = fmt::format("step_{:08d}.h5", given.state.step);
+  out->data = given;
+  // Moments kept in bf16 are stored in bf16 (schema.cpp): the base's average
+  // of the ranks' moments (per-rank state) is rounded here, as a resume into
+  // bf16 moments would round it, so that the ranks' diffs and a chain's
+  // deltas are against the bits the file holds. (Kept moments are bf16 already.)
+  if (given.moments == Precision::bf16)
+    for (std::vector<float>* m : {&out->data.adam_m, &out->data.adam_v})
+      for (float& x : *m) x = kernels::bf16_bits_to_float(kernels::float_to_bf16_bits(x));
+  const CheckpointData& data = out->data;
   out->format = format;
   out->has_ranks = mine != nullptr;
   out->tensors = frame;

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <variant>
 #include "core/crc32c.h"
+#include "kernels/precision.h"
 
 namespace xx {
 using h5::H5;
@@ -66,18 +67,16 @@ void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   w.sync();
 }
 
-// A bf16 value's bits: the top 16 of the float that holds it exactly.
-uint16_t bf16_bits(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  return uint16_t(u >> 16);
-}
+// A value's bf16 bits, rounded to nearest even: a moment kept in bf16
+// exactly (its own bits); the base's average of the ranks' moments (per-rank
+// state) rounded, as a resume into bf16 moments would round it.
+uint16_t bf16_bits(float x) { return kernels::float_to_bf16_bits(x); }
 
 // One group of the base (/model, /optimizer/m or /optimizer/v; i: 0, 1, 2):
 // rank 0's copy of what every rank passes alike, each rank's own slabs, or
 // a delta's change of each tensor since the chain's base, through its codec.
 // Moments kept in bf16 are stored as kept: uint16, encoding "bfloat16"
-// (docs/CHECKPOINT.md); their crc32c is the float values' as elsewhere.
+// (docs/CHECKPOINT.md); their crc32c is that of the float values they widen to.
 void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, int i, const std::vector<float>& flat) {
   const bool bf16 = i > 0 && enc.data.moments == Precision::bf16;
   if (enc.kind == ChainKind::delta) {
@@ -109,7 +108,9 @@ void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, in
       }
       bits.clear();
       if (here) std::transform(values, values + t.size, std::back_inserter(bits), bf16_bits);
-      w.dataset(group, t.name, H5T_NATIVE_UINT16, dims, 0, bits.data(), crc, false, t.offset, "bfloat16");
+      std::vector<float> widened(bits.size());
+      std::transform(bits.begin(), bits.end(), widened.begin(), kernels::bf16_bits_to_float);
+      w.dataset(group, t.name, H5T_NATIVE_UINT16, dims, 0, bits.data(), crc_of(widened), false, t.offset, "bfloat16");
     }
   }
 }

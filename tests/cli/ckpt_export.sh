@@ -3,7 +3,8 @@
 # the ranks differ from the base): for each codec an independent h5py rebuild
 # (tests/ckpt_h5py_rebuild.py, docs/CHECKPOINT.md alone) matches the export of
 # rank 1 bit for bit; the lossless export equals the rank's own bits in a
-# `mode full` run of the same deck; xuanxue resumes from an export; and a file
+# `mode full` run of the same deck; xuanxue resumes from an export; bf16
+# moments stay 16-bit through a checkpoint and its export; and a file
 # without /ranks, a rank out of range and a bad checksum end with exit 2.
 # usage: ckpt_export.sh XUANXUE [MPIEXEC]
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -71,6 +72,42 @@ check [ ! -e "$T/lossless_r1.h5.tmp" ] || fail "the temp file was left behind"
 # the same deck into a fresh output dir: step 3 from rank 1's state; the export keeps the world size (2)
 sed -e "s|dir $T/lossless |dir $T/resumed |" "$T/lossless.deck" >"$T/resume.deck"
 expect_ok 2 -in "$T/resume.deck" -resume "$T/lossless_r1.h5"
+check grep -q -E '^step +3/3' "$T/out" || fail "no step 3 after the resume: $(tail -3 "$T/out")"
+
+begin "moments bf16: stored as kept (uint16, encoding bfloat16), exported so, and resumed from the export"
+make_deck "$T/bf16.deck" "$CORPUS" "$T/bf16" "2 mode full"
+sed -i '10a sync local 4' "$T/bf16.deck"
+sed -i '10a optimizer adamw lr 1e-3 moments bf16' "$T/bf16.deck"
+expect_ok 2 -in "$T/bf16.deck"
+check $PY "$CKPT" export "$(at_step2 bf16)" --rank 1 -o "$T/bf16_r1.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+check $PY -c '
+import sys, h5py, numpy as np
+bad = 0
+for path in sys.argv[1:]:
+    with h5py.File(path, "r") as f:
+        for g in ("optimizer/m", "optimizer/v"):
+            for name, ds in f[g].items():
+                enc = ds.attrs.get("encoding", b"")
+                if ds.dtype != np.uint16 or (enc.decode() if isinstance(enc, bytes) else enc) != "bfloat16":
+                    print(f"{path}: /{g}/{name} is {ds.dtype}, encoding {enc!r} (expected uint16, bfloat16)")
+                    bad += 1
+sys.exit(1 if bad else 0)' "$(at_step2 bf16)" "$T/bf16_r1.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+check $PY "$CKPT" verify "$T/bf16_r1.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+# mode diff: the ranks' moments are diffs against the base's average rounded to bf16, as the file holds it;
+# rank 1 exported from it has the bits of its export from the mode full run
+sed -e "s|dir $T/bf16 |dir $T/bf16_diff |" -e "s|checkpoint every 2 mode full|checkpoint every 2 mode diff codec lossless|" \
+  "$T/bf16.deck" >"$T/bf16_diff.deck"
+expect_ok 2 -in "$T/bf16_diff.deck"
+check $PY "$CKPT" export "$(at_step2 bf16_diff)" --rank 1 -o "$T/bf16_diff_r1.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+check $PY -c '
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+bad = [f"/{g}/{n}" for g in ("model", "optimizer/m", "optimizer/v") for n in a[g]
+       if a[g][n].dtype != b[g][n].dtype or not np.array_equal(a[g][n][()], b[g][n][()])]
+print("differ:", bad)
+sys.exit(1 if bad else 0)' "$T/bf16_r1.h5" "$T/bf16_diff_r1.h5" >"$T/out" 2>&1 || fail "$(cat "$T/out")"
+sed -e "s|dir $T/bf16 |dir $T/bf16_resumed |" "$T/bf16.deck" >"$T/bf16_resume.deck"
+expect_ok 2 -in "$T/bf16_resume.deck" -resume "$T/bf16_r1.h5"
 check grep -q -E '^step +3/3' "$T/out" || fail "no step 3 after the resume: $(tail -3 "$T/out")"
 
 begin "export refuses a file without /ranks, a rank out of range and a bad checksum (exit 2, one message)"
