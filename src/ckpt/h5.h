@@ -12,6 +12,7 @@
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/placement.h"
+#include "kernels/precision.h"
 
 namespace xx::h5 {
 
@@ -140,10 +141,7 @@ inline bool stored_as_bf16(hid_t ds, const std::string& where, const std::string
   return true;
 }
 inline void widen_bf16(const uint16_t* bits, size_t n, float* out) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(bits[i]) << 16;
-    std::memcpy(out + i, &u, sizeof(u));
-  }
+  std::transform(bits, bits + n, out, kernels::bf16_bits_to_float);
 }
 
 // Version 2 files carry a crc32c attribute on every dataset: the checksum

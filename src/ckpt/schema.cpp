@@ -1,6 +1,5 @@
 #include "ckpt/schema.h"
 #include <algorithm>
-#include <cstring>
 #include <iterator>
 #include <optional>
 #include <type_traits>
@@ -67,16 +66,13 @@ void write_root(H5Writer& w, hid_t file, const EncodedCheckpoint& enc) {
   w.sync();
 }
 
-// A value's bf16 bits, rounded to nearest even: a moment kept in bf16
-// exactly (its own bits); the base's average of the ranks' moments (per-rank
-// state) rounded, as a resume into bf16 moments would round it.
-uint16_t bf16_bits(float x) { return kernels::float_to_bf16_bits(x); }
-
 // One group of the base (/model, /optimizer/m or /optimizer/v; i: 0, 1, 2):
 // rank 0's copy of what every rank passes alike, each rank's own slabs, or
 // a delta's change of each tensor since the chain's base, through its codec.
 // Moments kept in bf16 are stored as kept: uint16, encoding "bfloat16"
-// (docs/CHECKPOINT.md); their crc32c is that of the float values they widen to.
+// (docs/CHECKPOINT.md). They are bf16 values (encode_checkpoint rounds the
+// base's average of the ranks' moments), so their bits widen back to the
+// floats whose crc32c is stored.
 void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, int i, const std::vector<float>& flat) {
   const bool bf16 = i > 0 && enc.data.moments == Precision::bf16;
   if (enc.kind == ChainKind::delta) {
@@ -85,7 +81,8 @@ void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, in
   } else if (enc.data.slabs) {  // they come tensor by tensor
     const TensorSlabs& mine = (*enc.data.slabs)[size_t(i)];
     std::vector<uint16_t> bits;
-    if (bf16) std::transform(mine.values.begin(), mine.values.end(), std::back_inserter(bits), bf16_bits);
+    if (bf16)
+      std::transform(mine.values.begin(), mine.values.end(), std::back_inserter(bits), kernels::float_to_bf16_bits);
     const FrameSlab *s = mine.slabs.data(), *end = s + mine.slabs.size();
     for (size_t k = 0; k < enc.tensors.size(); ++k) {
       const auto& t = enc.tensors[k];
@@ -99,18 +96,15 @@ void write_base_group(H5Writer& w, hid_t group, const EncodedCheckpoint& enc, in
     std::vector<uint16_t> bits;
     for (const auto& t : enc.tensors) {
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-      const bool here = int64_t(flat.size()) >= t.offset + t.size;  // (every rank passes them; rank 0's are written)
-      const float* values = here ? flat.data() + t.offset : nullptr;
-      const uint32_t crc = here ? crc32c(values, size_t(t.size) * sizeof(float)) : 0;
+      const float* values = flat.data() + t.offset;
+      const uint32_t crc = crc32c(values, size_t(t.size) * sizeof(float));
       if (!bf16) {
         w.dataset(group, t.name, H5T_NATIVE_FLOAT, dims, 0, values, crc, false, t.offset);
         continue;
       }
-      bits.clear();
-      if (here) std::transform(values, values + t.size, std::back_inserter(bits), bf16_bits);
-      std::vector<float> widened(bits.size());
-      std::transform(bits.begin(), bits.end(), widened.begin(), kernels::bf16_bits_to_float);
-      w.dataset(group, t.name, H5T_NATIVE_UINT16, dims, 0, bits.data(), crc_of(widened), false, t.offset, "bfloat16");
+      bits.resize(size_t(t.size));
+      std::transform(values, values + t.size, bits.begin(), kernels::float_to_bf16_bits);
+      w.dataset(group, t.name, H5T_NATIVE_UINT16, dims, 0, bits.data(), crc, false, t.offset, "bfloat16");
     }
   }
 }

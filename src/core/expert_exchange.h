@@ -14,6 +14,10 @@ struct ExchangeStats {
   int64_t rounds = 0, bytes_sent = 0;
   double seconds = 0;         // wall time from start to arrival, summed
   double waited = 0;          // of it, spent in wait(): what the work in between did not hide
+  ExchangeStats& operator+=(const ExchangeStats& o) {
+    rounds += o.rounds, bytes_sent += o.bytes_sent, seconds += o.seconds, waited += o.waited;
+    return *this;
+  }
 };
 
 class ExpertExchange {

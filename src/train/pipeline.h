@@ -58,8 +58,8 @@ class PipelineExecutor {
   std::vector<int> in_flight() const { return in_flight_per_run(order_, int(link_.cut().runs.size())); }
   // Runs every pass of the step on this stage; every send has left on return.
   PipelineStepTimes step(const StagePasses& passes);
-  // Where the paired passes hand over (PairedExchange), under overlap.
   bool overlaps() const { return overlap_; }
+  // Where the paired passes hand over (PairedExchange), under overlap.
   PassPair& pair() { return pair_; }
 
  private:

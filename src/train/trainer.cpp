@@ -101,13 +101,8 @@ std::function<void(int64_t)> Trainer::gradient_hook(bool last) {
 
 CommStats Trainer::expert_traffic() {
   ExchangeStats s;
-  for (auto& x : exchanges_) {
-    const ExchangeStats& one = x->stats();
-    s.rounds += one.rounds, s.bytes_sent += one.bytes_sent, s.seconds += one.seconds, s.waited += one.waited;
-    x->stats() = {};
-  }
-  exchange_total_.rounds += s.rounds, exchange_total_.bytes_sent += s.bytes_sent;
-  exchange_total_.seconds += s.seconds, exchange_total_.waited += s.waited;
+  for (auto& x : exchanges_) s += x->stats(), x->stats() = {};
+  exchange_total_ += s;
   // point to point: what leaves this rank is on the wire; the time is what the step spent waiting for them
   return CommStats{.rounds = s.rounds, .bytes_sent = s.bytes_sent, .wire_bytes = s.bytes_sent, .seconds = s.waited};
 }
